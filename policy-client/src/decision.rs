@@ -1,0 +1,153 @@
+//! The placement decision a policy returns: `{"annotations": {k: v}, "errors": [..]}`.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+/// A parsed placement decision.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decision {
+    /// Desired annotation values, already in their string form.
+    pub annotations: BTreeMap<String, String>,
+    /// Policy errors; non-empty means the request is denied.
+    pub errors: Vec<String>,
+}
+
+/// The policy's result does not have the decision's shape.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecisionError {
+    #[error("policy decision must be a JSON object with `annotations` and `errors`, got {0}")]
+    NotAnObject(&'static str),
+    #[error("policy decision field `annotations` must be an object, got {0}")]
+    AnnotationsNotAnObject(&'static str),
+    #[error(
+        "policy decision field `errors` must be an array (or a set) of messages, got {0}"
+    )]
+    ErrorsNotAnArray(&'static str),
+}
+
+impl Decision {
+    /// Parse the result document of the decision query.
+    ///
+    /// Annotation values that are strings are used as they are; any other JSON value
+    /// is serialized compactly, because Kubernetes annotations are strings. Missing
+    /// or `null` `annotations`/`errors` mean none. Error entries that are not strings
+    /// are serialized compactly so that no message is lost.
+    pub fn from_result(result: &Value) -> Result<Self, DecisionError> {
+        let Value::Object(fields) = result else {
+            return Err(DecisionError::NotAnObject(json_type(result)));
+        };
+        let annotations = match fields.get("annotations") {
+            None | Some(Value::Null) => BTreeMap::new(),
+            Some(Value::Object(map)) => map
+                .iter()
+                .map(|(k, v)| (k.clone(), annotation_value(v)))
+                .collect(),
+            Some(other) => return Err(DecisionError::AnnotationsNotAnObject(json_type(other))),
+        };
+        let errors = match fields.get("errors") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items.iter().map(annotation_value).collect(),
+            Some(other) => return Err(DecisionError::ErrorsNotAnArray(json_type(other))),
+        };
+        Ok(Decision {
+            annotations,
+            errors,
+        })
+    }
+
+    pub fn is_denied(&self) -> bool {
+        !self.errors.is_empty()
+    }
+}
+
+/// The string form of a policy value.
+pub fn annotation_value(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+pub(crate) fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn strings_are_used_as_is_and_other_values_serialized_compactly() {
+        let d = Decision::from_result(&json!({
+            "annotations": {
+                "a": "plain",
+                "b": {"clusters": {"eu-1": {"weight": 1}}, "rebalance": true},
+                "c": 3,
+                "d": true,
+                "e": null,
+                "f": ["x", "y"]
+            }
+        }))
+        .unwrap();
+        assert_eq!(d.annotations["a"], "plain");
+        assert_eq!(
+            d.annotations["b"],
+            r#"{"clusters":{"eu-1":{"weight":1}},"rebalance":true}"#
+        );
+        assert_eq!(d.annotations["c"], "3");
+        assert_eq!(d.annotations["d"], "true");
+        assert_eq!(d.annotations["e"], "null");
+        assert_eq!(d.annotations["f"], r#"["x","y"]"#);
+        assert!(d.errors.is_empty());
+        assert!(!d.is_denied());
+    }
+
+    #[test]
+    fn missing_fields_mean_none() {
+        let d = Decision::from_result(&json!({})).unwrap();
+        assert_eq!(d, Decision::default());
+        let d = Decision::from_result(&json!({"annotations": null, "errors": null})).unwrap();
+        assert_eq!(d, Decision::default());
+    }
+
+    #[test]
+    fn errors_are_kept_in_order_and_deny() {
+        let d = Decision::from_result(&json!({
+            "errors": ["first", "second", {"code": 7}],
+            "annotations": {"a": "b"}
+        }))
+        .unwrap();
+        assert_eq!(d.errors, vec!["first", "second", r#"{"code":7}"#]);
+        assert!(d.is_denied());
+        assert_eq!(d.annotations.len(), 1);
+    }
+
+    #[test]
+    fn wrong_shapes_are_named_errors() {
+        assert_eq!(
+            Decision::from_result(&json!("x")),
+            Err(DecisionError::NotAnObject("a string"))
+        );
+        assert_eq!(
+            Decision::from_result(&json!({"annotations": ["a"]})),
+            Err(DecisionError::AnnotationsNotAnObject("an array"))
+        );
+        assert_eq!(
+            Decision::from_result(&json!({"errors": "bad"})),
+            Err(DecisionError::ErrorsNotAnArray("a string"))
+        );
+        let msg = Decision::from_result(&json!({"errors": {"a": 1}}))
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("`errors` must be an array"), "{msg}");
+    }
+}

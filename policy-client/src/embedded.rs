@@ -1,0 +1,573 @@
+//! The embedded Rego engine (`regorus`), for running without OPA and for offline
+//! evaluation.
+//!
+//! Evaluation runs on Tokio's blocking pool. Each blocking thread keeps its own
+//! copy of the prepared engine and reuses it until policies or data change, so
+//! concurrent reviews do not contend on a lock or re-prepare the policy.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use serde_json::{Map, Value};
+use tokio::time::Instant;
+
+use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
+
+/// Distinguishes engines in the per-thread cache.
+static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
+
+thread_local! {
+    /// (instance, generation, engine) of the last evaluation on this thread.
+    static PREPARED: RefCell<Option<(u64, u64, regorus::Engine)>> = const { RefCell::new(None) };
+}
+
+/// An in-process Rego engine holding policy modules and a data document.
+pub struct Embedded {
+    instance: u64,
+    state: RwLock<State>,
+}
+
+struct State {
+    modules: BTreeMap<String, String>,
+    data: Value,
+    /// Engine with every module and the data loaded; cloned per thread.
+    template: Arc<regorus::Engine>,
+    generation: u64,
+}
+
+impl fmt::Debug for Embedded {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        f.debug_struct("Embedded")
+            .field("modules", &state.modules.keys().collect::<Vec<_>>())
+            .field("generation", &state.generation)
+            .finish()
+    }
+}
+
+/// Errors loading a policy directory.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("data file {path} is not valid {format}: {message}")]
+    Data {
+        path: PathBuf,
+        format: &'static str,
+        message: String,
+    },
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl Default for Embedded {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Embedded {
+    /// An engine with no policies and empty data.
+    pub fn new() -> Self {
+        Embedded {
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            state: RwLock::new(State {
+                modules: BTreeMap::new(),
+                data: Value::Object(Map::new()),
+                template: Arc::new(regorus::Engine::new()),
+                generation: 0,
+            }),
+        }
+    }
+
+    /// Load a directory the way `opa run DIR` does: every `*.rego` file except
+    /// `*_test.rego` is a module (its id is the path relative to `dir`), and every
+    /// `*.json` / `*.yaml` / `*.yml` file is a data document mounted at its
+    /// folder's path (documents in one folder are merged).
+    pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
+        let mut modules = BTreeMap::new();
+        let mut data = Value::Object(Map::new());
+        let mut files = Vec::new();
+        walk(dir, &mut files)?;
+        files.sort();
+        for path in files {
+            let rel = path.strip_prefix(dir).unwrap_or(&path);
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let read = || {
+                std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
+                    path: path.clone(),
+                    source,
+                })
+            };
+            if name.ends_with(".rego") && !name.ends_with("_test.rego") {
+                modules.insert(rel.to_string_lossy().into_owned(), read()?);
+            } else if name.ends_with(".json") || name.ends_with(".yaml") || name.ends_with(".yml") {
+                let text = read()?;
+                let doc: Value = if name.ends_with(".json") {
+                    serde_json::from_str(&text).map_err(|e| LoadError::Data {
+                        path: path.clone(),
+                        format: "JSON",
+                        message: e.to_string(),
+                    })?
+                } else {
+                    yaml_serde::from_str(&text).map_err(|e| LoadError::Data {
+                        path: path.clone(),
+                        format: "YAML",
+                        message: e.to_string(),
+                    })?
+                };
+                let mount: Vec<String> = rel
+                    .parent()
+                    .map(|p| {
+                        p.components()
+                            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                merge_at(&mut data, &mount, doc);
+            }
+        }
+        let template = build_engine(&modules, &data)?;
+        Ok(Embedded {
+            instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            state: RwLock::new(State {
+                modules,
+                data,
+                template: Arc::new(template),
+                generation: 1,
+            }),
+        })
+    }
+
+    /// Number of loaded policy modules.
+    pub fn module_count(&self) -> usize {
+        self.read().modules.len()
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Replace modules and data together, keeping the old state on error.
+    fn update(
+        &self,
+        change: impl FnOnce(&mut BTreeMap<String, String>, &mut Value) -> Result<(), EngineError>,
+    ) -> Result<(), EngineError> {
+        let mut state = self.write();
+        let mut modules = state.modules.clone();
+        let mut data = state.data.clone();
+        change(&mut modules, &mut data)?;
+        let template = build_engine(&modules, &data)?;
+        state.modules = modules;
+        state.data = data;
+        state.template = Arc::new(template);
+        state.generation += 1;
+        Ok(())
+    }
+}
+
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| LoadError::Io {
+        path: dir.to_owned(),
+        source,
+    })?;
+    for entry in entries {
+        let entry = entry.map_err(|source| LoadError::Io {
+            path: dir.to_owned(),
+            source,
+        })?;
+        let path = entry.path();
+        let file_type = entry.file_type().map_err(|source| LoadError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        // Hidden entries (editor files, `..data` symlinks of mounted ConfigMaps) are skipped.
+        if entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
+        if file_type.is_dir() || (file_type.is_symlink() && path.is_dir()) {
+            walk(&path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Put `doc` at `path` in `data`, merging objects so sibling documents survive.
+fn merge_at(data: &mut Value, path: &[String], doc: Value) {
+    let mut node = data;
+    for segment in path {
+        node = ensure_object(node)
+            .entry(segment.clone())
+            .or_insert_with(|| Value::Object(Map::new()));
+    }
+    merge(node, doc);
+}
+
+fn merge(target: &mut Value, doc: Value) {
+    match (target, doc) {
+        (Value::Object(t), Value::Object(d)) => {
+            for (k, v) in d {
+                match t.get_mut(&k) {
+                    Some(existing) => merge(existing, v),
+                    None => {
+                        t.insert(k, v);
+                    }
+                }
+            }
+        }
+        (target, doc) => *target = doc,
+    }
+}
+
+fn ensure_object(node: &mut Value) -> &mut Map<String, Value> {
+    if !node.is_object() {
+        *node = Value::Object(Map::new());
+    }
+    match node {
+        Value::Object(map) => map,
+        _ => unreachable!("just made an object"),
+    }
+}
+
+fn build_engine(modules: &BTreeMap<String, String>, data: &Value) -> Result<regorus::Engine, EngineError> {
+    let mut engine = regorus::Engine::new();
+    let mut errors = Vec::new();
+    for (id, source) in modules {
+        if let Err(e) = engine.add_policy(id.clone(), source.clone()) {
+            errors.push(compile_error(id, &e.to_string()));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(EngineError::Compile(errors));
+    }
+    engine
+        .add_data(regorus::Value::from(data.clone()))
+        .map_err(|e| EngineError::Evaluation(format!("loading data: {e}")))?;
+    // Preparing the engine runs the analysis that finds errors beyond syntax.
+    if !modules.is_empty() {
+        engine
+            .eval_query("true".to_owned(), false)
+            .map_err(|e| EngineError::Compile(vec![compile_error("", &e.to_string())]))?;
+    }
+    Ok(engine)
+}
+
+/// Turn regorus's "--> file:row:col ... error: message" text into a [`CompileError`].
+fn compile_error(default_file: &str, text: &str) -> CompileError {
+    let mut file = (!default_file.is_empty()).then(|| default_file.to_owned());
+    let (mut row, mut col) = (None, None);
+    if let Some(location) = text.lines().find_map(|l| l.trim().strip_prefix("--> ")) {
+        let mut parts = location.rsplitn(3, ':');
+        col = parts.next().and_then(|c| c.parse().ok());
+        row = parts.next().and_then(|r| r.parse().ok());
+        if let Some(f) = parts.next() {
+            file = Some(f.to_owned());
+        }
+    }
+    let message = text
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .map(|l| l.trim().strip_prefix("error: ").unwrap_or(l.trim()).to_owned())
+        .unwrap_or_else(|| text.trim().to_owned());
+    CompileError {
+        file,
+        row,
+        col,
+        code: Some("rego_compile_error".to_owned()),
+        message,
+    }
+}
+
+/// `io/k8s/federation/admission` -> `data.io.k8s.federation.admission`.
+fn rego_query(path: &str) -> Result<String, EngineError> {
+    let mut query = String::from("data");
+    for segment in path_segments(path)? {
+        let is_ident = segment
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if is_ident {
+            query.push('.');
+            query.push_str(segment);
+        } else {
+            query.push('[');
+            query.push_str(&Value::String(segment.to_owned()).to_string());
+            query.push(']');
+        }
+    }
+    Ok(query)
+}
+
+fn evaluate(
+    instance: u64,
+    generation: u64,
+    template: &regorus::Engine,
+    query: String,
+    input: regorus::Value,
+) -> Result<QueryOutcome, EngineError> {
+    PREPARED.with(|cell| {
+        let mut cached = cell.borrow_mut();
+        let fresh = !matches!(&*cached, Some((i, g, _)) if *i == instance && *g == generation);
+        if fresh {
+            *cached = Some((instance, generation, template.clone()));
+        }
+        let Some((_, _, engine)) = cached.as_mut() else {
+            unreachable!("cache filled above")
+        };
+        engine.set_input(input);
+        let results = engine
+            .eval_query(query, false)
+            .map_err(|e| EngineError::Evaluation(e.to_string()))?;
+        let Some(first) = results.result.into_iter().next() else {
+            return Ok(QueryOutcome::Undefined);
+        };
+        let Some(expression) = first.expressions.into_iter().next() else {
+            return Ok(QueryOutcome::Undefined);
+        };
+        if expression.value == regorus::Value::Undefined {
+            return Ok(QueryOutcome::Undefined);
+        }
+        serde_json::to_value(&expression.value)
+            .map(QueryOutcome::Defined)
+            .map_err(|e| EngineError::Evaluation(format!("result is not JSON: {e}")))
+    })
+}
+
+#[async_trait]
+impl PolicyEngine for Embedded {
+    fn name(&self) -> &'static str {
+        "embedded"
+    }
+
+    async fn query(
+        &self,
+        path: &str,
+        input: &Value,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        let query = rego_query(path)?;
+        let (template, generation) = {
+            let state = self.read();
+            (Arc::clone(&state.template), state.generation)
+        };
+        let instance = self.instance;
+        let input = regorus::Value::from(input.clone());
+        let task = tokio::task::spawn_blocking(move || {
+            evaluate(instance, generation, &template, query, input)
+        });
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(join)) => Err(EngineError::Evaluation(format!(
+                "evaluation task failed: {join}"
+            ))),
+            Err(_) => Err(EngineError::Timeout {
+                endpoint: "embedded".to_owned(),
+                timeout: deadline.saturating_duration_since(Instant::now()),
+            }),
+        }
+    }
+
+    async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
+        let segments: Vec<String> = path_segments(path)?.into_iter().map(str::to_owned).collect();
+        if segments.is_empty() && !value.is_object() {
+            return Err(EngineError::InvalidPath {
+                path: path.to_owned(),
+                reason: "the root data document must be an object".to_owned(),
+            });
+        }
+        let value = value.clone();
+        self.update(|_, data| {
+            match segments.split_last() {
+                None => *data = value,
+                Some((last, parents)) => {
+                    let mut node = data;
+                    for segment in parents {
+                        node = ensure_object(node)
+                            .entry(segment.clone())
+                            .or_insert_with(|| Value::Object(Map::new()));
+                    }
+                    ensure_object(node).insert(last.clone(), value);
+                }
+            }
+            Ok(())
+        })
+    }
+
+    async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
+        let segments: Vec<String> = path_segments(path)?.into_iter().map(str::to_owned).collect();
+        self.update(|_, data| {
+            match segments.split_last() {
+                None => *data = Value::Object(Map::new()),
+                Some((last, parents)) => {
+                    let mut node = Some(data);
+                    for segment in parents {
+                        node = node.and_then(|n| n.get_mut(segment.as_str()));
+                    }
+                    if let Some(Value::Object(map)) = node {
+                        map.remove(last.as_str());
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError> {
+        let (id, source) = (id.to_owned(), source.to_owned());
+        self.update(|modules, _| {
+            modules.insert(id, source);
+            Ok(())
+        })
+    }
+
+    async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
+        if !self.read().modules.contains_key(id) {
+            return Ok(());
+        }
+        self.update(|modules, _| {
+            modules.remove(id);
+            Ok(())
+        })
+    }
+
+    async fn policy_ids(&self) -> Result<Vec<String>, EngineError> {
+        Ok(self.read().modules.keys().cloned().collect())
+    }
+
+    async fn health(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(10)
+    }
+
+    const POLICY: &str = r#"
+package io.k8s.federation.admission
+
+annotations["example.com/region"] := data.regions[input.metadata.labels.app]
+
+errors contains msg if {
+    input.metadata.labels.app == "forbidden"
+    msg := "app forbidden"
+}
+"#;
+
+    #[tokio::test]
+    async fn undefined_without_policy() {
+        let engine = Embedded::new();
+        let out = engine.query("io/k8s/federation/admission", &json!({}), soon()).await.unwrap();
+        assert_eq!(out, QueryOutcome::Undefined);
+    }
+
+    #[tokio::test]
+    async fn evaluates_package_document_with_data() {
+        let engine = Embedded::new();
+        engine.put_policy("p.rego", POLICY).await.unwrap();
+        engine.put_data("regions", &json!({"web": "eu"})).await.unwrap();
+        let input = json!({"metadata": {"labels": {"app": "web"}}});
+        let out = engine.query("io/k8s/federation/admission", &input, soon()).await.unwrap();
+        assert_eq!(
+            out,
+            QueryOutcome::Defined(json!({"annotations": {"example.com/region": "eu"}, "errors": []}))
+        );
+        let input = json!({"metadata": {"labels": {"app": "forbidden"}}});
+        let out = engine.query("io/k8s/federation/admission", &input, soon()).await.unwrap();
+        assert_eq!(out, QueryOutcome::Defined(json!({"annotations": {}, "errors": ["app forbidden"]})));
+    }
+
+    #[tokio::test]
+    async fn data_changes_are_seen_by_later_queries() {
+        let engine = Embedded::new();
+        engine.put_policy("p.rego", POLICY).await.unwrap();
+        let input = json!({"metadata": {"labels": {"app": "web"}}});
+        engine.put_data("regions/web", &json!("eu")).await.unwrap();
+        let first = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
+        assert_eq!(first, QueryOutcome::Defined(json!({"example.com/region": "eu"})));
+        engine.put_data("regions/web", &json!("us")).await.unwrap();
+        let second = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
+        assert_eq!(second, QueryOutcome::Defined(json!({"example.com/region": "us"})));
+        engine.delete_data("regions/web").await.unwrap();
+        engine.delete_data("regions/absent/deeper").await.unwrap();
+        let third = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
+        assert_eq!(third, QueryOutcome::Defined(json!({})));
+    }
+
+    #[tokio::test]
+    async fn compile_error_keeps_previous_modules() {
+        let engine = Embedded::new();
+        engine.put_policy("p.rego", POLICY).await.unwrap();
+        let err = engine
+            .put_policy("p.rego", "package io.k8s.federation.admission\n\nannotations[x] := {\n")
+            .await
+            .unwrap_err();
+        match &err {
+            EngineError::Compile(errors) => {
+                assert_eq!(errors[0].file.as_deref(), Some("p.rego"));
+                assert!(errors[0].row.is_some(), "{errors:?}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        engine.put_data("regions", &json!({"web": "eu"})).await.unwrap();
+        let input = json!({"metadata": {"labels": {"app": "web"}}});
+        let out = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
+        assert_eq!(out, QueryOutcome::Defined(json!({"example.com/region": "eu"})));
+        assert_eq!(engine.policy_ids().await.unwrap(), vec!["p.rego"]);
+        engine.delete_policy("p.rego").await.unwrap();
+        engine.delete_policy("p.rego").await.unwrap();
+        assert!(engine.policy_ids().await.unwrap().is_empty());
+    }
+
+    #[test]
+    fn loads_directory_like_opa() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p.rego"), POLICY).unwrap();
+        std::fs::write(dir.path().join("p_test.rego"), "package x\n\ntest_x if { false }\n").unwrap();
+        std::fs::create_dir_all(dir.path().join("regions")).unwrap();
+        std::fs::write(dir.path().join("regions/data.json"), r#"{"web": "eu"}"#).unwrap();
+        std::fs::create_dir_all(dir.path().join("other")).unwrap();
+        std::fs::write(dir.path().join("other/data.yaml"), "a: 1\n").unwrap();
+        let engine = Embedded::from_dir(dir.path()).unwrap();
+        assert_eq!(engine.module_count(), 1);
+        let state = engine.read();
+        assert_eq!(state.data, json!({"regions": {"web": "eu"}, "other": {"a": 1}}));
+    }
+
+    #[test]
+    fn bad_data_file_is_a_named_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("data.json"), "{").unwrap();
+        let err = Embedded::from_dir(dir.path()).unwrap_err();
+        assert!(err.to_string().contains("data.json is not valid JSON"), "{err}");
+    }
+
+    #[test]
+    fn queries_quote_unusual_segments() {
+        assert_eq!(rego_query("io/k8s/admission").unwrap(), "data.io.k8s.admission");
+        assert_eq!(rego_query("kubernetes/clusters/eu-west-1").unwrap(), r#"data.kubernetes.clusters["eu-west-1"]"#);
+        assert_eq!(rego_query("").unwrap(), "data");
+    }
+}

@@ -1,0 +1,250 @@
+//! The engine abstraction shared by the OPA REST client and the embedded Rego engine.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// What a query returned: a document, or nothing at all.
+///
+/// `Undefined` is its own outcome on purpose: an engine that has not (yet) loaded
+/// the policy answers "undefined", and reading that as "no annotations" would let
+/// objects through unplaced.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueryOutcome {
+    Defined(Value),
+    Undefined,
+}
+
+/// A Rego compile (or parse) error, located in a module.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CompileError {
+    /// Module id (OPA) or file name (embedded) the error is in, when known.
+    pub file: Option<String>,
+    pub row: Option<u32>,
+    pub col: Option<u32>,
+    /// OPA's error code (`rego_parse_error`, `rego_type_error`, ...), when known.
+    pub code: Option<String>,
+    pub message: String,
+}
+
+impl fmt::Display for CompileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(file) = &self.file {
+            write!(f, "{file}")?;
+            if let Some(row) = self.row {
+                write!(f, ":{row}")?;
+                if let Some(col) = self.col {
+                    write!(f, ":{col}")?;
+                }
+            }
+            write!(f, ": ")?;
+        }
+        if let Some(code) = &self.code {
+            write!(f, "{code}: ")?;
+        }
+        write!(f, "{}", self.message)
+    }
+}
+
+/// Whether retrying the same call may succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    /// Connect failures, timeouts, 429 and 5xx: retry with backoff.
+    Transient,
+    /// Everything else: retrying cannot help.
+    Permanent,
+}
+
+/// Errors from a policy engine. Messages never contain the bearer token.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("policy engine unreachable at {endpoint}: {detail}")]
+    Unreachable { endpoint: String, detail: String },
+    #[error("policy engine did not answer within {timeout:?} ({endpoint})")]
+    Timeout { endpoint: String, timeout: Duration },
+    #[error("policy engine answered HTTP {status} for {endpoint}: {message}")]
+    Http {
+        endpoint: String,
+        status: u16,
+        message: String,
+        /// Server's `Retry-After`, when it sent one.
+        retry_after: Option<Duration>,
+    },
+    #[error("policy engine rejected the credentials (HTTP {status}); check the token")]
+    Unauthorized { status: u16 },
+    #[error("policy failed to compile: {}", join_compile_errors(.0))]
+    Compile(Vec<CompileError>),
+    #[error("policy evaluation failed: {0}")]
+    Evaluation(String),
+    #[error("policy engine sent a response that is not valid JSON: {0}")]
+    InvalidResponse(String),
+    #[error("invalid engine path {path:?}: {reason}")]
+    InvalidPath { path: String, reason: String },
+    #[error("policy engine gave up after {attempts} attempts within {deadline:?}; last error: {last}")]
+    DeadlineExceeded {
+        attempts: u32,
+        deadline: Duration,
+        last: Box<EngineError>,
+    },
+    #[error("policy engine configuration: {0}")]
+    Config(String),
+}
+
+fn join_compile_errors(errors: &[CompileError]) -> String {
+    errors
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+impl EngineError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            EngineError::Unreachable { .. } | EngineError::Timeout { .. } => ErrorClass::Transient,
+            EngineError::Http { status, .. } if *status == 429 || *status >= 500 => {
+                ErrorClass::Transient
+            }
+            _ => ErrorClass::Permanent,
+        }
+    }
+
+    pub fn is_transient(&self) -> bool {
+        self.class() == ErrorClass::Transient
+    }
+
+    /// The delay the engine asked for, if it asked.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            EngineError::Http { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// A short, stable label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Unreachable { .. } => "unreachable",
+            EngineError::Timeout { .. } => "timeout",
+            EngineError::Http { .. } => "http",
+            EngineError::Unauthorized { .. } => "unauthorized",
+            EngineError::Compile(_) => "compile",
+            EngineError::Evaluation(_) => "evaluation",
+            EngineError::InvalidResponse(_) => "invalid_response",
+            EngineError::InvalidPath { .. } => "invalid_path",
+            EngineError::DeadlineExceeded { last, .. } => last.kind(),
+            EngineError::Config(_) => "config",
+        }
+    }
+}
+
+/// A policy engine: evaluates decisions and stores data and policy modules.
+///
+/// Paths are slash-separated document paths below `data`, e.g.
+/// `io/k8s/federation/admission` or `kubernetes/clusters/eu-west-1`.
+/// Each method is a single attempt except [`PolicyEngine::query`], which retries
+/// transient failures until `deadline`.
+#[async_trait]
+pub trait PolicyEngine: Send + Sync + fmt::Debug {
+    /// A short name for logs and metrics ("opa", "embedded").
+    fn name(&self) -> &'static str;
+
+    /// Evaluate the document at `path` with `input`, retrying transient failures
+    /// with jittered exponential backoff until `deadline`.
+    async fn query(
+        &self,
+        path: &str,
+        input: &Value,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError>;
+
+    /// Create or replace the data document at `path`.
+    async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError>;
+
+    /// Remove the data document at `path`; removing an absent document succeeds.
+    async fn delete_data(&self, path: &str) -> Result<(), EngineError>;
+
+    /// Create or replace the policy module `id`. Compile errors come back as
+    /// [`EngineError::Compile`] and leave the previously loaded modules in place.
+    async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError>;
+
+    /// Remove the policy module `id`; removing an absent module succeeds.
+    async fn delete_policy(&self, id: &str) -> Result<(), EngineError>;
+
+    /// Ids of the loaded policy modules.
+    async fn policy_ids(&self) -> Result<Vec<String>, EngineError>;
+
+    /// Whether the engine is up and answering.
+    async fn health(&self) -> Result<(), EngineError>;
+}
+
+/// Split and check a slash-separated document path.
+pub(crate) fn path_segments(path: &str) -> Result<Vec<&str>, EngineError> {
+    let trimmed = path.trim_matches('/');
+    if trimmed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let segments: Vec<&str> = trimmed.split('/').collect();
+    if segments.iter().any(|s| s.is_empty()) {
+        return Err(EngineError::InvalidPath {
+            path: path.to_owned(),
+            reason: "empty path segment".to_owned(),
+        });
+    }
+    Ok(segments)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_classification() {
+        let http = |status| EngineError::Http {
+            endpoint: "x".into(),
+            status,
+            message: String::new(),
+            retry_after: None,
+        };
+        assert!(http(503).is_transient());
+        assert!(http(500).is_transient());
+        assert!(http(429).is_transient());
+        assert!(!http(400).is_transient());
+        assert!(!http(404).is_transient());
+        assert!(!EngineError::Unauthorized { status: 401 }.is_transient());
+        assert!(
+            EngineError::Unreachable {
+                endpoint: "x".into(),
+                detail: "refused".into()
+            }
+            .is_transient()
+        );
+        assert!(!EngineError::Compile(vec![]).is_transient());
+    }
+
+    #[test]
+    fn compile_error_display_names_location() {
+        let e = CompileError {
+            file: Some("placement.rego".into()),
+            row: Some(3),
+            col: Some(7),
+            code: Some("rego_parse_error".into()),
+            message: "unexpected eof".into(),
+        };
+        assert_eq!(
+            e.to_string(),
+            "placement.rego:3:7: rego_parse_error: unexpected eof"
+        );
+    }
+
+    #[test]
+    fn path_segments_rejects_empty_segments() {
+        assert_eq!(path_segments("/a/b/").unwrap(), vec!["a", "b"]);
+        assert!(path_segments("").unwrap().is_empty());
+        assert!(path_segments("a//b").is_err());
+    }
+}

@@ -1,0 +1,22 @@
+//! Policy engines for placement-policy: the [`PolicyEngine`] trait, the OPA REST
+//! client ([`Opa`]), the embedded Rego engine ([`Embedded`]), decision parsing
+//! ([`Decision`]) and the annotation merge into a JSON patch ([`placement`]).
+//!
+//! No Kubernetes server code lives here.
+
+pub mod decision;
+pub mod embedded;
+pub mod engine;
+pub mod opa;
+pub mod placement;
+pub mod retry;
+
+pub use decision::{Decision, DecisionError};
+pub use embedded::Embedded;
+pub use engine::{CompileError, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
+pub use opa::{Opa, OpaConfig, Token};
+pub use retry::RetryPolicy;
+pub use reqwest::Url;
+
+/// The decision path of the seed design.
+pub const DEFAULT_DECISION_PATH: &str = "io/k8s/federation/admission";

@@ -1,0 +1,430 @@
+//! Open Policy Agent over its REST API.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, StatusCode, Url};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
+use crate::retry::{RetryPolicy, retry_until};
+
+/// A bearer token. Its `Debug` and `Display` never show the value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Token(String);
+
+impl Token {
+    pub fn new(value: impl Into<String>) -> Self {
+        Token(value.into().trim().to_owned())
+    }
+    fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// How to reach OPA.
+#[derive(Debug, Clone)]
+pub struct OpaConfig {
+    /// Base URL, e.g. `http://127.0.0.1:8181` (anything after the authority is kept
+    /// as a prefix, so OPA behind a path-routing proxy works too).
+    pub url: Url,
+    pub token: Option<Token>,
+    /// Limit for one HTTP request.
+    pub request_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// Extra CA (PEM) to trust for an `https` OPA.
+    pub ca_pem: Option<Vec<u8>>,
+}
+
+impl OpaConfig {
+    pub fn new(url: Url) -> Self {
+        OpaConfig {
+            url,
+            token: None,
+            request_timeout: Duration::from_secs(2),
+            retry: RetryPolicy::default(),
+            ca_pem: None,
+        }
+    }
+}
+
+/// The OPA REST client.
+#[derive(Clone)]
+pub struct Opa {
+    http: reqwest::Client,
+    base: Url,
+    auth: Option<HeaderValue>,
+    retry: RetryPolicy,
+    request_timeout: Duration,
+}
+
+impl fmt::Debug for Opa {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Opa")
+            .field("base", &self.base.as_str())
+            .field("token", &self.auth.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// The subset of OPA's error body we use.
+#[derive(Debug, Deserialize)]
+struct OpaErrorBody {
+    code: Option<String>,
+    message: Option<String>,
+    #[serde(default)]
+    errors: Vec<OpaErrorDetail>,
+}
+
+#[derive(Debug, Deserialize)]
+struct OpaErrorDetail {
+    code: Option<String>,
+    message: Option<String>,
+    location: Option<OpaLocation>,
+}
+
+#[derive(Debug, Deserialize)]
+struct OpaLocation {
+    file: Option<String>,
+    row: Option<u32>,
+    col: Option<u32>,
+}
+
+impl Opa {
+    /// Build a client.
+    pub fn new(config: OpaConfig) -> Result<Self, EngineError> {
+        // Binaries install the provider in `main`; this covers library users. Only
+        // `ring` is in the dependency tree, so this cannot pick a different one.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut builder = reqwest::Client::builder()
+            .timeout(config.request_timeout)
+            .connect_timeout(config.request_timeout)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true);
+        if let Some(pem) = &config.ca_pem {
+            let cert = reqwest::Certificate::from_pem(pem)
+                .map_err(|e| EngineError::Config(format!("OPA CA certificate: {e}")))?;
+            builder = builder.add_root_certificate(cert);
+        }
+        let http = builder
+            .build()
+            .map_err(|e| EngineError::Config(format!("HTTP client: {}", e.without_url())))?;
+        let auth = match &config.token {
+            Some(token) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
+                    .map_err(|_| {
+                        EngineError::Config("OPA token contains characters not allowed in an HTTP header".to_owned())
+                    })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+            None => None,
+        };
+        if !matches!(config.url.scheme(), "http" | "https") {
+            return Err(EngineError::Config(format!(
+                "OPA URL must be http or https, got {:?}",
+                config.url.scheme()
+            )));
+        }
+        let mut base = config.url.clone();
+        base.set_query(None);
+        base.set_fragment(None);
+        Ok(Opa {
+            http,
+            base,
+            auth,
+            retry: config.retry,
+            request_timeout: config.request_timeout,
+        })
+    }
+
+    pub fn base_url(&self) -> &Url {
+        &self.base
+    }
+
+    fn url(&self, prefix: &[&str], path: &str) -> Result<Url, EngineError> {
+        let mut url = self.base.clone();
+        {
+            let mut segments = url.path_segments_mut().map_err(|_| {
+                EngineError::Config("OPA URL cannot be a base URL".to_owned())
+            })?;
+            segments.pop_if_empty();
+            segments.extend(prefix);
+            segments.extend(path_segments(path)?);
+        }
+        Ok(url)
+    }
+
+    /// One HTTP exchange, mapped to the engine's error classes.
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Body>,
+    ) -> Result<(StatusCode, bytes::Bytes), EngineError> {
+        let endpoint = format!("{method} {}", url.path());
+        let mut request = self.http.request(method, url);
+        if let Some(auth) = &self.auth {
+            request = request.header(AUTHORIZATION, auth.clone());
+        }
+        request = match body {
+            Some(Body::Json(value)) => request.json(&value),
+            Some(Body::Text(text)) => request.header(CONTENT_TYPE, "text/plain").body(text),
+            None => request,
+        };
+        let response = request.send().await.map_err(|e| self.transport_error(&endpoint, e))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|e| self.transport_error(&endpoint, e))?;
+        if status == StatusCode::UNAUTHORIZED || status == StatusCode::FORBIDDEN {
+            return Err(EngineError::Unauthorized {
+                status: status.as_u16(),
+            });
+        }
+        if status.is_client_error() || status.is_server_error() {
+            return Err(http_error(endpoint, status, &bytes, retry_after));
+        }
+        Ok((status, bytes))
+    }
+
+    fn transport_error(&self, endpoint: &str, e: reqwest::Error) -> EngineError {
+        let endpoint = format!("{} ({endpoint})", self.base.origin().ascii_serialization());
+        if e.is_timeout() {
+            EngineError::Timeout {
+                endpoint,
+                timeout: self.request_timeout,
+            }
+        } else {
+            // `without_url` keeps anything in the URL out of the message.
+            let detail = error_chain(&e.without_url());
+            EngineError::Unreachable { endpoint, detail }
+        }
+    }
+
+    async fn query_once(&self, url: &Url, body: &Value) -> Result<QueryOutcome, EngineError> {
+        let (_, bytes) = self
+            .send(Method::POST, url.clone(), Some(Body::Json(body.clone())))
+            .await?;
+        let mut parsed: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::InvalidResponse(format!("decision response: {e}")))?;
+        Ok(match parsed.remove("result") {
+            Some(result) => QueryOutcome::Defined(result),
+            None => QueryOutcome::Undefined,
+        })
+    }
+}
+
+enum Body {
+    Json(Value),
+    Text(String),
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+fn http_error(
+    endpoint: String,
+    status: StatusCode,
+    body: &[u8],
+    retry_after: Option<Duration>,
+) -> EngineError {
+    let parsed: Option<OpaErrorBody> = serde_json::from_slice(body).ok();
+    if let Some(parsed) = &parsed
+        && status == StatusCode::BAD_REQUEST
+        && !parsed.errors.is_empty()
+        && parsed
+            .errors
+            .iter()
+            .any(|d| d.code.as_deref().is_some_and(|c| c.starts_with("rego_")))
+    {
+        return EngineError::Compile(
+            parsed
+                .errors
+                .iter()
+                .map(|d| CompileError {
+                    file: d.location.as_ref().and_then(|l| l.file.clone()),
+                    row: d.location.as_ref().and_then(|l| l.row),
+                    col: d.location.as_ref().and_then(|l| l.col),
+                    code: d.code.clone(),
+                    message: d.message.clone().unwrap_or_default(),
+                })
+                .collect(),
+        );
+    }
+    let message = match parsed {
+        Some(OpaErrorBody {
+            code,
+            message,
+            errors,
+        }) => {
+            let mut msg = match (code, message) {
+                (Some(c), Some(m)) => format!("{c}: {m}"),
+                (None, Some(m)) => m,
+                (Some(c), None) => c,
+                (None, None) => String::new(),
+            };
+            for d in errors {
+                msg.push_str("; ");
+                msg.push_str(d.message.as_deref().unwrap_or_default());
+            }
+            msg
+        }
+        None => String::from_utf8_lossy(&body[..body.len().min(512)]).trim().to_owned(),
+    };
+    EngineError::Http {
+        endpoint,
+        status: status.as_u16(),
+        message,
+        retry_after,
+    }
+}
+
+#[async_trait]
+impl PolicyEngine for Opa {
+    fn name(&self) -> &'static str {
+        "opa"
+    }
+
+    async fn query(
+        &self,
+        path: &str,
+        input: &Value,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        let url = self.url(&["v1", "data"], path)?;
+        let body = json!({ "input": input });
+        let endpoint = format!("POST {}", url.path());
+        retry_until(self.retry, deadline, &endpoint, || self.query_once(&url, &body)).await
+    }
+
+    async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
+        let url = self.url(&["v1", "data"], path)?;
+        self.send(Method::PUT, url, Some(Body::Json(value.clone())))
+            .await
+            .map(drop)
+    }
+
+    async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
+        let url = self.url(&["v1", "data"], path)?;
+        match self.send(Method::DELETE, url, None).await {
+            Ok(_) | Err(EngineError::Http { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError> {
+        let url = self.url(&["v1", "policies"], id)?;
+        self.send(Method::PUT, url, Some(Body::Text(source.to_owned())))
+            .await
+            .map(drop)
+    }
+
+    async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
+        let url = self.url(&["v1", "policies"], id)?;
+        match self.send(Method::DELETE, url, None).await {
+            Ok(_) | Err(EngineError::Http { status: 404, .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn policy_ids(&self) -> Result<Vec<String>, EngineError> {
+        #[derive(Deserialize)]
+        struct Listing {
+            #[serde(default)]
+            result: Vec<Module>,
+        }
+        #[derive(Deserialize)]
+        struct Module {
+            id: String,
+        }
+        let url = self.url(&["v1", "policies"], "")?;
+        let (_, bytes) = self.send(Method::GET, url, None).await?;
+        let listing: Listing = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::InvalidResponse(format!("policy listing: {e}")))?;
+        Ok(listing.result.into_iter().map(|m| m.id).collect())
+    }
+
+    async fn health(&self) -> Result<(), EngineError> {
+        let url = self.url(&["health"], "")?;
+        self.send(Method::GET, url, None).await.map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_is_never_printed() {
+        let token = Token::new("super-secret-token-value\n");
+        assert_eq!(token.expose(), "super-secret-token-value");
+        assert!(!format!("{token:?}").contains("secret"));
+        let mut config = OpaConfig::new(Url::parse("http://127.0.0.1:1").unwrap());
+        config.token = Some(token);
+        let opa = Opa::new(config).unwrap();
+        assert!(!format!("{opa:?}").contains("secret"));
+    }
+
+    #[test]
+    fn urls_keep_the_base_prefix_and_escape_segments() {
+        let opa = Opa::new(OpaConfig::new(Url::parse("http://opa:8181/proxy/").unwrap())).unwrap();
+        let url = opa.url(&["v1", "policies"], "ns/name/key 1.rego").unwrap();
+        assert_eq!(url.as_str(), "http://opa:8181/proxy/v1/policies/ns/name/key%201.rego");
+        let url = opa.url(&["v1", "data"], "io/k8s/federation/admission").unwrap();
+        assert_eq!(url.path(), "/proxy/v1/data/io/k8s/federation/admission");
+        let root = opa.url(&["v1", "data"], "").unwrap();
+        assert_eq!(root.path(), "/proxy/v1/data");
+    }
+
+    #[test]
+    fn compile_errors_are_structured() {
+        let body = br#"{"code":"invalid_parameter","message":"error(s) occurred while compiling module(s)","errors":[{"code":"rego_parse_error","message":"unexpected eof token","location":{"file":"p/q","row":3,"col":5}}]}"#;
+        match http_error("PUT /v1/policies/p/q".into(), StatusCode::BAD_REQUEST, body, None) {
+            EngineError::Compile(errors) => {
+                assert_eq!(errors.len(), 1);
+                assert_eq!(errors[0].file.as_deref(), Some("p/q"));
+                assert_eq!(errors[0].row, Some(3));
+                assert_eq!(errors[0].col, Some(5));
+                assert_eq!(errors[0].code.as_deref(), Some("rego_parse_error"));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn other_http_errors_keep_the_message() {
+        let body = br#"{"code":"internal_error","message":"eval_conflict_error: complete rules must not produce multiple outputs"}"#;
+        let err = http_error("POST /v1/data/x".into(), StatusCode::INTERNAL_SERVER_ERROR, body, None);
+        assert!(err.is_transient());
+        assert!(err.to_string().contains("multiple outputs"), "{err}");
+        let err = http_error("POST /v1/data/x".into(), StatusCode::BAD_GATEWAY, b"<html>bad gateway</html>", Some(Duration::from_secs(2)));
+        assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
+        assert!(err.to_string().contains("bad gateway"));
+    }
+}

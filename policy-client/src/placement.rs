@@ -1,0 +1,562 @@
+//! Merging a decision's annotations into an object as a minimal RFC 6902 patch.
+//!
+//! Policy values replace the developer's on overlapping keys. Because the policy's
+//! own earlier output would otherwise look like the developer's request on the next
+//! evaluation (an UPDATE, or a remediation after a policy change), every value the
+//! policy wrote over a different (or absent) developer value is recorded in the
+//! [`OWNERSHIP_ANNOTATION`], together with what the developer had asked for.
+//! [`developer_view`] uses that record to show the policy the developer's request,
+//! and [`plan_patch`] keeps it up to date. Values the policy set to exactly what the
+//! developer asked for need no record, so an object that already complies gets no
+//! patch at all.
+
+use std::collections::BTreeMap;
+
+use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
+use jsonptr::PointerBuf;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use crate::decision::{Decision, json_type};
+
+/// Annotation recording which annotation values the policy owns.
+pub const OWNERSHIP_ANNOTATION: &str = "placement-policy.io/policy-owned";
+
+/// The API server's limit on the total size of an object's annotations.
+pub const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+
+/// What the policy wrote for one key, and what the developer had asked for.
+///
+/// The written value is kept as a digest so the record costs little of the
+/// API server's annotation size budget however large the policy's value is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OwnedValue {
+    /// `sha256:<hex>` of the value the policy wrote.
+    pub written: String,
+    /// The developer's value before the policy wrote; `None` when there was none.
+    pub requested: Option<String>,
+}
+
+/// The ownership record: annotation key -> what the policy owns of it.
+pub type Ownership = BTreeMap<String, OwnedValue>;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MergeError {
+    #[error("policy returned an invalid annotation key {key:?}: {reason}")]
+    InvalidKey { key: String, reason: String },
+    #[error(
+        "annotations would total {size} bytes after the policy's values, over the API server's limit of {limit} bytes"
+    )]
+    TooLarge { size: usize, limit: usize },
+    #[error("object is not a Kubernetes object: {0}")]
+    InvalidObject(String),
+    #[error("policy may not set the reserved annotation {0:?}")]
+    ReservedKey(String),
+    #[error("ownership record {OWNERSHIP_ANNOTATION:?} is not valid: {0}")]
+    InvalidOwnership(String),
+}
+
+/// The object's annotations; `None` when the object has no annotations map.
+pub fn annotations(object: &Value) -> Result<Option<BTreeMap<String, String>>, MergeError> {
+    let Value::Object(root) = object else {
+        return Err(MergeError::InvalidObject(format!(
+            "expected a JSON object, got {}",
+            json_type(object)
+        )));
+    };
+    let metadata = match root.get("metadata") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            return Err(MergeError::InvalidObject(format!(
+                "metadata must be an object, got {}",
+                json_type(other)
+            )));
+        }
+    };
+    match metadata.get("annotations") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(map)) => map
+            .iter()
+            .map(|(k, v)| match v {
+                Value::String(s) => Ok((k.clone(), s.clone())),
+                other => Err(MergeError::InvalidObject(format!(
+                    "annotation {k:?} must be a string, got {}",
+                    json_type(other)
+                ))),
+            })
+            .collect::<Result<_, _>>()
+            .map(Some),
+        Some(other) => Err(MergeError::InvalidObject(format!(
+            "metadata.annotations must be an object, got {}",
+            json_type(other)
+        ))),
+    }
+}
+
+/// Parse the ownership record from an object's annotations (empty when absent).
+pub fn ownership(annotations: &BTreeMap<String, String>) -> Result<Ownership, MergeError> {
+    match annotations.get(OWNERSHIP_ANNOTATION) {
+        None => Ok(Ownership::new()),
+        Some(raw) => {
+            serde_json::from_str(raw).map_err(|e| MergeError::InvalidOwnership(e.to_string()))
+        }
+    }
+}
+
+/// The annotations as the developer asked for them: values the policy still owns
+/// are replaced by the developer's request, and the ownership record is removed.
+/// A value that differs from what the policy wrote was changed by someone since,
+/// so it is the developer's new request and is kept.
+pub fn requested_annotations(
+    current: &BTreeMap<String, String>,
+    owned: &Ownership,
+) -> BTreeMap<String, String> {
+    let mut requested = current.clone();
+    requested.remove(OWNERSHIP_ANNOTATION);
+    for (key, value) in owned {
+        if current.get(key).map(|v| digest(v)) == Some(value.written.clone()) {
+            match &value.requested {
+                Some(original) => {
+                    requested.insert(key.clone(), original.clone());
+                }
+                None => {
+                    requested.remove(key);
+                }
+            }
+        }
+    }
+    requested
+}
+
+/// The object as the policy should see it: the developer's requested annotations
+/// (see [`requested_annotations`]). An unreadable ownership record is ignored, as
+/// if the object had none.
+pub fn developer_view(object: &Value) -> Value {
+    let Ok(Some(current)) = annotations(object) else {
+        return object.clone();
+    };
+    if !current.contains_key(OWNERSHIP_ANNOTATION) {
+        return object.clone();
+    }
+    let owned = ownership(&current).unwrap_or_default();
+    let requested = requested_annotations(&current, &owned);
+    let mut view = object.clone();
+    if let Some(meta) = view.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.insert(
+            "annotations".to_owned(),
+            Value::Object(
+                requested
+                    .into_iter()
+                    .map(|(k, v)| (k, Value::String(v)))
+                    .collect(),
+            ),
+        );
+    }
+    view
+}
+
+/// The annotations the object should carry under `decision`, including the
+/// updated ownership record.
+pub fn desired_annotations(
+    current: &BTreeMap<String, String>,
+    decision: &Decision,
+) -> Result<BTreeMap<String, String>, MergeError> {
+    let owned = ownership(current).unwrap_or_default();
+    let requested = requested_annotations(current, &owned);
+    let mut desired = requested.clone();
+    let mut record = Ownership::new();
+    for (key, value) in &decision.annotations {
+        if key == OWNERSHIP_ANNOTATION {
+            return Err(MergeError::ReservedKey(key.clone()));
+        }
+        validate_annotation_key(key)?;
+        let developer_value = requested.get(key);
+        if developer_value != Some(value) {
+            record.insert(
+                key.clone(),
+                OwnedValue {
+                    written: digest(value),
+                    requested: developer_value.cloned(),
+                },
+            );
+        }
+        desired.insert(key.clone(), value.clone());
+    }
+    if !record.is_empty() {
+        let encoded =
+            serde_json::to_string(&record).map_err(|e| MergeError::InvalidOwnership(e.to_string()))?;
+        desired.insert(OWNERSHIP_ANNOTATION.to_owned(), encoded);
+    }
+    let size: usize = desired.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if size > TOTAL_ANNOTATION_SIZE_LIMIT {
+        return Err(MergeError::TooLarge {
+            size,
+            limit: TOTAL_ANNOTATION_SIZE_LIMIT,
+        });
+    }
+    Ok(desired)
+}
+
+/// The minimal JSON patch that brings `object`'s annotations to what `decision`
+/// requires, or `None` when they already are.
+pub fn plan_patch(object: &Value, decision: &Decision) -> Result<Option<Patch>, MergeError> {
+    let current = annotations(object)?;
+    let has_metadata = object.get("metadata").is_some_and(Value::is_object);
+    let desired = desired_annotations(current.as_ref().unwrap_or(&BTreeMap::new()), decision)?;
+    let ops = match current {
+        None if desired.is_empty() => Vec::new(),
+        None => {
+            let map = string_map(&desired);
+            if has_metadata {
+                vec![add(&["metadata", "annotations"], map)]
+            } else {
+                let mut meta = Map::new();
+                meta.insert("annotations".to_owned(), map);
+                vec![add(&["metadata"], Value::Object(meta))]
+            }
+        }
+        Some(current) => diff(&current, &desired),
+    };
+    Ok((!ops.is_empty()).then_some(Patch(ops)))
+}
+
+fn diff(current: &BTreeMap<String, String>, desired: &BTreeMap<String, String>) -> Vec<PatchOperation> {
+    let mut ops = Vec::new();
+    for key in current.keys() {
+        if !desired.contains_key(key) {
+            ops.push(PatchOperation::Remove(RemoveOperation {
+                path: pointer(&["metadata", "annotations", key]),
+            }));
+        }
+    }
+    for (key, value) in desired {
+        match current.get(key) {
+            Some(old) if old == value => {}
+            Some(_) => ops.push(PatchOperation::Replace(ReplaceOperation {
+                path: pointer(&["metadata", "annotations", key]),
+                value: Value::String(value.clone()),
+            })),
+            None => ops.push(add(
+                &["metadata", "annotations", key],
+                Value::String(value.clone()),
+            )),
+        }
+    }
+    ops
+}
+
+/// The digest recorded for a value the policy wrote.
+pub fn digest(value: &str) -> String {
+    let hash = ring::digest::digest(&ring::digest::SHA256, value.as_bytes());
+    let mut out = String::with_capacity(7 + 64);
+    out.push_str("sha256:");
+    for byte in hash.as_ref() {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: pointer(tokens),
+        value,
+    })
+}
+
+fn pointer(tokens: &[&str]) -> PointerBuf {
+    PointerBuf::from_tokens(tokens.iter().copied())
+}
+
+fn string_map(map: &BTreeMap<String, String>) -> Value {
+    Value::Object(
+        map.iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect(),
+    )
+}
+
+/// Check an annotation key the way the API server does: a qualified name, an
+/// optional DNS-subdomain prefix and a name of at most 63 characters.
+pub fn validate_annotation_key(key: &str) -> Result<(), MergeError> {
+    let invalid = |reason: String| MergeError::InvalidKey {
+        key: key.to_owned(),
+        reason,
+    };
+    // The API server lower-cases annotation keys before checking them.
+    let lowered = key.to_ascii_lowercase();
+    let parts: Vec<&str> = lowered.split('/').collect();
+    let name = match parts.as_slice() {
+        [name] => *name,
+        [prefix, name] => {
+            if prefix.is_empty() {
+                return Err(invalid("prefix part must not be empty".to_owned()));
+            }
+            if prefix.len() > 253 {
+                return Err(invalid("prefix part must be no more than 253 characters".to_owned()));
+            }
+            if !is_dns_subdomain(prefix) {
+                return Err(invalid(format!(
+                    "prefix part {prefix:?} must be a DNS subdomain: lowercase letters, digits, '-' and '.', starting and ending with a letter or digit"
+                )));
+            }
+            *name
+        }
+        _ => {
+            return Err(invalid(
+                "a qualified name has at most one '/' (an optional prefix and a name)".to_owned(),
+            ));
+        }
+    };
+    if name.is_empty() {
+        return Err(invalid("name part must not be empty".to_owned()));
+    }
+    if name.len() > 63 {
+        return Err(invalid("name part must be no more than 63 characters".to_owned()));
+    }
+    let bytes = name.as_bytes();
+    let alnum = |b: &u8| b.is_ascii_alphanumeric();
+    let ok = alnum(&bytes[0])
+        && alnum(&bytes[bytes.len() - 1])
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !ok {
+        return Err(invalid(format!(
+            "name part {name:?} must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+        )));
+    }
+    Ok(())
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    s.split('.').all(|label| {
+        let b = label.as_bytes();
+        !b.is_empty()
+            && b.len() <= 63
+            && b[0].is_ascii_alphanumeric()
+            && b[b.len() - 1].is_ascii_alphanumeric()
+            && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn decision(pairs: &[(&str, &str)]) -> Decision {
+        Decision {
+            annotations: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            errors: vec![],
+        }
+    }
+
+    fn apply(object: &Value, patch: &Patch) -> Value {
+        let mut doc = object.clone();
+        json_patch::patch(&mut doc, patch).expect("patch applies");
+        doc
+    }
+
+    fn patch_json(patch: &Patch) -> Value {
+        serde_json::to_value(patch).unwrap()
+    }
+
+    #[test]
+    fn adds_whole_map_when_annotations_absent() {
+        let obj = json!({"metadata": {"name": "rs"}});
+        let patch = plan_patch(&obj, &decision(&[("example.com/placement", "eu")]))
+            .unwrap()
+            .unwrap();
+        let ops = patch_json(&patch);
+        assert_eq!(ops[0]["op"], "add");
+        assert_eq!(ops[0]["path"], "/metadata/annotations");
+        assert_eq!(ops[0]["value"]["example.com/placement"], "eu");
+        assert_eq!(ops.as_array().unwrap().len(), 1);
+        let out = apply(&obj, &patch);
+        assert_eq!(out["metadata"]["annotations"]["example.com/placement"], "eu");
+        assert_eq!(out["metadata"]["name"], "rs");
+    }
+
+    #[test]
+    fn adds_metadata_when_absent() {
+        let obj = json!({"kind": "ReplicaSet"});
+        let patch = plan_patch(&obj, &decision(&[("a", "b")])).unwrap().unwrap();
+        assert_eq!(patch_json(&patch)[0]["path"], "/metadata");
+        assert_eq!(apply(&obj, &patch)["metadata"]["annotations"]["a"], "b");
+    }
+
+    #[test]
+    fn null_annotations_are_treated_as_absent() {
+        let obj = json!({"metadata": {"annotations": null}});
+        let patch = plan_patch(&obj, &decision(&[("a", "b")])).unwrap().unwrap();
+        assert_eq!(patch_json(&patch)[0]["path"], "/metadata/annotations");
+    }
+
+    #[test]
+    fn escapes_json_pointer_tokens() {
+        let obj = json!({"metadata": {"annotations": {"keep": "me"}}});
+        let patch = plan_patch(&obj, &decision(&[("federation.kubernetes.io/x", "1")]))
+            .unwrap()
+            .unwrap();
+        let ops = patch_json(&patch);
+        assert_eq!(ops[0]["path"], "/metadata/annotations/federation.kubernetes.io~1x");
+        let out = apply(&obj, &patch);
+        assert_eq!(out["metadata"]["annotations"]["federation.kubernetes.io/x"], "1");
+        assert_eq!(out["metadata"]["annotations"]["keep"], "me");
+        // `~` cannot appear in a valid key, but the pointer still escapes it first.
+        assert_eq!(pointer(&["a", "b~/c"]).as_str(), "/a/b~0~1c");
+    }
+
+    #[test]
+    fn no_patch_when_nothing_changes() {
+        let obj = json!({"metadata": {"annotations": {"a": "b", "c": "d"}}});
+        assert_eq!(plan_patch(&obj, &decision(&[("a", "b")])).unwrap(), None);
+        assert_eq!(plan_patch(&obj, &decision(&[])).unwrap(), None);
+        let bare = json!({"metadata": {}});
+        assert_eq!(plan_patch(&bare, &decision(&[])).unwrap(), None);
+    }
+
+    #[test]
+    fn policy_value_replaces_developer_value_and_records_the_request() {
+        let obj = json!({"metadata": {"annotations": {"p": "developer", "other": "x"}}});
+        let patch = plan_patch(&obj, &decision(&[("p", "policy")])).unwrap().unwrap();
+        let out = apply(&obj, &patch);
+        let ann = &out["metadata"]["annotations"];
+        assert_eq!(ann["p"], "policy");
+        assert_eq!(ann["other"], "x");
+        let record: Ownership =
+            serde_json::from_str(ann[OWNERSHIP_ANNOTATION].as_str().unwrap()).unwrap();
+        assert_eq!(
+            record["p"],
+            OwnedValue {
+                written: digest("policy"),
+                requested: Some("developer".into())
+            }
+        );
+        // Replacing an existing key is a `replace`, not a remove + add.
+        let ops = patch_json(&patch);
+        assert!(ops.as_array().unwrap().iter().any(|op| op["op"] == "replace" && op["path"] == "/metadata/annotations/p"));
+    }
+
+    #[test]
+    fn merge_is_idempotent() {
+        let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
+        let d = decision(&[("p", "policy"), ("q", "{\"a\":1}")]);
+        let once = apply(&obj, &plan_patch(&obj, &d).unwrap().unwrap());
+        assert_eq!(plan_patch(&once, &d).unwrap(), None);
+    }
+
+    #[test]
+    fn developer_view_restores_the_request() {
+        let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
+        let placed = apply(&obj, &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "new")])).unwrap().unwrap());
+        let view = developer_view(&placed);
+        assert_eq!(view, obj);
+    }
+
+    #[test]
+    fn changed_value_is_a_new_developer_request() {
+        let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
+        let d = decision(&[("p", "policy")]);
+        let mut placed = apply(&obj, &plan_patch(&obj, &d).unwrap().unwrap());
+        placed["metadata"]["annotations"]["p"] = json!("edited");
+        let view = developer_view(&placed);
+        assert_eq!(view["metadata"]["annotations"]["p"], "edited");
+        assert!(view["metadata"]["annotations"].get(OWNERSHIP_ANNOTATION).is_none());
+        // Re-placing records the new request.
+        let again = apply(&placed, &plan_patch(&placed, &d).unwrap().unwrap());
+        let record = ownership(&annotations(&again).unwrap().unwrap()).unwrap();
+        assert_eq!(record["p"].requested.as_deref(), Some("edited"));
+    }
+
+    #[test]
+    fn value_the_policy_stops_setting_is_restored() {
+        let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
+        let placed = apply(&obj, &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "x")])).unwrap().unwrap());
+        let patch = plan_patch(&placed, &decision(&[])).unwrap().unwrap();
+        let restored = apply(&placed, &patch);
+        assert_eq!(restored, obj);
+    }
+
+    #[test]
+    fn no_record_when_policy_agrees_with_developer() {
+        let obj = json!({"metadata": {"annotations": {"p": "same"}}});
+        assert_eq!(plan_patch(&obj, &decision(&[("p", "same")])).unwrap(), None);
+    }
+
+    #[test]
+    fn invalid_keys_are_named_errors() {
+        let obj = json!({"metadata": {}});
+        for (key, fragment) in [
+            ("a/b/c", "at most one '/'"),
+            ("/name", "prefix part must not be empty"),
+            ("Bad_Prefix/name", "DNS subdomain"),
+            ("example.com/", "name part must not be empty"),
+            ("-leading", "must start and end"),
+            ("has space", "must consist"),
+        ] {
+            let err = plan_patch(&obj, &decision(&[(key, "v")])).unwrap_err();
+            match &err {
+                MergeError::InvalidKey { key: k, reason } => {
+                    assert_eq!(k, key);
+                    assert!(reason.contains(fragment), "{key}: {reason}");
+                }
+                other => panic!("{key}: unexpected {other:?}"),
+            }
+        }
+        let long_name = "n".repeat(64);
+        assert!(validate_annotation_key(&long_name).is_err());
+        assert!(validate_annotation_key(&"n".repeat(63)).is_ok());
+        assert!(validate_annotation_key("Example.COM/Name_1.x").is_ok());
+        assert!(validate_annotation_key("federation.kubernetes.io/replica-set-preferences").is_ok());
+    }
+
+    #[test]
+    fn reserved_key_is_refused() {
+        let obj = json!({"metadata": {}});
+        assert_eq!(
+            plan_patch(&obj, &decision(&[(OWNERSHIP_ANNOTATION, "{}")])).unwrap_err(),
+            MergeError::ReservedKey(OWNERSHIP_ANNOTATION.into())
+        );
+    }
+
+    #[test]
+    fn oversize_annotations_are_a_named_error() {
+        let obj = json!({"metadata": {"annotations": {"dev": "x".repeat(200 * 1024)}}});
+        let err = plan_patch(&obj, &decision(&[("p", &"y".repeat(60 * 1024))])).unwrap_err();
+        assert!(matches!(err, MergeError::TooLarge { limit: TOTAL_ANNOTATION_SIZE_LIMIT, .. }), "{err:?}");
+        assert!(err.to_string().contains("limit of 262144 bytes"));
+        // The ownership record costs a digest, not a copy of the value.
+        let obj = json!({"metadata": {}});
+        let near = TOTAL_ANNOTATION_SIZE_LIMIT - 200;
+        assert!(plan_patch(&obj, &decision(&[("p", &"y".repeat(near))])).is_ok());
+        let at = TOTAL_ANNOTATION_SIZE_LIMIT;
+        assert!(plan_patch(&obj, &decision(&[("p", &"y".repeat(at))])).is_err());
+    }
+
+    #[test]
+    fn malformed_objects_are_errors() {
+        assert!(matches!(plan_patch(&json!([1]), &decision(&[])), Err(MergeError::InvalidObject(_))));
+        assert!(matches!(
+            plan_patch(&json!({"metadata": {"annotations": {"a": 1}}}), &decision(&[])),
+            Err(MergeError::InvalidObject(_))
+        ));
+        assert!(matches!(
+            plan_patch(&json!({"metadata": "x"}), &decision(&[])),
+            Err(MergeError::InvalidObject(_))
+        ));
+    }
+
+    #[test]
+    fn unreadable_record_is_ignored() {
+        let obj = json!({"metadata": {"annotations": {"p": "v", OWNERSHIP_ANNOTATION: "not json"}}});
+        let view = developer_view(&obj);
+        assert_eq!(view["metadata"]["annotations"], json!({"p": "v"}));
+        let patch = plan_patch(&obj, &decision(&[])).unwrap().unwrap();
+        assert_eq!(apply(&obj, &patch)["metadata"]["annotations"], json!({"p": "v"}));
+    }
+}

@@ -1,0 +1,194 @@
+//! Retrying transient engine failures inside a deadline.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use tokio::time::Instant;
+
+use crate::engine::EngineError;
+
+/// Backoff between attempts: jittered exponential from `min_delay` to `max_delay`.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    pub min_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            min_delay: Duration::from_millis(50),
+            max_delay: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Run `attempt` until it succeeds, fails permanently, or the next try would not
+/// fit before `deadline`. Transient failures back off with jitter; a server's
+/// `Retry-After` replaces the computed delay. Each attempt is itself cut off at the
+/// deadline. Giving up on a transient failure yields
+/// [`EngineError::DeadlineExceeded`] carrying the attempt count and last error.
+pub async fn retry_until<T, F, Fut>(
+    policy: RetryPolicy,
+    deadline: Instant,
+    endpoint: &str,
+    mut attempt: F,
+) -> Result<T, EngineError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, EngineError>>,
+{
+    let started = Instant::now();
+    let attempts = AtomicU32::new(0);
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(policy.min_delay)
+        .with_max_delay(policy.max_delay)
+        .with_jitter()
+        .without_max_times();
+    let run = || {
+        attempts.fetch_add(1, Ordering::Relaxed);
+        let fut = attempt();
+        async move {
+            match tokio::time::timeout_at(deadline, fut).await {
+                Ok(result) => result,
+                Err(_) => Err(EngineError::Timeout {
+                    endpoint: endpoint.to_owned(),
+                    timeout: deadline.saturating_duration_since(started),
+                }),
+            }
+        }
+    };
+    let result = run
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(|e: &EngineError| e.is_transient())
+        .adjust(|e: &EngineError, computed: Option<Duration>| {
+            let next = e.retry_after().or(computed)?;
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            // Only sleep when there is time left for the sleep and an attempt.
+            (next < remaining).then_some(next)
+        })
+        .notify(|e: &EngineError, delay: Duration| {
+            tracing::debug!(error = %e, ?delay, "retrying policy engine call");
+        })
+        .await;
+    match result {
+        Err(e) if e.is_transient() => Err(EngineError::DeadlineExceeded {
+            attempts: attempts.load(Ordering::Relaxed),
+            deadline: deadline.saturating_duration_since(started),
+            last: Box::new(e),
+        }),
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    fn unavailable(retry_after: Option<Duration>) -> EngineError {
+        EngineError::Http {
+            endpoint: "test".into(),
+            status: 503,
+            message: "busy".into(),
+            retry_after,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_transient_until_success() {
+        let calls = AtomicU32::new(0);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let out = retry_until(RetryPolicy::default(), deadline, "test", || async {
+            if calls.fetch_add(1, Ordering::SeqCst) < 2 {
+                Err(unavailable(None))
+            } else {
+                Ok(7)
+            }
+        })
+        .await
+        .unwrap();
+        assert_eq!(out, 7);
+        assert_eq!(calls.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permanent_errors_are_not_retried() {
+        let calls = AtomicU32::new(0);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+            calls.fetch_add(1, Ordering::SeqCst);
+            Err(EngineError::Unauthorized { status: 401 })
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, EngineError::Unauthorized { .. }));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn gives_up_at_the_deadline_with_attempt_count() {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(2);
+        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+            Err(unavailable(None))
+        })
+        .await
+        .unwrap_err();
+        assert!(Instant::now() <= deadline);
+        match err {
+            EngineError::DeadlineExceeded { attempts, last, .. } => {
+                assert!(attempts > 2, "attempts {attempts}");
+                assert!(matches!(*last, EngineError::Http { status: 503, .. }));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn honours_retry_after() {
+        let calls = AtomicU32::new(0);
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(10);
+        retry_until(RetryPolicy::default(), deadline, "test", || async {
+            if calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(unavailable(Some(Duration::from_secs(3))))
+            } else {
+                Ok(())
+            }
+        })
+        .await
+        .unwrap();
+        assert!(Instant::now() - start >= Duration::from_secs(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retry_after_beyond_deadline_gives_up_at_once() {
+        let start = Instant::now();
+        let deadline = start + Duration::from_secs(1);
+        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+            Err(unavailable(Some(Duration::from_secs(30))))
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, EngineError::DeadlineExceeded { attempts: 1, .. }));
+        assert_eq!(Instant::now(), start);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_attempt_is_cut_at_the_deadline() {
+        let start = Instant::now();
+        let deadline = start + Duration::from_millis(500);
+        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok(())
+        })
+        .await
+        .unwrap_err();
+        assert!(matches!(err, EngineError::DeadlineExceeded { .. }), "{err:?}");
+        assert!(Instant::now() - start <= Duration::from_millis(600));
+    }
+}

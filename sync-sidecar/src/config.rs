@@ -1,0 +1,516 @@
+//! Command line flags (with environment fallbacks) and the validated settings.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use policy_client::{DEFAULT_DECISION_PATH, Token};
+
+use crate::error::SyncError;
+use crate::gvr::Gvr;
+
+/// Default namespace whose ConfigMaps hold the Rego modules.
+pub const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
+/// Default engine path below which replicated objects are stored.
+pub const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
+/// Default engine document the sidecar uses to notice engine restarts.
+pub const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
+/// Default Lease name for remediation leader election.
+pub const DEFAULT_LEASE_NAME: &str = "placement-sync-remediator";
+
+/// What the remediator does with objects whose placement is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RemediationMode {
+    /// PATCH stale objects to the current decision.
+    Auto,
+    /// Emit an Event per stale object and count them; patch nothing.
+    Report,
+    /// No remediation at all (no leader election either).
+    Off,
+}
+
+/// Flags of `placement-sync`. Every flag also reads an environment variable.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "placement-sync",
+    version,
+    about = "Replicates Kubernetes objects and policy ConfigMaps into the policy engine and remediates placement"
+)]
+pub struct Args {
+    /// Namespaced resource type to replicate, `[group/]version/resource`
+    /// (repeatable, or comma-separated).
+    #[arg(long, env = "PLACEMENT_SYNC_REPLICATE", value_delimiter = ',')]
+    pub replicate: Vec<Gvr>,
+
+    /// Cluster-scoped resource type to replicate, `[group/]version/resource`
+    /// (repeatable, or comma-separated).
+    #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_CLUSTER", value_delimiter = ',')]
+    pub replicate_cluster: Vec<Gvr>,
+
+    /// Engine data path under which replicated objects are written.
+    #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_PATH", default_value = DEFAULT_REPLICATE_PATH)]
+    pub replicate_path: String,
+
+    /// Namespaces whose objects are not replicated (comma-separated).
+    #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_IGNORE_NAMESPACES", value_delimiter = ',')]
+    pub replicate_ignore_namespaces: Vec<String>,
+
+    /// Base URL of OPA (a trailing `/v1`, as kube-mgmt takes it, is accepted).
+    #[arg(long, env = "PLACEMENT_SYNC_OPA_URL", default_value = "http://127.0.0.1:8181")]
+    pub opa_url: String,
+
+    /// File holding the bearer token for OPA (never logged).
+    #[arg(long, env = "PLACEMENT_SYNC_OPA_TOKEN_FILE")]
+    pub opa_token_file: Option<PathBuf>,
+
+    /// PEM file of a CA to trust for an https OPA.
+    #[arg(long, env = "PLACEMENT_SYNC_OPA_CA_FILE")]
+    pub opa_ca_file: Option<PathBuf>,
+
+    /// Limit for one request to OPA, e.g. `5s`.
+    #[arg(long, env = "PLACEMENT_SYNC_OPA_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub opa_timeout: Duration,
+
+    /// kubeconfig file; without it the in-cluster config or `KUBECONFIG` is used.
+    #[arg(long, env = "PLACEMENT_SYNC_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Namespace whose ConfigMaps are the policy modules.
+    #[arg(long, env = "PLACEMENT_SYNC_POLICY_NAMESPACE", default_value = DEFAULT_POLICY_NAMESPACE)]
+    pub policy_namespace: String,
+
+    /// Only ConfigMaps with this label (`key=value`, or `key` for any value) are policies.
+    #[arg(long, env = "PLACEMENT_SYNC_POLICY_LABEL")]
+    pub policy_label: Option<String>,
+
+    /// Decision path the remediator queries.
+    #[arg(long, env = "PLACEMENT_SYNC_DECISION", default_value = DEFAULT_DECISION_PATH)]
+    pub decision: String,
+
+    /// Remediation mode.
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION", value_enum, default_value = "auto")]
+    pub remediation: RemediationMode,
+
+    /// Workload type the remediator keeps placed, `[group/]version/resource`
+    /// (repeatable, or comma-separated).
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_REMEDIATE",
+        value_delimiter = ',',
+        default_value = "apps/v1/replicasets,apps/v1/deployments"
+    )]
+    pub remediate: Vec<Gvr>,
+
+    /// Maximum remediation patches per second (0 = unlimited).
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 20.0)]
+    pub remediation_rate: f64,
+
+    /// Quiet time that coalesces remediation triggers, e.g. `500ms`.
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_DEBOUNCE", default_value = "500ms", value_parser = parse_duration)]
+    pub remediation_debounce: Duration,
+
+    /// Whether to elect a remediation leader through a Lease (turn off only for a
+    /// single replica run outside a cluster).
+    #[arg(long, env = "PLACEMENT_SYNC_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+
+    /// Name of the Lease used for leader election.
+    #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAME", default_value = DEFAULT_LEASE_NAME)]
+    pub lease_name: String,
+
+    /// Namespace of the Lease (default: `POD_NAMESPACE`, else the policy namespace).
+    #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+
+    /// Leader election identity (default: `POD_NAME`, else the host name).
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+
+    /// Lease duration, e.g. `15s`.
+    #[arg(long, env = "PLACEMENT_SYNC_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+
+    /// Plain-HTTP address for `/metrics`, `/healthz` and `/readyz`.
+    #[arg(long, env = "PLACEMENT_SYNC_LISTEN", default_value = "0.0.0.0:8182")]
+    pub listen: SocketAddr,
+
+    /// How often the engine is checked for a restart, e.g. `2s`.
+    #[arg(long, env = "PLACEMENT_SYNC_ENGINE_CHECK_INTERVAL", default_value = "2s", value_parser = parse_duration)]
+    pub engine_check_interval: Duration,
+
+    /// Engine data path of the sentinel document used to notice engine restarts.
+    #[arg(long, env = "PLACEMENT_SYNC_SENTINEL_PATH", default_value = DEFAULT_SENTINEL_PATH)]
+    pub sentinel_path: String,
+
+    /// Engine writes in flight at once.
+    #[arg(long, env = "PLACEMENT_SYNC_WORKERS", default_value_t = 16)]
+    pub workers: usize,
+}
+
+/// Whether a replicated type is namespaced (`--replicate`) or cluster-scoped
+/// (`--replicate-cluster`); it decides the engine path layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplicaScope {
+    Namespaced,
+    Cluster,
+}
+
+/// One `--replicate`/`--replicate-cluster` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicateSpec {
+    pub gvr: Gvr,
+    pub scope: ReplicaScope,
+}
+
+/// Leader election parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaderSettings {
+    pub lease_name: String,
+    pub lease_namespace: String,
+    pub identity: String,
+    pub lease_duration: Duration,
+}
+
+/// Validated settings of the sidecar.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub replicate: Vec<ReplicateSpec>,
+    pub replicate_path: String,
+    pub ignore_namespaces: BTreeSet<String>,
+    pub opa_url: reqwest::Url,
+    pub opa_token: Option<Token>,
+    pub opa_ca_pem: Option<Vec<u8>>,
+    pub opa_timeout: Duration,
+    pub kubeconfig: Option<PathBuf>,
+    pub policy_namespace: String,
+    pub policy_label: Option<String>,
+    pub decision: String,
+    pub remediation: RemediationMode,
+    pub remediate: Vec<Gvr>,
+    pub remediation_rate: f64,
+    pub remediation_debounce: Duration,
+    /// `None` when leader election is off (this replica always remediates).
+    pub leader: Option<LeaderSettings>,
+    pub listen: SocketAddr,
+    pub engine_check_interval: Duration,
+    pub sentinel_path: String,
+    pub workers: usize,
+}
+
+impl Settings {
+    /// Validate the flags and read the files they name.
+    pub fn from_args(args: Args) -> Result<Self, SyncError> {
+        let config = |msg: String| SyncError::Config(msg);
+        let mut replicate = Vec::new();
+        let mut seen = BTreeSet::new();
+        for (gvr, scope) in args
+            .replicate
+            .into_iter()
+            .map(|g| (g, ReplicaScope::Namespaced))
+            .chain(
+                args.replicate_cluster
+                    .into_iter()
+                    .map(|g| (g, ReplicaScope::Cluster)),
+            )
+        {
+            // Two types with the same plural would share one engine path.
+            if !seen.insert(gvr.resource.clone()) {
+                return Err(config(format!(
+                    "resource {:?} is replicated twice; each plural name may appear once because it names the engine path",
+                    gvr.resource
+                )));
+            }
+            replicate.push(ReplicateSpec { gvr, scope });
+        }
+        let replicate_path = normalize_path(&args.replicate_path)
+            .ok_or_else(|| config("--replicate-path must not be empty".to_owned()))?;
+        let sentinel_path = normalize_path(&args.sentinel_path)
+            .ok_or_else(|| config("--sentinel-path must not be empty".to_owned()))?;
+        if sentinel_path == replicate_path || sentinel_path.starts_with(&format!("{replicate_path}/"))
+        {
+            return Err(config(
+                "--sentinel-path must not lie under --replicate-path".to_owned(),
+            ));
+        }
+        let decision = normalize_path(&args.decision)
+            .ok_or_else(|| config("--decision must not be empty".to_owned()))?;
+        let ignore_namespaces = args
+            .replicate_ignore_namespaces
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        let opa_url = parse_opa_url(&args.opa_url)?;
+        let opa_token = match &args.opa_token_file {
+            Some(path) => {
+                let raw = std::fs::read_to_string(path).map_err(|e| {
+                    config(format!("cannot read --opa-token-file {}: {e}", path.display()))
+                })?;
+                let token = raw.trim();
+                if token.is_empty() {
+                    return Err(config(format!(
+                        "--opa-token-file {} is empty",
+                        path.display()
+                    )));
+                }
+                Some(Token::new(token))
+            }
+            None => None,
+        };
+        let opa_ca_pem = match &args.opa_ca_file {
+            Some(path) => Some(std::fs::read(path).map_err(|e| {
+                config(format!("cannot read --opa-ca-file {}: {e}", path.display()))
+            })?),
+            None => None,
+        };
+        if let Some(label) = &args.policy_label {
+            parse_label_selector(label)?;
+        }
+        if !(args.remediation_rate >= 0.0 && args.remediation_rate.is_finite()) {
+            return Err(config(
+                "--remediation-rate must be a non-negative number".to_owned(),
+            ));
+        }
+        if args.workers == 0 {
+            return Err(config("--workers must be at least 1".to_owned()));
+        }
+        if args.engine_check_interval.is_zero() {
+            return Err(config("--engine-check-interval must be positive".to_owned()));
+        }
+        if args.remediation != RemediationMode::Off && args.remediate.is_empty() {
+            return Err(config(
+                "--remediate names no workload type; use --remediation=off to disable remediation"
+                    .to_owned(),
+            ));
+        }
+        let leader = if args.leader_election && args.remediation != RemediationMode::Off {
+            let lease_namespace = args
+                .lease_namespace
+                .clone()
+                .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+                .unwrap_or_else(|| args.policy_namespace.clone());
+            let identity = args
+                .identity
+                .clone()
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(default_identity);
+            if args.lease_duration < Duration::from_secs(3) {
+                return Err(config("--lease-duration must be at least 3s".to_owned()));
+            }
+            Some(LeaderSettings {
+                lease_name: args.lease_name.clone(),
+                lease_namespace,
+                identity,
+                lease_duration: args.lease_duration,
+            })
+        } else {
+            None
+        };
+        Ok(Settings {
+            replicate,
+            replicate_path,
+            ignore_namespaces,
+            opa_url,
+            opa_token,
+            opa_ca_pem,
+            opa_timeout: args.opa_timeout,
+            kubeconfig: args.kubeconfig,
+            policy_namespace: args.policy_namespace,
+            policy_label: args.policy_label,
+            decision,
+            remediation: args.remediation,
+            remediate: args.remediate,
+            remediation_rate: args.remediation_rate,
+            remediation_debounce: args.remediation_debounce,
+            leader,
+            listen: args.listen,
+            engine_check_interval: args.engine_check_interval,
+            sentinel_path,
+            workers: args.workers,
+        })
+    }
+}
+
+/// `key=value` or `key`: checked here so a typo fails at start, not in a watch.
+pub(crate) fn parse_label_selector(label: &str) -> Result<(), SyncError> {
+    let (key, value) = match label.split_once('=') {
+        Some((k, v)) => (k.trim(), Some(v.trim())),
+        None => (label.trim(), None),
+    };
+    let ok_chars =
+        |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+    if key.is_empty() || !ok_chars(key) || value.is_some_and(|v| !ok_chars(v) || v.contains('/')) {
+        return Err(SyncError::Config(format!(
+            "--policy-label {label:?} must be key=value or key"
+        )));
+    }
+    Ok(())
+}
+
+/// Trim slashes; `None` when nothing is left.
+pub(crate) fn normalize_path(path: &str) -> Option<String> {
+    let trimmed = path.trim().trim_matches('/');
+    (!trimmed.is_empty()).then(|| trimmed.to_owned())
+}
+
+/// The OPA base URL; kube-mgmt users pass `http://host:8181/v1`, which is accepted.
+pub(crate) fn parse_opa_url(raw: &str) -> Result<reqwest::Url, SyncError> {
+    let mut url = reqwest::Url::parse(raw.trim())
+        .map_err(|e| SyncError::Config(format!("--opa-url {raw:?} is not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(SyncError::Config(format!(
+            "--opa-url must be http or https, got {:?}",
+            url.scheme()
+        )));
+    }
+    let path = url.path().trim_end_matches('/').to_owned();
+    if let Some(base) = path.strip_suffix("/v1") {
+        url.set_path(if base.is_empty() { "/" } else { base });
+    }
+    Ok(url)
+}
+
+/// `POD_NAME` is read by clap; without it the host name stands in.
+fn default_identity() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| format!("placement-sync-{}", std::process::id()))
+}
+
+/// Durations as `250ms`, `2s`, `5m`, `1h`, or a bare number of seconds.
+pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let s = raw.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, unit) = s.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a duration like 500ms, 2s or 1m"))?;
+    let seconds = match unit.trim() {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => return Err(format!("unknown duration unit {other:?} in {raw:?}")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{raw:?}: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        let mut argv = vec!["placement-sync"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).unwrap()
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("3").unwrap(), Duration::from_secs(3));
+        assert_eq!(parse_duration("1.5m").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert!(parse_duration("fast").is_err());
+        assert!(parse_duration("3d").is_err());
+    }
+
+    #[test]
+    fn repeatable_and_comma_separated_types() {
+        let a = args(&[
+            "--replicate=apps/v1/replicasets",
+            "--replicate",
+            "v1/services,v1/pods",
+            "--replicate-cluster=federation.example.io/v1/clusters",
+            "--replicate-ignore-namespaces=kube-system, kube-public",
+            "--leader-election=false",
+        ]);
+        let s = Settings::from_args(a).unwrap();
+        let names: Vec<String> = s.replicate.iter().map(|r| r.gvr.to_string()).collect();
+        assert_eq!(
+            names,
+            ["apps/v1/replicasets", "v1/services", "v1/pods", "federation.example.io/v1/clusters"]
+        );
+        assert_eq!(s.replicate[3].scope, ReplicaScope::Cluster);
+        assert_eq!(s.replicate[0].scope, ReplicaScope::Namespaced);
+        assert_eq!(
+            s.ignore_namespaces.iter().collect::<Vec<_>>(),
+            ["kube-public", "kube-system"]
+        );
+        assert!(s.leader.is_none());
+    }
+
+    #[test]
+    fn defaults() {
+        let s = Settings::from_args(args(&["--identity=pod-a"])).unwrap();
+        assert_eq!(s.replicate_path, "kubernetes");
+        assert_eq!(s.policy_namespace, DEFAULT_POLICY_NAMESPACE);
+        assert_eq!(s.decision, "io/k8s/federation/admission");
+        assert_eq!(s.remediation, RemediationMode::Auto);
+        assert_eq!(
+            s.remediate,
+            vec![
+                Gvr::new("apps", "v1", "replicasets"),
+                Gvr::new("apps", "v1", "deployments")
+            ]
+        );
+        assert_eq!(s.remediation_debounce, Duration::from_millis(500));
+        let leader = s.leader.unwrap();
+        assert_eq!(leader.identity, "pod-a");
+        assert_eq!(leader.lease_name, DEFAULT_LEASE_NAME);
+        assert_eq!(s.opa_url.as_str(), "http://127.0.0.1:8181/");
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        assert!(Args::try_parse_from(["x", "--replicate=ReplicaSet"]).is_err());
+        assert!(Args::try_parse_from(["x", "--remediation=sometimes"]).is_err());
+        let dup = Settings::from_args(args(&[
+            "--replicate=apps/v1/replicasets",
+            "--replicate=extensions/v1beta1/replicasets",
+        ]))
+        .unwrap_err();
+        assert!(dup.to_string().contains("replicated twice"), "{dup}");
+        let label = Settings::from_args(args(&["--policy-label=a=b=c"])).unwrap_err();
+        assert!(label.to_string().contains("--policy-label"), "{label}");
+        let token = Settings::from_args(args(&["--opa-token-file=/nonexistent/token"])).unwrap_err();
+        assert!(token.to_string().contains("--opa-token-file"), "{token}");
+        let rate = Settings::from_args(args(&["--remediation-rate=-1"])).unwrap_err();
+        assert!(rate.to_string().contains("--remediation-rate"), "{rate}");
+    }
+
+    #[test]
+    fn opa_url_accepts_kube_mgmt_style() {
+        assert_eq!(
+            parse_opa_url("http://localhost:8181/v1").unwrap().as_str(),
+            "http://localhost:8181/"
+        );
+        assert_eq!(
+            parse_opa_url("https://opa.example:8443/proxy/v1/").unwrap().as_str(),
+            "https://opa.example:8443/proxy"
+        );
+        assert!(parse_opa_url("ftp://x").is_err());
+        assert!(parse_opa_url("not a url").is_err());
+    }
+
+    #[test]
+    fn label_selectors() {
+        assert!(parse_label_selector("openpolicyagent.org/policy=rego").is_ok());
+        assert!(parse_label_selector("placement-policy").is_ok());
+        assert!(parse_label_selector("=x").is_err());
+        assert!(parse_label_selector("a b=c").is_err());
+    }
+}

@@ -1,0 +1,62 @@
+//! Errors of the sync sidecar.
+
+use policy_client::EngineError;
+
+/// Everything that can go wrong in the sidecar. Messages never contain the OPA token.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("cannot build a Kubernetes client: {0}")]
+    KubeConfig(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    #[error("resource type {gvr} is not served by the API server: {reason}")]
+    Discovery { gvr: String, reason: String },
+    #[error("resource type {gvr} is {actual}, but was given with {flag}")]
+    ScopeMismatch {
+        gvr: String,
+        actual: &'static str,
+        flag: &'static str,
+    },
+    #[error("leader election: {0}")]
+    Lease(#[from] kube_lease_manager::LeaseManagerError),
+    #[error("cannot serve HTTP on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Serialize(#[from] serde_json::Error),
+}
+
+impl SyncError {
+    /// Whether retrying may help (the engine or the API server being away).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SyncError::Engine(e) => e.is_transient(),
+            SyncError::Kube(kube::Error::Api(status)) => {
+                status.code == 429 || status.code >= 500 || status.code == 409
+            }
+            SyncError::Kube(_) => true,
+            SyncError::Discovery { .. } => true,
+            _ => false,
+        }
+    }
+
+    /// A short label for metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SyncError::Config(_) => "config",
+            SyncError::Kube(_) | SyncError::KubeConfig(_) => "kubernetes",
+            SyncError::Engine(e) => e.kind(),
+            SyncError::Discovery { .. } => "discovery",
+            SyncError::ScopeMismatch { .. } => "scope",
+            SyncError::Lease(_) => "lease",
+            SyncError::Listen { .. } => "listen",
+            SyncError::Serialize(_) => "serialize",
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Lease-based leader election for the remediator (crate `kube-lease-manager`:
+//! server-side apply on a `coordination.k8s.io/v1` Lease, renewed before expiry).
+//!
+//! Only a confirmed holder is leader: any error talking to the API server drops
+//! leadership at once (the remediator checks before every patch) and the
+//! manager is rebuilt, which re-reads the Lease and reports leadership again
+//! when this identity still holds it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::Client;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::LeaderSettings;
+use crate::metrics::Metrics;
+use crate::queue::Backoff;
+
+/// Start leader election and return the leadership flag. Without settings this
+/// replica is always the leader.
+pub(crate) fn elect(
+    client: Client,
+    settings: Option<LeaderSettings>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    let Some(settings) = settings else {
+        let (tx, rx) = watch::channel(true);
+        metrics.leader.set(1);
+        let task = tokio::spawn(async move {
+            cancel.cancelled().await;
+            drop(tx);
+        });
+        return (rx, task);
+    };
+    let (tx, rx) = watch::channel(false);
+    let task = tokio::spawn(async move {
+        campaign(client, settings, tx, metrics, cancel).await;
+    });
+    (rx, task)
+}
+
+fn set(tx: &watch::Sender<bool>, metrics: &Metrics, leader: bool, settings: &LeaderSettings) {
+    let changed = tx.send_if_modified(|v| {
+        let changed = *v != leader;
+        *v = leader;
+        changed
+    });
+    metrics.leader.set(i64::from(leader));
+    if changed {
+        if leader {
+            tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "became the remediation leader");
+        } else {
+            tracing::info!(identity = %settings.identity, lease = %settings.lease_name, "not the remediation leader");
+        }
+    }
+}
+
+async fn build(client: &Client, settings: &LeaderSettings) -> Result<LeaseManager, kube_lease_manager::LeaseManagerError> {
+    let duration = settings.lease_duration.as_secs().max(3);
+    let grace = (duration / 3).max(1);
+    LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
+        .with_namespace(&settings.lease_namespace)
+        .with_identity(&settings.identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .with_field_manager("placement-sync")
+        .build()
+        .await
+}
+
+async fn campaign(
+    client: Client,
+    settings: LeaderSettings,
+    tx: watch::Sender<bool>,
+    metrics: Arc<Metrics>,
+    cancel: CancellationToken,
+) {
+    let backoff = Backoff {
+        min_delay: Duration::from_millis(500),
+        max_delay: Duration::from_secs(10),
+    };
+    let mut delays = backoff.delays();
+    loop {
+        let manager = tokio::select! {
+            m = build(&client, &settings) => m,
+            _ = cancel.cancelled() => break,
+        };
+        match manager {
+            Ok(manager) => {
+                loop {
+                    let changed = tokio::select! {
+                        c = manager.changed() => c,
+                        _ = cancel.cancelled() => {
+                            set(&tx, &metrics, false, &settings);
+                            if let Err(e) = manager.release().await {
+                                tracing::warn!(error = %e, "cannot release the remediation Lease");
+                            }
+                            return;
+                        }
+                    };
+                    match changed {
+                        Ok(leader) => {
+                            delays = backoff.delays();
+                            set(&tx, &metrics, leader, &settings);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "leader election error; stepping down until the Lease is confirmed");
+                            set(&tx, &metrics, false, &settings);
+                            break;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                set(&tx, &metrics, false, &settings);
+                tracing::warn!(error = %e, lease = %settings.lease_name, namespace = %settings.lease_namespace, "cannot set up leader election");
+            }
+        }
+        let delay = delays.next().unwrap_or(Duration::from_secs(10));
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = cancel.cancelled() => break,
+        }
+    }
+    set(&tx, &metrics, false, &settings);
+}

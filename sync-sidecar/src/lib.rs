@@ -1,0 +1,277 @@
+//! `placement-sync`: the sidecar that runs beside the policy engine (OPA) and
+//!
+//! - replicates Kubernetes objects of configured types into the engine
+//!   ([`replicator`](crate::replicator));
+//! - loads Rego modules from the ConfigMaps of the policy namespace, with hot
+//!   reload and a status annotation ([`policies`]);
+//! - notices engine restarts and reloads everything, tracking whether the engine
+//!   is in sync ([`state`]);
+//! - remediates: keeps existing workloads placed by the current policy, on one
+//!   elected replica ([`remediator`]);
+//! - serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
+//!
+//! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; tests build
+//! a [`Sidecar`] with their own client and engine.
+
+mod component;
+pub mod config;
+pub mod document;
+pub mod error;
+pub mod gvr;
+mod leader;
+pub mod metrics;
+pub mod policies;
+pub mod queue;
+mod replicator;
+pub mod remediator;
+pub mod server;
+pub mod state;
+
+use std::sync::Arc;
+
+use kube::runtime::events::{Recorder, Reporter};
+use policy_client::{Opa, OpaConfig, PolicyEngine};
+use tokio::net::TcpListener;
+use tokio::sync::{Notify, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Args, RemediationMode, ReplicaScope, ReplicateSpec, Settings};
+pub use error::SyncError;
+pub use gvr::Gvr;
+pub use metrics::Metrics;
+pub use policies::{PolicyStatus, STATUS_ANNOTATION};
+pub use state::{SyncState, SyncStatus};
+
+/// Build the Kubernetes client: `--kubeconfig` when given, else in-cluster config
+/// or `KUBECONFIG`/`~/.kube/config`.
+pub async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError> {
+    let config = match &settings.kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| SyncError::KubeConfig(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| SyncError::KubeConfig(e.to_string()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| SyncError::KubeConfig(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(SyncError::Kube)
+}
+
+/// Build the OPA client from the settings.
+pub fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
+    let mut config = OpaConfig::new(settings.opa_url.clone());
+    config.token = settings.opa_token.clone();
+    config.ca_pem = settings.opa_ca_pem.clone();
+    config.request_timeout = settings.opa_timeout;
+    Ok(Opa::new(config)?)
+}
+
+/// Bind the HTTP listener of `--listen`.
+pub async fn bind(settings: &Settings) -> Result<TcpListener, SyncError> {
+    TcpListener::bind(settings.listen)
+        .await
+        .map_err(|source| SyncError::Listen {
+            addr: settings.listen,
+            source,
+        })
+}
+
+/// Build everything from the settings and run until `cancel`.
+pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<(), SyncError> {
+    let client = kube_client(&settings).await?;
+    let engine: Arc<dyn PolicyEngine> = Arc::new(opa_engine(&settings)?);
+    let listener = bind(&settings).await?;
+    Sidecar::new(settings, client, engine)
+        .run(listener, cancel)
+        .await
+}
+
+/// One sidecar instance.
+pub struct Sidecar {
+    settings: Settings,
+    client: kube::Client,
+    engine: Arc<dyn PolicyEngine>,
+    metrics: Arc<Metrics>,
+    state: Arc<SyncState>,
+}
+
+impl std::fmt::Debug for Sidecar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sidecar")
+            .field("engine", &self.engine)
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sidecar {
+    pub fn new(settings: Settings, client: kube::Client, engine: Arc<dyn PolicyEngine>) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let state = SyncState::new(metrics.clone());
+        Sidecar {
+            settings,
+            client,
+            engine,
+            metrics,
+            state,
+        }
+    }
+
+    pub fn metrics(&self) -> Arc<Metrics> {
+        self.metrics.clone()
+    }
+
+    pub fn sync_state(&self) -> Arc<SyncState> {
+        self.state.clone()
+    }
+
+    /// Run every part until `cancel` (or until one fails for good, e.g. a resource
+    /// type whose scope contradicts its flag). Serves HTTP on `listener`.
+    pub async fn run(self, listener: TcpListener, cancel: CancellationToken) -> Result<(), SyncError> {
+        let Sidecar {
+            settings,
+            client,
+            engine,
+            metrics,
+            state,
+        } = self;
+        let cancel = cancel.child_token();
+        let permits = Arc::new(Semaphore::new(settings.workers));
+        let trigger = Arc::new(Notify::new());
+        for spec in &settings.replicate {
+            state.register(&replicator::component_name(spec));
+        }
+        state.register(policies::COMPONENT);
+
+        let mut tasks: JoinSet<Result<(), SyncError>> = JoinSet::new();
+        {
+            let (metrics, state, cancel) = (metrics.clone(), state.clone(), cancel.clone());
+            tasks.spawn(async move {
+                let addr = listener.local_addr().ok();
+                server::serve(listener, metrics, state, cancel)
+                    .await
+                    .map_err(|source| SyncError::Listen {
+                        addr: addr.unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0))),
+                        source,
+                    })
+            });
+        }
+        {
+            let monitor = state::monitor_engine(
+                engine.clone(),
+                state.clone(),
+                settings.sentinel_path.clone(),
+                settings.engine_check_interval,
+                cancel.clone(),
+            );
+            tasks.spawn(async move {
+                monitor.await;
+                Ok(())
+            });
+        }
+
+        let replicator_ctx = replicator::ReplicatorContext {
+            client: client.clone(),
+            engine: engine.clone(),
+            metrics: metrics.clone(),
+            state: state.clone(),
+            prefix: settings.replicate_path.clone(),
+            ignore_namespaces: settings.ignore_namespaces.clone(),
+            permits: permits.clone(),
+            changed: trigger.clone(),
+        };
+        for spec in settings.replicate.clone() {
+            tasks.spawn(replicator::run_type(replicator_ctx.clone(), spec, cancel.clone()));
+        }
+        tasks.spawn(policies::run(
+            policies::PolicyLoaderContext {
+                client: client.clone(),
+                engine: engine.clone(),
+                metrics: metrics.clone(),
+                state: state.clone(),
+                namespace: settings.policy_namespace.clone(),
+                label: settings.policy_label.clone(),
+                permits: permits.clone(),
+                changed: trigger.clone(),
+            },
+            cancel.clone(),
+        ));
+
+        let mut leader_task = None;
+        if settings.remediation != RemediationMode::Off {
+            let (leader, task) = leader::elect(
+                client.clone(),
+                settings.leader.clone(),
+                metrics.clone(),
+                cancel.clone(),
+            );
+            leader_task = Some(task);
+            let instance = settings
+                .leader
+                .as_ref()
+                .map(|l| l.identity.clone())
+                .or_else(|| std::env::var("POD_NAME").ok());
+            let recorder = Recorder::new(
+                client.clone(),
+                Reporter {
+                    controller: "placement-sync".to_owned(),
+                    instance,
+                },
+            );
+            tasks.spawn(remediator::run(
+                remediator::RemediatorContext {
+                    client: client.clone(),
+                    engine: engine.clone(),
+                    metrics: metrics.clone(),
+                    state: state.clone(),
+                    mode: settings.remediation,
+                    decision: settings.decision.clone(),
+                    types: settings.remediate.clone(),
+                    rate: settings.remediation_rate,
+                    debounce: settings.remediation_debounce,
+                    query_timeout: settings.opa_timeout,
+                    trigger: trigger.clone(),
+                    leader,
+                    recorder,
+                },
+                cancel.clone(),
+            ));
+        }
+        tracing::info!(
+            replicate = settings.replicate.len(),
+            policy_namespace = %settings.policy_namespace,
+            remediation = ?settings.remediation,
+            "placement-sync started"
+        );
+
+        let mut result = Ok(());
+        while let Some(joined) = tasks.join_next().await {
+            match joined {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, "placement-sync stopping");
+                    if result.is_ok() {
+                        result = Err(e);
+                    }
+                    cancel.cancel();
+                }
+                Err(e) if e.is_panic() => {
+                    tracing::error!(error = %e, "a placement-sync task panicked; stopping");
+                    if result.is_ok() {
+                        result = Err(SyncError::Config(format!("internal task panicked: {e}")));
+                    }
+                    cancel.cancel();
+                }
+                Err(_) => {}
+            }
+        }
+        if let Some(task) = leader_task {
+            let _ = task.await;
+        }
+        result
+    }
+}

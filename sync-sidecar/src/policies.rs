@@ -1,0 +1,563 @@
+//! Policy ConfigMaps: every data key of a ConfigMap in the policy namespace is
+//! one Rego module, loaded under the id `{namespace}/{name}/{key}`, hot-reloaded
+//! on change and deleted with its key or ConfigMap. The outcome is written back
+//! onto the ConfigMap as the [`STATUS_ANNOTATION`].
+//!
+//! A module whose new source does not compile keeps its last good version in the
+//! engine (OPA rejects the PUT and keeps what it had); after an engine restart
+//! the loader puts that last good version back, so a restart does not change
+//! which policy is in force.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, ResourceExt};
+use policy_client::{CompileError, EngineError, PolicyEngine};
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::component::{Gate, full_sync_loop};
+use crate::error::SyncError;
+use crate::metrics::Metrics;
+use crate::queue::{Backoff, KeyedQueue};
+use crate::state::SyncState;
+
+/// Annotation on a policy ConfigMap with the load outcome of its modules.
+pub const STATUS_ANNOTATION: &str = "placement-policy.io/policy-status";
+
+/// Sync-state component name of the policy loader.
+pub const COMPONENT: &str = "policies";
+
+/// Field manager used for the status annotation.
+const FIELD_MANAGER: &str = "placement-sync";
+
+/// Engine id of the module in data key `key` of ConfigMap `namespace/name`.
+pub fn module_id(namespace: &str, name: &str, key: &str) -> String {
+    format!("{namespace}/{name}/{key}")
+}
+
+/// The value of the [`STATUS_ANNOTATION`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "status", rename_all = "lowercase")]
+pub enum PolicyStatus {
+    /// Every module of the ConfigMap compiled and is loaded.
+    Ok,
+    /// At least one module did not compile; `errors` locate each problem
+    /// (`file` is the module id).
+    Error { errors: Vec<CompileError> },
+}
+
+impl PolicyStatus {
+    /// The annotation text: compact JSON, stable for equal content so an
+    /// unchanged outcome is never written again.
+    pub fn to_annotation(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|_| r#"{"status":"error"}"#.to_owned())
+    }
+
+    /// The status of a ConfigMap from the outcome of each of its modules.
+    pub fn from_outcomes<'a>(
+        outcomes: impl IntoIterator<Item = &'a Result<(), Vec<CompileError>>>,
+    ) -> Self {
+        let errors: Vec<CompileError> = outcomes
+            .into_iter()
+            .filter_map(|o| o.as_ref().err())
+            .flatten()
+            .cloned()
+            .collect();
+        if errors.is_empty() {
+            PolicyStatus::Ok
+        } else {
+            PolicyStatus::Error { errors }
+        }
+    }
+}
+
+/// What the loader knows about one module.
+#[derive(Debug, Clone)]
+struct ModuleRecord {
+    /// The source most recently attempted (the ConfigMap's current value).
+    source: String,
+    outcome: Result<(), Vec<CompileError>>,
+    /// The last source the engine accepted.
+    last_good: Option<String>,
+}
+
+/// Result of syncing the modules of one ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModuleSync {
+    /// Whether the engine's policy set changed (a module was put or deleted).
+    pub changed: bool,
+    /// Outcome for the ConfigMap (`None` when it is gone).
+    pub status: Option<PolicyStatus>,
+}
+
+/// The engine side of the policy loader: which modules are loaded and how.
+/// Independent of Kubernetes, so it is tested against the embedded engine.
+#[derive(Debug)]
+pub struct ModuleSet {
+    namespace: String,
+    engine: Arc<dyn PolicyEngine>,
+    records: Mutex<BTreeMap<String, ModuleRecord>>,
+}
+
+impl ModuleSet {
+    pub fn new(namespace: impl Into<String>, engine: Arc<dyn PolicyEngine>) -> Self {
+        ModuleSet {
+            namespace: namespace.into(),
+            engine,
+            records: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ModuleRecord>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn prefix(&self, name: &str) -> String {
+        format!("{}/{name}/", self.namespace)
+    }
+
+    /// `(loaded, failed)`: modules in force, and modules whose current source fails.
+    pub fn counts(&self) -> (usize, usize) {
+        let records = self.records();
+        let failed = records.values().filter(|r| r.outcome.is_err()).count();
+        let loaded = records
+            .values()
+            .filter(|r| r.outcome.is_ok() || r.last_good.is_some())
+            .count();
+        (loaded, failed)
+    }
+
+    /// Names of ConfigMaps that have modules on record.
+    pub fn configmaps(&self) -> BTreeSet<String> {
+        let ns_prefix = format!("{}/", self.namespace);
+        self.records()
+            .keys()
+            .filter_map(|id| id.strip_prefix(&ns_prefix)?.split_once('/').map(|(n, _)| n.to_owned()))
+            .collect()
+    }
+
+    /// Bring the engine's modules of ConfigMap `name` to `data` (`None`: the
+    /// ConfigMap is gone). With `reload`, every module is put again, because the
+    /// engine may have lost them; a module that fails then gets its last good
+    /// version back. Transient engine errors abort with `Err` (retry later); the
+    /// modules done so far stay recorded.
+    pub async fn sync(
+        &self,
+        name: &str,
+        data: Option<&BTreeMap<String, String>>,
+        reload: bool,
+    ) -> Result<ModuleSync, EngineError> {
+        let prefix = self.prefix(name);
+        let mut changed = false;
+        let desired: BTreeMap<String, &String> = data
+            .into_iter()
+            .flatten()
+            .map(|(key, source)| (module_id(&self.namespace, name, key), source))
+            .collect();
+        for (id, source) in &desired {
+            let previous = self.records().get(id).cloned();
+            if !reload && previous.as_ref().is_some_and(|p| &&p.source == source) {
+                continue;
+            }
+            let last_good = previous.and_then(|p| p.last_good);
+            let record = match self.engine.put_policy(id, source).await {
+                Ok(()) => {
+                    changed = true;
+                    tracing::info!(module = %id, "policy module loaded");
+                    ModuleRecord {
+                        source: (*source).clone(),
+                        outcome: Ok(()),
+                        last_good: Some((*source).clone()),
+                    }
+                }
+                Err(EngineError::Compile(errors)) => {
+                    tracing::warn!(module = %id, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy module does not compile; the previous version stays in force");
+                    if reload && let Some(good) = last_good.as_ref().filter(|g| g != source) {
+                        match self.engine.put_policy(id, good).await {
+                            Ok(()) => changed = true,
+                            Err(EngineError::Compile(_)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    ModuleRecord {
+                        source: (*source).clone(),
+                        outcome: Err(errors),
+                        last_good,
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            self.records().insert(id.clone(), record);
+        }
+        let removed: Vec<String> = self
+            .records()
+            .keys()
+            .filter(|id| id.starts_with(&prefix) && !desired.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in removed {
+            self.engine.delete_policy(&id).await?;
+            self.records().remove(&id);
+            changed = true;
+            tracing::info!(module = %id, "policy module removed");
+        }
+        let status = data.map(|_| {
+            let records = self.records();
+            PolicyStatus::from_outcomes(desired.keys().filter_map(|id| records.get(id).map(|r| &r.outcome)))
+        });
+        Ok(ModuleSync { changed, status })
+    }
+
+    /// Delete engine modules in our namespace that no ConfigMap holds any more
+    /// (ConfigMaps deleted while the sidecar was not running).
+    pub async fn remove_orphans(&self) -> Result<bool, EngineError> {
+        let ns_prefix = format!("{}/", self.namespace);
+        let ids = self.engine.policy_ids().await?;
+        let mut changed = false;
+        for id in ids {
+            if id.starts_with(&ns_prefix) && !self.records().contains_key(&id) {
+                self.engine.delete_policy(&id).await?;
+                tracing::info!(module = %id, "removed a policy module no ConfigMap holds");
+                changed = true;
+            }
+        }
+        Ok(changed)
+    }
+}
+
+/// The Kubernetes side: ConfigMap watch, status annotations.
+struct PolicyLoader {
+    namespace: String,
+    api: Api<ConfigMap>,
+    store: Store<ConfigMap>,
+    modules: ModuleSet,
+    gate: Gate,
+    metrics: Arc<Metrics>,
+    changed: Arc<Notify>,
+}
+
+impl PolicyLoader {
+    fn data_of(cm: &ConfigMap) -> BTreeMap<String, String> {
+        cm.data.clone().unwrap_or_default().into_iter().collect()
+    }
+
+    async fn sync_configmap(&self, name: &str, reload: bool) -> Result<(), SyncError> {
+        let cm = self
+            .store
+            .get(&ObjectRef::new(name).within(&self.namespace));
+        let data = cm.as_deref().map(Self::data_of);
+        let result = self.modules.sync(name, data.as_ref(), reload).await;
+        self.update_gauges();
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                self.metrics.write_error(COMPONENT, e.kind());
+                return Err(e.into());
+            }
+        };
+        if outcome.changed {
+            self.metrics.write_ok(COMPONENT, "put_policy");
+            self.changed.notify_one();
+        }
+        if let (Some(cm), Some(status)) = (cm, outcome.status) {
+            self.write_status(&cm, &status).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_status(&self, cm: &ConfigMap, status: &PolicyStatus) -> Result<(), SyncError> {
+        let value = status.to_annotation();
+        if cm.annotations().get(STATUS_ANNOTATION) == Some(&value) {
+            return Ok(());
+        }
+        let patch = json!({"metadata": {"annotations": {STATUS_ANNOTATION: value}}});
+        match self
+            .api
+            .patch(&cm.name_any(), &PatchParams {
+                    field_manager: Some(FIELD_MANAGER.to_owned()),
+                    ..PatchParams::default()
+                }, &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn update_gauges(&self) {
+        let (loaded, failed) = self.modules.counts();
+        self.metrics.policies_loaded.set(loaded as i64);
+        self.metrics.policies_failed.set(failed as i64);
+    }
+
+    async fn sync_single(&self, name: String) -> Result<(), SyncError> {
+        let Some(_single) = self.gate.single().await else {
+            return Ok(());
+        };
+        self.sync_configmap(&name, false).await
+    }
+
+    async fn full_sync(&self) -> Result<(), SyncError> {
+        let _full = self.gate.full().await;
+        let mut names: BTreeSet<String> = self.store.state().iter().map(|cm| cm.name_any()).collect();
+        names.extend(self.modules.configmaps());
+        for name in &names {
+            self.sync_configmap(name, true).await?;
+        }
+        if self.modules.remove_orphans().await? {
+            self.changed.notify_one();
+        }
+        self.gate.set_loaded();
+        tracing::info!(configmaps = names.len(), "policies loaded");
+        Ok(())
+    }
+}
+
+/// Everything the policy loader needs.
+#[derive(Clone)]
+pub(crate) struct PolicyLoaderContext {
+    pub(crate) client: Client,
+    pub(crate) engine: Arc<dyn PolicyEngine>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) state: Arc<SyncState>,
+    pub(crate) namespace: String,
+    pub(crate) label: Option<String>,
+    pub(crate) permits: Arc<Semaphore>,
+    pub(crate) changed: Arc<Notify>,
+}
+
+/// Watch the policy ConfigMaps and keep the engine's modules equal to them until `cancel`.
+pub(crate) async fn run(ctx: PolicyLoaderContext, cancel: CancellationToken) -> Result<(), SyncError> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
+    let mut config = watcher::Config::default();
+    if let Some(label) = &ctx.label {
+        config = config.labels(label);
+    }
+    let (store, writer) = reflector::store::<ConfigMap>();
+    let stream = watcher(api.clone(), config)
+        .default_backoff()
+        .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
+        .reflect(writer);
+    let loader = Arc::new(PolicyLoader {
+        namespace: ctx.namespace.clone(),
+        api,
+        store: store.clone(),
+        modules: ModuleSet::new(ctx.namespace.clone(), ctx.engine.clone()),
+        gate: Gate::default(),
+        metrics: ctx.metrics.clone(),
+        changed: ctx.changed.clone(),
+    });
+    let queue = {
+        let loader = loader.clone();
+        KeyedQueue::new(
+            COMPONENT,
+            move |name: String| {
+                let loader = loader.clone();
+                async move { loader.sync_single(name).await }
+            },
+            ctx.permits.clone(),
+            Backoff::default(),
+            cancel.clone(),
+        )
+    };
+    let relist = Arc::new(Notify::new());
+    let full = {
+        let loader = loader.clone();
+        let state = ctx.state.clone();
+        let ready_store = store.clone();
+        tokio::spawn(full_sync_loop(
+            COMPONENT.to_owned(),
+            ctx.state.clone(),
+            async move {
+                let _ = ready_store.wait_until_ready().await;
+            },
+            relist.clone(),
+            move |epoch| {
+                let (loader, state) = (loader.clone(), state.clone());
+                async move {
+                    // Data first, policies last: until the policies are in, a
+                    // restarted engine answers "undefined" rather than deciding on
+                    // partial data.
+                    state.wait_loaded_except(COMPONENT, epoch).await;
+                    loader.full_sync().await
+                }
+            },
+            cancel.clone(),
+        ))
+    };
+    let mut stream = std::pin::pin!(stream);
+    let mut listed_once = false;
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = cancel.cancelled() => break,
+        };
+        match event {
+            Some(Ok(watcher::Event::Apply(cm) | watcher::Event::Delete(cm))) => {
+                queue.push(cm.name_any());
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                if listed_once {
+                    relist.notify_one();
+                }
+                listed_once = true;
+            }
+            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+            Some(Err(e)) => {
+                ctx.metrics.watch_error(COMPONENT);
+                tracing::warn!(namespace = %ctx.namespace, error = %e, "policy ConfigMap watch error; the watch recovers by itself");
+            }
+            None => break,
+        }
+    }
+    let _ = full.await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy_client::{Embedded, QueryOutcome};
+    use serde_json::Value;
+    use std::time::Duration;
+
+    const GOOD: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \"1\"\n";
+    const BETTER: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \"2\"\n";
+    const BROKEN: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \n";
+    const NS: &str = "kube-federation-scheduling-policy";
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+    }
+
+    async fn decision(engine: &dyn PolicyEngine) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        match engine
+            .query("io/k8s/federation/admission", &json!({}), deadline)
+            .await
+            .unwrap()
+        {
+            QueryOutcome::Defined(v) => Some(v["annotations"]["a"].clone()),
+            QueryOutcome::Undefined => None,
+        }
+    }
+
+    #[test]
+    fn module_ids_and_status_annotation() {
+        assert_eq!(
+            module_id(NS, "placement", "main.rego"),
+            "kube-federation-scheduling-policy/placement/main.rego"
+        );
+        assert_eq!(PolicyStatus::Ok.to_annotation(), r#"{"status":"ok"}"#);
+        let error = PolicyStatus::Error {
+            errors: vec![CompileError {
+                file: Some("ns/cm/key".into()),
+                row: Some(3),
+                col: Some(22),
+                code: Some("rego_parse_error".into()),
+                message: "unexpected eof token".into(),
+            }],
+        };
+        assert_eq!(
+            error.to_annotation(),
+            r#"{"status":"error","errors":[{"file":"ns/cm/key","row":3,"col":22,"code":"rego_parse_error","message":"unexpected eof token"}]}"#
+        );
+        let ok: Result<(), Vec<CompileError>> = Ok(());
+        assert_eq!(PolicyStatus::from_outcomes([&ok, &ok]), PolicyStatus::Ok);
+        let bad: Result<(), Vec<CompileError>> = Err(vec![CompileError {
+            file: None,
+            row: None,
+            col: None,
+            code: None,
+            message: "m".into(),
+        }]);
+        assert!(matches!(
+            PolicyStatus::from_outcomes([&ok, &bad]),
+            PolicyStatus::Error { errors } if errors.len() == 1
+        ));
+    }
+
+    #[tokio::test]
+    async fn broken_update_keeps_the_last_good_module_and_reports_the_error() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = ModuleSet::new(NS, engine.clone());
+
+        let out = set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false).await.unwrap();
+        assert_eq!(out, ModuleSync { changed: true, status: Some(PolicyStatus::Ok) });
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+
+        // Unchanged source: nothing to do.
+        let out = set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false).await.unwrap();
+        assert!(!out.changed);
+
+        let out = set.sync("placement", Some(&data(&[("main.rego", BROKEN)])), false).await.unwrap();
+        assert!(!out.changed);
+        match out.status {
+            Some(PolicyStatus::Error { errors }) => {
+                assert!(!errors.is_empty());
+                assert!(errors[0].row.is_some(), "{errors:?}");
+            }
+            other => panic!("expected an error status, got {other:?}"),
+        }
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")), "last good version in force");
+        assert_eq!(set.counts(), (1, 1));
+
+        let out = set.sync("placement", Some(&data(&[("main.rego", BETTER)])), false).await.unwrap();
+        assert_eq!(out, ModuleSync { changed: true, status: Some(PolicyStatus::Ok) });
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("2")));
+        assert_eq!(set.counts(), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
+        let first: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = ModuleSet::new(NS, first.clone());
+        set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false).await.unwrap();
+        set.sync("placement", Some(&data(&[("main.rego", BROKEN)])), false).await.unwrap();
+
+        // Same records, new engine: what an engine restart looks like to the loader.
+        let fresh: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let reloaded = ModuleSet {
+            namespace: NS.to_owned(),
+            engine: fresh.clone(),
+            records: Mutex::new(set.records().clone()),
+        };
+        let out = reloaded
+            .sync("placement", Some(&data(&[("main.rego", BROKEN)])), true)
+            .await
+            .unwrap();
+        assert!(matches!(out.status, Some(PolicyStatus::Error { .. })));
+        assert_eq!(decision(fresh.as_ref()).await, Some(json!("1")));
+    }
+
+    #[tokio::test]
+    async fn removed_keys_configmaps_and_orphans_are_deleted() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        engine.put_policy(&format!("{NS}/old/gone.rego"), "package old\n").await.unwrap();
+        engine.put_policy("elsewhere/keep.rego", "package keep\n").await.unwrap();
+        let set = ModuleSet::new(NS, engine.clone());
+        set.sync("a", Some(&data(&[("one.rego", "package one\n"), ("two.rego", "package two\n")])), false)
+            .await
+            .unwrap();
+        let out = set.sync("a", Some(&data(&[("one.rego", "package one\n")])), false).await.unwrap();
+        assert!(out.changed);
+        let mut ids = engine.policy_ids().await.unwrap();
+        ids.sort();
+        assert_eq!(ids, ["elsewhere/keep.rego".to_owned(), format!("{NS}/a/one.rego"), format!("{NS}/old/gone.rego")]);
+
+        assert!(set.remove_orphans().await.unwrap());
+        let out = set.sync("a", None, false).await.unwrap();
+        assert_eq!(out, ModuleSync { changed: true, status: None });
+        assert_eq!(engine.policy_ids().await.unwrap(), ["elsewhere/keep.rego"]);
+        assert!(set.configmaps().is_empty());
+    }
+}

@@ -1,0 +1,377 @@
+//! A per-key work queue, after the controller pipeline of
+//! `seeds/controller-pipeline-design.txt`: work for one key runs one at a time and
+//! in order, different keys run concurrently, and a failure is retried with
+//! jittered exponential backoff for that key alone, without holding up the others.
+//!
+//! Work is level-triggered: a key is pushed when its object changed, and the
+//! handler reads the object's *current* state (from a reflector store) when it
+//! runs. Pushes that arrive while the key waits to run coalesce into one run; a
+//! push that arrives while the handler runs schedules exactly one more run after
+//! it. So the last state of every object is always written, never an older state
+//! after a newer one, and nothing is dropped: a failing key retries until it
+//! succeeds or the queue is shut down.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// Backoff between retries of one key.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub min_delay: Duration,
+    pub max_delay: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            min_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Backoff {
+    /// An endless iterator of jittered, exponentially growing delays.
+    pub fn delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+        let max = self.max_delay;
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(self.max_delay)
+            .with_jitter()
+            .without_max_times()
+            .build()
+            .chain(std::iter::repeat(max))
+    }
+}
+
+struct Slot {
+    /// Pushed again since the current run started.
+    dirty: bool,
+}
+
+struct Inner<K, H> {
+    name: String,
+    slots: Mutex<HashMap<K, Slot>>,
+    permits: Arc<Semaphore>,
+    handler: H,
+    backoff: Backoff,
+    cancel: CancellationToken,
+    idle: tokio::sync::Notify,
+}
+
+/// See the module documentation.
+pub struct KeyedQueue<K, H> {
+    inner: Arc<Inner<K, H>>,
+}
+
+impl<K, H> Clone for KeyedQueue<K, H> {
+    fn clone(&self) -> Self {
+        KeyedQueue {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<K, H> fmt::Debug for KeyedQueue<K, H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedQueue")
+            .field("name", &self.inner.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K, H, Fut, E> KeyedQueue<K, H>
+where
+    K: Clone + Eq + Hash + fmt::Display + Send + Sync + 'static,
+    H: Fn(K) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    /// A queue whose handlers share `permits` (the number of runs in flight across
+    /// every queue built with the same semaphore). Workers stop at `cancel`.
+    pub fn new(
+        name: impl Into<String>,
+        handler: H,
+        permits: Arc<Semaphore>,
+        backoff: Backoff,
+        cancel: CancellationToken,
+    ) -> Self {
+        KeyedQueue {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                slots: Mutex::new(HashMap::new()),
+                permits,
+                handler,
+                backoff,
+                cancel,
+                idle: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
+    /// Schedule `key`. Must be called from within a Tokio runtime.
+    pub fn push(&self, key: K) {
+        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(slot) = slots.get_mut(&key) {
+            slot.dirty = true;
+            return;
+        }
+        slots.insert(key.clone(), Slot { dirty: false });
+        drop(slots);
+        let inner = self.inner.clone();
+        tokio::spawn(async move { inner.work(key).await });
+    }
+
+    /// Keys waiting, running or backing off.
+    pub fn len(&self) -> usize {
+        self.inner
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Wait until no key is waiting, running or backing off.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.inner.idle.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl<K, H, Fut, E> Inner<K, H>
+where
+    K: Clone + Eq + Hash + fmt::Display + Send + Sync + 'static,
+    H: Fn(K) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), E>> + Send + 'static,
+    E: fmt::Display + Send + 'static,
+{
+    async fn work(self: Arc<Self>, key: K) {
+        let mut delays = self.backoff.delays();
+        let mut failures = 0u32;
+        loop {
+            self.set_dirty(&key, false);
+            let result = {
+                let permit = tokio::select! {
+                    p = self.permits.acquire() => p,
+                    _ = self.cancel.cancelled() => break,
+                };
+                let Ok(_permit) = permit else { break };
+                tokio::select! {
+                    r = (self.handler)(key.clone()) => r,
+                    _ = self.cancel.cancelled() => break,
+                }
+            };
+            match result {
+                Ok(()) => {
+                    if failures > 0 {
+                        tracing::info!(queue = %self.name, %key, failures, "succeeded after retries");
+                    }
+                    failures = 0;
+                    delays = self.backoff.delays();
+                    let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+                    if slots.get(&key).is_some_and(|s| s.dirty) {
+                        continue;
+                    }
+                    slots.remove(&key);
+                    let empty = slots.is_empty();
+                    drop(slots);
+                    if empty {
+                        self.idle.notify_waiters();
+                    }
+                    return;
+                }
+                Err(e) => {
+                    failures += 1;
+                    let delay = delays.next().unwrap_or(self.backoff.max_delay);
+                    tracing::warn!(queue = %self.name, %key, error = %e, attempt = failures, ?delay, "failed; retrying");
+                    tokio::select! {
+                        _ = tokio::time::sleep(delay) => {}
+                        _ = self.cancel.cancelled() => break,
+                    }
+                }
+            }
+        }
+        // Shut down: forget the key.
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        slots.remove(&key);
+        let empty = slots.is_empty();
+        drop(slots);
+        if empty {
+            self.idle.notify_waiters();
+        }
+    }
+
+    fn set_dirty(&self, key: &K, dirty: bool) {
+        if let Some(slot) = self
+            .slots
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(key)
+        {
+            slot.dirty = dirty;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use tokio::sync::Barrier;
+
+    type Log = Arc<Mutex<Vec<String>>>;
+
+    fn permits(n: usize) -> Arc<Semaphore> {
+        Arc::new(Semaphore::new(n))
+    }
+
+    #[tokio::test]
+    async fn one_key_never_runs_twice_at_once_and_a_push_during_a_run_reruns_once() {
+        let log: Log = Arc::default();
+        let running = Arc::new(AtomicU32::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let (l, r, g) = (log.clone(), running.clone(), gate.clone());
+        let queue = KeyedQueue::new(
+            "test",
+            move |key: String| {
+                let (l, r, g) = (l.clone(), r.clone(), g.clone());
+                async move {
+                    assert_eq!(r.fetch_add(1, Ordering::SeqCst), 0, "overlapping runs");
+                    l.lock().unwrap().push(format!("start {key}"));
+                    g.acquire().await.unwrap().forget();
+                    l.lock().unwrap().push(format!("end {key}"));
+                    r.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<(), String>(())
+                }
+            },
+            permits(4),
+            Backoff::default(),
+            CancellationToken::new(),
+        );
+        queue.push("a".to_owned());
+        tokio::task::yield_now().await;
+        while log.lock().unwrap().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        // Three pushes while the first run is in flight coalesce into one more run.
+        queue.push("a".to_owned());
+        queue.push("a".to_owned());
+        queue.push("a".to_owned());
+        gate.add_permits(2);
+        queue.wait_idle().await;
+        assert_eq!(
+            *log.lock().unwrap(),
+            ["start a", "end a", "start a", "end a"]
+        );
+    }
+
+    #[tokio::test]
+    async fn different_keys_run_concurrently() {
+        // Both handlers must be inside at once to pass the barrier.
+        let barrier = Arc::new(Barrier::new(2));
+        let b = barrier.clone();
+        let queue = KeyedQueue::new(
+            "test",
+            move |_key: String| {
+                let b = b.clone();
+                async move {
+                    b.wait().await;
+                    Ok::<(), String>(())
+                }
+            },
+            permits(2),
+            Backoff::default(),
+            CancellationToken::new(),
+        );
+        queue.push("a".to_owned());
+        queue.push("b".to_owned());
+        tokio::time::timeout(Duration::from_secs(5), queue.wait_idle())
+            .await
+            .expect("keys ran concurrently");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_retry_with_backoff_without_blocking_other_keys() {
+        let attempts = Arc::new(AtomicU32::new(0));
+        let log: Log = Arc::default();
+        let (a, l) = (attempts.clone(), log.clone());
+        let queue = KeyedQueue::new(
+            "test",
+            move |key: String| {
+                let (a, l) = (a.clone(), l.clone());
+                async move {
+                    if key == "bad" && a.fetch_add(1, Ordering::SeqCst) < 3 {
+                        return Err("engine unavailable".to_owned());
+                    }
+                    l.lock().unwrap().push(key);
+                    Ok(())
+                }
+            },
+            permits(1),
+            Backoff {
+                min_delay: Duration::from_millis(100),
+                max_delay: Duration::from_secs(1),
+            },
+            CancellationToken::new(),
+        );
+        let started = tokio::time::Instant::now();
+        queue.push("bad".to_owned());
+        queue.push("good".to_owned());
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // The good key ran while the bad one was backing off.
+        assert_eq!(*log.lock().unwrap(), ["good"]);
+        queue.wait_idle().await;
+        assert_eq!(*log.lock().unwrap(), ["good", "bad"]);
+        assert_eq!(attempts.load(Ordering::SeqCst), 4);
+        assert!(started.elapsed() >= Duration::from_millis(300));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn cancel_stops_retrying() {
+        let cancel = CancellationToken::new();
+        let queue = KeyedQueue::new(
+            "test",
+            |_key: String| async { Err::<(), _>("down") },
+            permits(1),
+            Backoff::default(),
+            cancel.clone(),
+        );
+        queue.push("k".to_owned());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(queue.len(), 1);
+        cancel.cancel();
+        queue.wait_idle().await;
+        assert!(queue.is_empty());
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b = Backoff {
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(100),
+        };
+        let delays: Vec<Duration> = b.delays().take(50).collect();
+        assert_eq!(delays.len(), 50);
+        assert!(delays.iter().all(|d| *d <= Duration::from_millis(200)));
+        assert!(delays[40] >= Duration::from_millis(100));
+    }
+}

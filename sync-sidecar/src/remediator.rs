@@ -1,0 +1,633 @@
+//! Remediation: keep existing workloads placed by the current policy.
+//!
+//! When a policy module or replicated data changes (coalesced over a short quiet
+//! time), the leader re-evaluates the decision for every object of the
+//! `--remediate` types, using [`developer_view`] as the input (the developer's
+//! request, restored from the ownership record, never the policy's own earlier
+//! output), and computes the minimal patch with [`plan_patch`]. In `auto` mode it
+//! PATCHes the objects whose policy-owned annotations differ (rate-limited; the
+//! patch carries a `test` of the resourceVersion it was computed from, so it never
+//! overwrites a change it has not seen); in `report` mode it emits an Event per
+//! stale object and sets a gauge. The webhook runs on the PATCH too and, reading
+//! the same developer view, returns the same decision: no further change, no loop.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use policy_client::placement::{OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view, plan_patch};
+use policy_client::{Decision, PolicyEngine, QueryOutcome};
+use serde_json::{Value, json};
+use tokio::sync::{Mutex, Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::component::discover_until_found;
+use crate::config::RemediationMode;
+use crate::document::{ObjectKey, object_value};
+use crate::error::SyncError;
+use crate::gvr::Gvr;
+use crate::metrics::Metrics;
+use crate::queue::Backoff;
+use crate::state::SyncState;
+
+/// Field manager of remediation patches.
+pub const FIELD_MANAGER: &str = "placement-sync-remediator";
+
+/// How an object's placement compares with the current decision.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Assessment {
+    /// The object carries what the decision asks for.
+    Placed,
+    /// The annotations differ; `patch` fixes them, `changed` names the annotation
+    /// keys whose values change (the ownership record left out).
+    Stale {
+        patch: json_patch::Patch,
+        changed: Vec<String>,
+    },
+    /// The policy reports errors: the object cannot be placed.
+    Unplaceable(Vec<String>),
+    /// No decision (the engine has no policy at the decision path).
+    Undefined,
+    /// The decision or the object cannot be used.
+    Invalid(String),
+}
+
+/// Compare `object` (as stored, not the developer view) with the decision the
+/// engine returned for its developer view.
+pub fn assess(object: &Value, outcome: &QueryOutcome) -> Assessment {
+    let result = match outcome {
+        QueryOutcome::Undefined => return Assessment::Undefined,
+        QueryOutcome::Defined(result) => result,
+    };
+    let decision = match Decision::from_result(result) {
+        Ok(d) => d,
+        Err(e) => return Assessment::Invalid(e.to_string()),
+    };
+    if decision.is_denied() {
+        return Assessment::Unplaceable(decision.errors);
+    }
+    let patch = match plan_patch(object, &decision) {
+        Ok(None) => return Assessment::Placed,
+        Ok(Some(patch)) => patch,
+        Err(e) => return Assessment::Invalid(e.to_string()),
+    };
+    let current = annotations(object).ok().flatten().unwrap_or_default();
+    let changed = match desired_annotations(&current, &decision) {
+        Ok(desired) => current
+            .keys()
+            .chain(desired.keys())
+            .filter(|k| k.as_str() != OWNERSHIP_ANNOTATION && current.get(*k) != desired.get(*k))
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        Err(e) => return Assessment::Invalid(e.to_string()),
+    };
+    Assessment::Stale { patch, changed }
+}
+
+/// `patch` preceded by a test that the object is still at `resource_version`.
+pub fn guarded_patch(patch: &json_patch::Patch, resource_version: Option<&str>) -> json_patch::Patch {
+    let mut ops = Vec::with_capacity(patch.0.len() + 1);
+    if let Some(rv) = resource_version {
+        // A test op built from JSON cannot fail to parse.
+        if let Ok(test) = serde_json::from_value::<json_patch::PatchOperation>(json!({
+            "op": "test", "path": "/metadata/resourceVersion", "value": rv
+        })) {
+            ops.push(test);
+        }
+    }
+    ops.extend(patch.0.iter().cloned());
+    json_patch::Patch(ops)
+}
+
+/// Spaces calls `1/rate` seconds apart (no limit when the rate is 0).
+#[derive(Debug)]
+pub struct RateLimiter {
+    interval: Option<Duration>,
+    next: Mutex<Instant>,
+}
+
+impl RateLimiter {
+    pub fn new(per_second: f64) -> Self {
+        RateLimiter {
+            interval: (per_second > 0.0).then(|| Duration::from_secs_f64(1.0 / per_second)),
+            next: Mutex::new(Instant::now()),
+        }
+    }
+
+    pub async fn acquire(&self) {
+        let Some(interval) = self.interval else { return };
+        let at = {
+            let mut next = self.next.lock().await;
+            let at = (*next).max(Instant::now());
+            *next = at + interval;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// Tally of one remediation pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PassReport {
+    pub evaluated: usize,
+    pub stale: usize,
+    pub patched: usize,
+    pub failed: usize,
+    pub unplaceable: usize,
+    pub undefined: usize,
+    /// Aborted because leadership or the engine's sync was lost.
+    pub aborted: bool,
+}
+
+struct Target {
+    resource: ApiResource,
+    api: Api<DynamicObject>,
+    store: Store<DynamicObject>,
+}
+
+/// Everything the remediator needs.
+#[derive(Clone)]
+pub(crate) struct RemediatorContext {
+    pub(crate) client: Client,
+    pub(crate) engine: Arc<dyn PolicyEngine>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) state: Arc<SyncState>,
+    pub(crate) mode: RemediationMode,
+    pub(crate) decision: String,
+    pub(crate) types: Vec<Gvr>,
+    pub(crate) rate: f64,
+    pub(crate) debounce: Duration,
+    pub(crate) query_timeout: Duration,
+    pub(crate) trigger: Arc<Notify>,
+    pub(crate) leader: watch::Receiver<bool>,
+    pub(crate) recorder: Recorder,
+}
+
+struct Remediator {
+    ctx: RemediatorContext,
+    targets: Vec<Target>,
+    limiter: RateLimiter,
+    /// Objects patched from a resourceVersion the cache still shows: skipped until
+    /// the cache catches up, so the same patch is not sent twice.
+    in_flight: std::sync::Mutex<HashMap<(usize, ObjectKey), String>>,
+}
+
+/// Watch the workload types and remediate until `cancel`.
+pub(crate) async fn run(ctx: RemediatorContext, cancel: CancellationToken) -> Result<(), SyncError> {
+    let mut targets = Vec::new();
+    let mut watchers = Vec::new();
+    for gvr in &ctx.types {
+        let Some((resource, _)) = discover_until_found(&ctx.client, gvr, None, &cancel).await? else {
+            return Ok(());
+        };
+        let writer: Writer<DynamicObject> = Writer::new(resource.clone());
+        let store = writer.as_reader();
+        let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+        let stream = watcher(api.clone(), watcher::Config::default())
+            .default_backoff()
+            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
+            .reflect(writer);
+        let label = resource.plural.clone();
+        let metrics = ctx.metrics.clone();
+        let cancel = cancel.clone();
+        watchers.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            loop {
+                tokio::select! {
+                    e = stream.next() => match e {
+                        Some(Ok(_)) => {}
+                        Some(Err(e)) => {
+                            metrics.watch_error(&label);
+                            tracing::warn!(resource = %label, error = %e, "workload watch error; the watch recovers by itself");
+                        }
+                        None => break,
+                    },
+                    _ = cancel.cancelled() => break,
+                }
+            }
+        }));
+        targets.push(Target { resource, api, store });
+    }
+    for target in &targets {
+        tokio::select! {
+            _ = target.store.wait_until_ready() => {}
+            _ = cancel.cancelled() => return Ok(()),
+        }
+    }
+    let remediator = Remediator {
+        limiter: RateLimiter::new(ctx.rate),
+        ctx,
+        targets,
+        in_flight: std::sync::Mutex::new(HashMap::new()),
+    };
+    remediator.run(cancel).await;
+    for w in watchers {
+        let _ = w.await;
+    }
+    Ok(())
+}
+
+impl Remediator {
+    fn may_act(&self) -> bool {
+        *self.ctx.leader.borrow() && self.ctx.state.is_ready()
+    }
+
+    async fn run(&self, cancel: CancellationToken) {
+        let mut leader = self.ctx.leader.clone();
+        let mut synced = self.ctx.state.subscribe_synced();
+        let mut retry_delays = Backoff {
+            min_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(60),
+        }
+        .delays();
+        let mut retry_at: Option<Instant> = None;
+        let mut pending = true;
+        loop {
+            if !pending {
+                let retry = async {
+                    match retry_at {
+                        Some(at) => tokio::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = self.ctx.trigger.notified() => pending = true,
+                    r = leader.changed() => {
+                        if r.is_err() { return }
+                        pending = *leader.borrow_and_update();
+                    }
+                    r = synced.changed() => {
+                        if r.is_err() { return }
+                        pending = *synced.borrow_and_update();
+                    }
+                    _ = retry => { retry_at = None; pending = true }
+                    _ = cancel.cancelled() => return,
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.ctx.debounce) => {}
+                _ = cancel.cancelled() => return,
+            }
+            if !self.may_act() {
+                // Wait for leadership / sync; the pass stays pending.
+                tokio::select! {
+                    _ = leader.changed() => {}
+                    _ = synced.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = cancel.cancelled() => return,
+                }
+                continue;
+            }
+            pending = false;
+            let started = Instant::now();
+            let report = self.pass(&cancel).await;
+            self.ctx.metrics.remediation_passes.inc();
+            tracing::info!(
+                mode = ?self.ctx.mode,
+                evaluated = report.evaluated,
+                stale = report.stale,
+                patched = report.patched,
+                failed = report.failed,
+                unplaceable = report.unplaceable,
+                undefined = report.undefined,
+                aborted = report.aborted,
+                took_ms = started.elapsed().as_millis() as u64,
+                "remediation pass"
+            );
+            if report.aborted {
+                pending = true;
+            } else if report.failed > 0 {
+                let delay = retry_delays.next().unwrap_or(Duration::from_secs(60));
+                retry_at = Some(Instant::now() + delay);
+            } else {
+                retry_delays = Backoff {
+                    min_delay: Duration::from_secs(1),
+                    max_delay: Duration::from_secs(60),
+                }
+                .delays();
+            }
+        }
+    }
+
+    async fn pass(&self, cancel: &CancellationToken) -> PassReport {
+        let mut report = PassReport::default();
+        let objects: Vec<(usize, Arc<DynamicObject>)> = self
+            .targets
+            .iter()
+            .enumerate()
+            .flat_map(|(i, t)| t.store.state().into_iter().map(move |o| (i, o)))
+            .collect();
+        self.forget_caught_up();
+        let evaluations = futures::stream::iter(objects)
+            .map(|(i, object)| async move {
+                let value = object_value(&object, &self.targets[i].resource);
+                let input = developer_view(&value);
+                let deadline = Instant::now() + self.ctx.query_timeout;
+                let outcome = self.ctx.engine.query(&self.ctx.decision, &input, deadline).await;
+                (i, object, value, outcome)
+            })
+            .buffer_unordered(8);
+        let mut evaluations = std::pin::pin!(evaluations);
+        while let Some((i, object, value, outcome)) = evaluations.next().await {
+            if cancel.is_cancelled() || !self.may_act() {
+                report.aborted = true;
+                break;
+            }
+            report.evaluated += 1;
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(e) => {
+                    tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "placement query failed");
+                    report.failed += 1;
+                    continue;
+                }
+            };
+            match assess(&value, &outcome) {
+                Assessment::Placed => {}
+                Assessment::Undefined => report.undefined += 1,
+                Assessment::Invalid(reason) => {
+                    report.failed += 1;
+                    tracing::warn!(object = %describe(&object, &self.targets[i].resource), %reason, "cannot remediate");
+                }
+                Assessment::Unplaceable(errors) => {
+                    report.unplaceable += 1;
+                    let note = format!(
+                        "the placement policy reports errors for this object, so it cannot be placed: {}",
+                        errors.join("; ")
+                    );
+                    self.event(i, &object, EventType::Warning, "PlacementRejected", note).await;
+                }
+                Assessment::Stale { patch, changed } => {
+                    if self.ctx.mode == RemediationMode::Auto && self.is_in_flight(i, &object) {
+                        // Patched already; the cache has not seen the result yet.
+                        continue;
+                    }
+                    report.stale += 1;
+                    match self.ctx.mode {
+                        RemediationMode::Report => {
+                            let note = format!(
+                                "{} {}: placement is stale; policy-owned annotations differ from the current decision: {}",
+                                self.targets[i].resource.kind,
+                                describe(&object, &self.targets[i].resource),
+                                changed.join(", ")
+                            );
+                            self.event(i, &object, EventType::Warning, "PlacementStale", note).await;
+                        }
+                        RemediationMode::Auto => {
+                            self.limiter.acquire().await;
+                            if !self.may_act() {
+                                report.aborted = true;
+                                break;
+                            }
+                            match self.patch(i, &object, &patch).await {
+                                Ok(true) => {
+                                    report.patched += 1;
+                                    let note = format!("updated placement annotations: {}", changed.join(", "));
+                                    self.event(i, &object, EventType::Normal, "PlacementRemediated", note).await;
+                                }
+                                Ok(false) => {}
+                                Err(e) => {
+                                    report.failed += 1;
+                                    tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "remediation patch failed; will retry");
+                                }
+                            }
+                        }
+                        RemediationMode::Off => {}
+                    }
+                }
+            }
+        }
+        if !report.aborted {
+            let unresolved = match self.ctx.mode {
+                RemediationMode::Auto => report.stale.saturating_sub(report.patched),
+                _ => report.stale,
+            };
+            self.ctx.metrics.remediation_stale.set(unresolved as i64);
+            self.ctx.metrics.remediation_unplaceable.set(report.unplaceable as i64);
+        }
+        report
+    }
+
+    /// PATCH one object; `Ok(false)` when it is gone.
+    async fn patch(&self, i: usize, object: &DynamicObject, patch: &json_patch::Patch) -> Result<bool, SyncError> {
+        let target = &self.targets[i];
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let api = match &object.metadata.namespace {
+            Some(ns) => Api::namespaced_with(target.api.clone().into_client(), ns, &target.resource),
+            None => target.api.clone(),
+        };
+        let rv = object.metadata.resource_version.clone();
+        let guarded = guarded_patch(patch, rv.as_deref());
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match api.patch(&name, &params, &Patch::<()>::Json(guarded)).await {
+            Ok(_) => {
+                self.ctx.metrics.patch(true);
+                if let (Some(key), Some(rv)) = (ObjectKey::of(object), rv) {
+                    self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert((i, key), rv);
+                }
+                tracing::info!(object = %describe(object, &target.resource), "remediated placement");
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => {
+                self.ctx.metrics.patch(false);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn is_in_flight(&self, i: usize, object: &DynamicObject) -> bool {
+        let Some(key) = ObjectKey::of(object) else { return false };
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(i, key))
+            .is_some_and(|rv| object.metadata.resource_version.as_ref() == Some(rv))
+    }
+
+    fn forget_caught_up(&self) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(i, key), rv| {
+                let target = &self.targets[*i];
+                let mut reference = kube::runtime::reflector::ObjectRef::new_with(&key.name, target.resource.clone());
+                if let Some(ns) = &key.namespace {
+                    reference = reference.within(ns);
+                }
+                target
+                    .store
+                    .get(&reference)
+                    .is_some_and(|o| o.metadata.resource_version.as_ref() == Some(rv))
+            });
+    }
+
+    async fn event(&self, i: usize, object: &DynamicObject, type_: EventType, reason: &str, note: String) {
+        let reference: ObjectReference = object.object_ref(&self.targets[i].resource);
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note, 1000)),
+            action: "Remediate".to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(object = %describe(object, &self.targets[i].resource), error = %e, "cannot publish event");
+        }
+    }
+}
+
+fn describe(object: &DynamicObject, resource: &ApiResource) -> String {
+    match ObjectKey::of(object) {
+        Some(key) => format!("{}/{key}", resource.plural),
+        None => resource.plural.clone(),
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max.saturating_sub(3);
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push_str("...");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy_client::placement::OWNERSHIP_ANNOTATION;
+
+    const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+
+    fn decision(prefs: &str) -> QueryOutcome {
+        QueryOutcome::Defined(json!({"annotations": {PREFS: prefs}}))
+    }
+
+    fn apply(object: &Value, patch: &json_patch::Patch) -> Value {
+        let mut doc = object.clone();
+        json_patch::patch(&mut doc, patch).unwrap();
+        doc
+    }
+
+    #[test]
+    fn unannotated_object_is_stale_and_the_patch_converges() {
+        let object = json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7"}});
+        let outcome = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
+        let Assessment::Stale { patch, changed } = assess(&object, &outcome) else {
+            panic!("expected stale");
+        };
+        assert_eq!(changed, [PREFS]);
+        let patched = apply(&object, &patch);
+        assert_eq!(
+            patched["metadata"]["annotations"][PREFS],
+            r#"{"clusters":{"eu-1":{"weight":1}}}"#
+        );
+        assert!(patched["metadata"]["annotations"][OWNERSHIP_ANNOTATION].is_string());
+        // Evaluating the patched object again (the webhook on the PATCH, or the next
+        // pass) finds it placed: no loop.
+        let view = developer_view(&patched);
+        assert!(view["metadata"]["annotations"].get(PREFS).is_none(), "developer asked for nothing");
+        assert_eq!(assess(&patched, &outcome), Assessment::Placed);
+    }
+
+    #[test]
+    fn policy_change_makes_the_policy_value_stale_but_not_the_developer_request() {
+        let developer_prefs = r#"{"clusters":{"eu-1":{"weight":1},"eu-2":{"weight":1}}}"#;
+        let object = json!({"metadata": {"name": "rs", "annotations": {PREFS: developer_prefs}}});
+        // The policy narrows to eu-1.
+        let first = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
+        let Assessment::Stale { patch, .. } = assess(&object, &first) else { panic!() };
+        let placed = apply(&object, &patch);
+        // The developer's request survives in the developer view.
+        assert_eq!(developer_view(&placed)["metadata"]["annotations"][PREFS], developer_prefs);
+        // The policy now allows both: the object goes back to the developer's request.
+        let second = decision(developer_prefs);
+        let Assessment::Stale { patch, changed } = assess(&placed, &second) else {
+            panic!("expected stale")
+        };
+        assert_eq!(changed, [PREFS]);
+        let replaced = apply(&placed, &patch);
+        assert_eq!(replaced["metadata"]["annotations"][PREFS], developer_prefs);
+        assert!(replaced["metadata"]["annotations"].get(OWNERSHIP_ANNOTATION).is_none());
+        assert_eq!(assess(&replaced, &second), Assessment::Placed);
+    }
+
+    #[test]
+    fn errors_undefined_and_bad_shapes() {
+        let object = json!({"metadata": {"name": "rs"}});
+        assert_eq!(
+            assess(&object, &QueryOutcome::Defined(json!({"errors": ["no cluster allowed"]}))),
+            Assessment::Unplaceable(vec!["no cluster allowed".into()])
+        );
+        assert_eq!(assess(&object, &QueryOutcome::Undefined), Assessment::Undefined);
+        assert!(matches!(
+            assess(&object, &QueryOutcome::Defined(json!("x"))),
+            Assessment::Invalid(_)
+        ));
+        assert!(matches!(
+            assess(&object, &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}}))),
+            Assessment::Invalid(_)
+        ));
+        assert_eq!(
+            assess(&object, &QueryOutcome::Defined(json!({"annotations": {}}))),
+            Assessment::Placed
+        );
+    }
+
+    #[test]
+    fn guarded_patch_tests_the_resource_version_first() {
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}
+        ]))
+        .unwrap();
+        let guarded = serde_json::to_value(guarded_patch(&patch, Some("42"))).unwrap();
+        assert_eq!(guarded[0], json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"}));
+        assert_eq!(guarded[1]["op"], "add");
+        let mut doc = json!({"metadata": {"resourceVersion": "41"}});
+        assert!(json_patch::patch(&mut doc, &guarded_patch(&patch, Some("42"))).is_err());
+        assert_eq!(serde_json::to_value(guarded_patch(&patch, None)).unwrap().as_array().unwrap().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limiter_spaces_calls() {
+        let limiter = RateLimiter::new(10.0);
+        let start = Instant::now();
+        for _ in 0..5 {
+            limiter.acquire().await;
+        }
+        assert!(start.elapsed() >= Duration::from_millis(400));
+        assert!(start.elapsed() < Duration::from_millis(500));
+        let unlimited = RateLimiter::new(0.0);
+        let start = Instant::now();
+        for _ in 0..100 {
+            unlimited.acquire().await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[test]
+    fn notes_are_truncated_on_char_boundaries() {
+        assert_eq!(truncate("short".into(), 10), "short");
+        let long = "é".repeat(600);
+        let t = truncate(long, 1000);
+        assert!(t.len() <= 1000 && t.ends_with("..."));
+    }
+}

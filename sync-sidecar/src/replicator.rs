@@ -1,0 +1,270 @@
+//! Replication of Kubernetes objects into the engine (one task per type).
+//!
+//! Each type is found by discovery and list/watched through the dynamic API into
+//! a reflector store (with `managedFields` stripped). The first full list, every
+//! relist (after `410 Gone`) and every engine restart write the whole type as one
+//! document, so deletions missed while disconnected disappear too; in between,
+//! adds, updates and deletes are mirrored one object at a time through a
+//! [`KeyedQueue`].
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use policy_client::PolicyEngine;
+use tokio::sync::{Notify, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::component::{Gate, discover_until_found, full_sync_loop};
+use crate::config::{ReplicaScope, ReplicateSpec};
+use crate::document::{ObjectKey, object_path, object_value, type_document, type_path};
+use crate::error::SyncError;
+use crate::metrics::Metrics;
+use crate::queue::{Backoff, KeyedQueue};
+use crate::state::SyncState;
+
+/// What every replicated type shares.
+#[derive(Clone)]
+pub(crate) struct ReplicatorContext {
+    pub(crate) client: Client,
+    pub(crate) engine: Arc<dyn PolicyEngine>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) state: Arc<SyncState>,
+    pub(crate) prefix: String,
+    pub(crate) ignore_namespaces: BTreeSet<String>,
+    pub(crate) permits: Arc<Semaphore>,
+    /// Poked after every successful write (remediation trigger).
+    pub(crate) changed: Arc<Notify>,
+}
+
+/// The sync-state component name of a replicated type.
+pub(crate) fn component_name(spec: &ReplicateSpec) -> String {
+    format!("replicate:{}", spec.gvr)
+}
+
+/// Field selector that keeps ignored namespaces out of the watch.
+pub(crate) fn ignore_selector(ignore: &BTreeSet<String>) -> Option<String> {
+    (!ignore.is_empty()).then(|| {
+        ignore
+            .iter()
+            .map(|ns| format!("metadata.namespace!={ns}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    })
+}
+
+struct TypeReplicator {
+    resource: ApiResource,
+    namespaced: bool,
+    store: Store<DynamicObject>,
+    gate: Gate,
+    ctx: ReplicatorContext,
+}
+
+impl TypeReplicator {
+    fn label(&self) -> &str {
+        &self.resource.plural
+    }
+
+    fn ignored(&self, key: &ObjectKey) -> bool {
+        self.namespaced
+            && key
+                .namespace
+                .as_ref()
+                .is_some_and(|ns| self.ctx.ignore_namespaces.contains(ns))
+    }
+
+    async fn full_sync(&self) -> Result<(), SyncError> {
+        let _full = self.gate.full().await;
+        let objects: Vec<(ObjectKey, serde_json::Value)> = self
+            .store
+            .state()
+            .iter()
+            .filter_map(|o| ObjectKey::of(o).map(|k| (k, object_value(o, &self.resource))))
+            .filter(|(k, _)| !self.ignored(k))
+            .collect();
+        let count = objects.len();
+        let document = type_document(objects, self.namespaced);
+        let path = type_path(&self.ctx.prefix, &self.resource.plural);
+        match self.ctx.engine.put_data(&path, &document).await {
+            Ok(()) => {
+                self.ctx.metrics.write_ok(self.label(), "put_document");
+                self.ctx.metrics.set_replicated(self.label(), count);
+                self.gate.set_loaded();
+                self.ctx.changed.notify_one();
+                tracing::info!(resource = %self.label(), objects = count, %path, "replicated the whole type");
+                Ok(())
+            }
+            Err(e) => {
+                self.ctx.metrics.write_error(self.label(), e.kind());
+                Err(e.into())
+            }
+        }
+    }
+
+    async fn sync_key(&self, key: ObjectKey) -> Result<(), SyncError> {
+        let Some(_single) = self.gate.single().await else {
+            // The first full sync has not succeeded yet; it will carry this object.
+            return Ok(());
+        };
+        if self.ignored(&key) {
+            return Ok(());
+        }
+        let path = object_path(&self.ctx.prefix, &self.resource.plural, &key, self.namespaced);
+        let mut reference = ObjectRef::new_with(&key.name, self.resource.clone());
+        if let Some(ns) = &key.namespace {
+            reference = reference.within(ns);
+        }
+        let (op, result) = match self.store.get(&reference) {
+            Some(object) => (
+                "put",
+                self.ctx
+                    .engine
+                    .put_data(&path, &object_value(&object, &self.resource))
+                    .await,
+            ),
+            None => ("delete", self.ctx.engine.delete_data(&path).await),
+        };
+        match result {
+            Ok(()) => {
+                self.ctx.metrics.write_ok(self.label(), op);
+                self.ctx.metrics.set_replicated(self.label(), self.store.len());
+                self.ctx.changed.notify_one();
+                tracing::debug!(resource = %self.label(), %key, op, "replicated");
+                Ok(())
+            }
+            Err(e) => {
+                self.ctx.metrics.write_error(self.label(), e.kind());
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Replicate one type until `cancel`. Returns an error only for a configuration
+/// mistake (a scope that contradicts the flag).
+pub(crate) async fn run_type(
+    ctx: ReplicatorContext,
+    spec: ReplicateSpec,
+    cancel: CancellationToken,
+) -> Result<(), SyncError> {
+    let name = component_name(&spec);
+    let Some((resource, namespaced)) =
+        discover_until_found(&ctx.client, &spec.gvr, Some(spec.scope), &cancel).await?
+    else {
+        return Ok(());
+    };
+    debug_assert_eq!(namespaced, spec.scope == ReplicaScope::Namespaced);
+    let writer: Writer<DynamicObject> = Writer::new(resource.clone());
+    let store = writer.as_reader();
+    let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+    let mut config = watcher::Config::default();
+    if namespaced && let Some(selector) = ignore_selector(&ctx.ignore_namespaces) {
+        config = config.fields(&selector);
+    }
+    let label = resource.plural.clone();
+    let metrics = ctx.metrics.clone();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
+        .reflect(writer);
+
+    let replicator = Arc::new(TypeReplicator {
+        resource,
+        namespaced,
+        store: store.clone(),
+        gate: Gate::default(),
+        ctx: ctx.clone(),
+    });
+    let queue = {
+        let replicator = replicator.clone();
+        KeyedQueue::new(
+            name.clone(),
+            move |key: ObjectKey| {
+                let replicator = replicator.clone();
+                async move { replicator.sync_key(key).await }
+            },
+            ctx.permits.clone(),
+            Backoff::default(),
+            cancel.clone(),
+        )
+    };
+    let relist = Arc::new(Notify::new());
+    let full = {
+        let replicator = replicator.clone();
+        let ready_store = store.clone();
+        tokio::spawn(full_sync_loop(
+            name.clone(),
+            ctx.state.clone(),
+            async move {
+                let _ = ready_store.wait_until_ready().await;
+            },
+            relist.clone(),
+            move |_epoch| {
+                let replicator = replicator.clone();
+                async move { replicator.full_sync().await }
+            },
+            cancel.clone(),
+        ))
+    };
+
+    let mut stream = std::pin::pin!(stream);
+    let mut listed_once = false;
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = cancel.cancelled() => break,
+        };
+        match event {
+            Some(Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object))) => {
+                if let Some(key) = ObjectKey::of(&object) {
+                    queue.push(key);
+                }
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                if listed_once {
+                    tracing::info!(resource = %label, "relisted; rewriting the whole type");
+                    relist.notify_one();
+                }
+                listed_once = true;
+            }
+            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+            Some(Err(e)) => {
+                metrics.watch_error(&label);
+                tracing::warn!(resource = %label, error = %e, "watch error; the watch recovers by itself");
+            }
+            None => break,
+        }
+    }
+    let _ = full.await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gvr::Gvr;
+
+    #[test]
+    fn ignored_namespaces_become_a_field_selector() {
+        assert_eq!(ignore_selector(&BTreeSet::new()), None);
+        let ignore: BTreeSet<String> = ["kube-system".to_owned(), "kube-public".to_owned()].into();
+        assert_eq!(
+            ignore_selector(&ignore).unwrap(),
+            "metadata.namespace!=kube-public,metadata.namespace!=kube-system"
+        );
+    }
+
+    #[test]
+    fn component_names() {
+        let spec = ReplicateSpec {
+            gvr: Gvr::new("apps", "v1", "replicasets"),
+            scope: ReplicaScope::Namespaced,
+        };
+        assert_eq!(component_name(&spec), "replicate:apps/v1/replicasets");
+    }
+}

@@ -1,0 +1,805 @@
+//! End-to-end tests of the sync sidecar (`placement-sync`, run as its binary)
+//! against the real test bed: etcd, kube-apiserver and OPA on loopback.
+//!
+//! The sidecar talks to the API server as its own service account (RBAC from
+//! `deploy/rbac.yaml`) and to OPA with OPA's bearer token. Each test has its own
+//! control plane and OPA (Cluster objects are cluster-scoped and the remediator
+//! patches every workload, so tests must not share them), and the tests run one
+//! at a time: the machine has two cores.
+//!
+//! Build the binaries first: `cargo build --bins` (scripts/test does it).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use placement_tests::control_plane::POLICY_NAMESPACE;
+use placement_tests::{
+    ControlPlane, Identity, OpaServer, Process, free_port, project_bin, scratch_dir, unique_name,
+};
+use policy_client::{PolicyEngine, QueryOutcome};
+use serde_json::{Value, json};
+
+const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+const OWNED: &str = "placement-policy.io/policy-owned";
+const STATUS: &str = "placement-policy.io/policy-status";
+const CLUSTERS: &str = "placement-policy.io/v1alpha1/clusters";
+
+/// One test at a time: each starts a control plane.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+// ---------------------------------------------------------------------------
+// The sidecar process
+// ---------------------------------------------------------------------------
+
+struct Sidecar {
+    process: Process,
+    port: u16,
+}
+
+impl Sidecar {
+    fn start(plane: &ControlPlane, opa: &OpaServer, extra: &[&str]) -> Sidecar {
+        let dir = scratch_dir("sync");
+        let port = free_port();
+        let mut args: Vec<String> = vec![
+            format!("--kubeconfig={}", plane.kubeconfig(Identity::Sidecar).display()),
+            format!("--opa-url={}", opa.url()),
+            format!("--opa-token-file={}", opa.token_file().display()),
+            format!("--listen=127.0.0.1:{port}"),
+            "--lease-namespace=placement-system".into(),
+            format!("--identity={}", unique_name("sync")),
+            "--engine-check-interval=500ms".into(),
+            "--remediation-debounce=200ms".into(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let env = vec![("RUST_LOG".to_owned(), "info,placement_sync=debug".to_owned())];
+        let mut process = Process::spawn_with_env(
+            "placement-sync",
+            &project_bin("placement-sync"),
+            &args,
+            &env,
+            &dir.join("placement-sync.log"),
+        )
+        .expect("start placement-sync");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !placement_tests::port_open(port) {
+            assert!(!process.has_exited(), "placement-sync exited:\n{}", process.log());
+            assert!(Instant::now() < deadline, "placement-sync did not listen:\n{}", process.log());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Sidecar { process, port }
+    }
+
+    async fn get(&self, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://127.0.0.1:{}{path}", self.port))
+            .await
+            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+        let status = response.status().as_u16();
+        (status, response.text().await.unwrap_or_default())
+    }
+
+    async fn wait_ready(&self, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (status, body) = self.get("/readyz").await;
+            if status == 200 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sidecar not ready after {timeout:?}: {body}\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn metric(&self, name_and_labels: &str) -> Option<f64> {
+        let (_, text) = self.get("/metrics").await;
+        text.lines()
+            .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
+    fn log_tail(&self) -> String {
+        self.process.log_tail(60)
+    }
+
+    fn stop(mut self) {
+        self.process.terminate(Duration::from_secs(10));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------
+
+fn opa_client(opa: &OpaServer) -> policy_client::Opa {
+    opa.client()
+}
+
+/// The document at `path` in OPA, `None` when undefined.
+async fn opa_data(opa: &policy_client::Opa, path: &str) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    match opa.query(path, &json!({}), deadline).await {
+        Ok(QueryOutcome::Defined(v)) => Some(v),
+        _ => None,
+    }
+}
+
+/// Poll `check` until it returns `Some`, or panic with `what` and `context()`.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, context: impl Fn() -> String, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            context()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn apply(plane: &ControlPlane, manifest: &str) {
+    let out = plane.kubectl_stdin(&["apply", "-f", "-"], manifest);
+    assert!(
+        out.status.success(),
+        "kubectl apply failed: {}\n{manifest}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn get_json(plane: &ControlPlane, args: &[&str]) -> Value {
+    let mut full = vec!["get"];
+    full.extend_from_slice(args);
+    full.extend_from_slice(&["-o", "json"]);
+    serde_json::from_str(&plane.kubectl_ok(&full)).expect("kubectl JSON")
+}
+
+fn replicaset(namespace: &str, name: &str, annotations: &[(&str, &str)]) -> String {
+    let mut text = format!(
+        "apiVersion: apps/v1\nkind: ReplicaSet\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  labels:\n    app: {name}\n"
+    );
+    if !annotations.is_empty() {
+        text.push_str("  annotations:\n");
+        for (k, v) in annotations {
+            text.push_str(&format!("    {k}: '{v}'\n"));
+        }
+    }
+    text.push_str(&format!(
+        "spec:\n  replicas: 0\n  selector:\n    matchLabels:\n      app: {name}\n  template:\n    metadata:\n      labels:\n        app: {name}\n    spec:\n      containers:\n      - name: app\n        image: registry.invalid/app:1\n"
+    ));
+    text
+}
+
+/// Create a Cluster and set its phase through the status subresource.
+fn cluster(plane: &ControlPlane, name: &str, region: &str, phase: &str) {
+    apply(
+        plane,
+        &format!(
+            "apiVersion: placement-policy.io/v1alpha1\nkind: Cluster\nmetadata:\n  name: {name}\nspec:\n  address: https://{name}.invalid\n  region: {region}\n"
+        ),
+    );
+    set_phase(plane, name, phase);
+}
+
+fn set_phase(plane: &ControlPlane, name: &str, phase: &str) {
+    let patch = format!(r#"{{"status":{{"phase":"{phase}"}}}}"#);
+    plane.kubectl_ok(&[
+        "patch",
+        "clusters.placement-policy.io",
+        name,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ]);
+}
+
+/// A policy ConfigMap with one module per `(key, source)`.
+fn policy_configmap(plane: &ControlPlane, name: &str, modules: &[(&str, &str)]) {
+    let data: serde_json::Map<String, Value> = modules
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::String((*v).to_owned())))
+        .collect();
+    let manifest = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": POLICY_NAMESPACE},
+        "data": data,
+    });
+    apply(plane, &manifest.to_string());
+}
+
+/// Test placement policy: the allowed clusters are those whose phase is in
+/// `phases`; a developer's request (`replica-set-preferences`) narrows the
+/// selection to the requested allowed clusters; every selected cluster gets
+/// weight 1.
+fn placement_policy(phases: &[&str]) -> String {
+    let phases = phases
+        .iter()
+        .map(|p| format!("{p:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        r#"package io.k8s.federation.admission
+
+allowed contains name if {{
+	some name, cluster in data.kubernetes.clusters
+	cluster.status.phase in {{{phases}}}
+}}
+
+requested contains name if {{
+	raw := input.metadata.annotations["{PREFS}"]
+	some name, _ in json.unmarshal(raw).clusters
+}}
+
+selected := requested & allowed if count(requested) > 0
+
+selected := allowed if count(requested) == 0
+
+annotations["{PREFS}"] := json.marshal({{"clusters": {{name: {{"weight": 1}} | some name in selected}}}}) if {{
+	input.kind in {{"ReplicaSet", "Deployment"}}
+}}
+
+errors := []
+"#
+    )
+}
+
+fn prefs_value(clusters: &[&str]) -> String {
+    let map: serde_json::Map<String, Value> = clusters
+        .iter()
+        .map(|c| ((*c).to_owned(), json!({"weight": 1})))
+        .collect();
+    json!({"clusters": map}).to_string()
+}
+
+fn annotation(object: &Value, key: &str) -> Option<String> {
+    object["metadata"]["annotations"][key].as_str().map(str::to_owned)
+}
+
+/// The clusters named by an object's `replica-set-preferences`.
+fn placed_clusters(object: &Value) -> Option<BTreeSet<String>> {
+    let raw = annotation(object, PREFS)?;
+    let prefs: Value = serde_json::from_str(&raw).ok()?;
+    Some(prefs["clusters"].as_object()?.keys().cloned().collect())
+}
+
+fn set(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|s| (*s).to_owned()).collect()
+}
+
+fn names_in(plane: &ControlPlane, resource: &str, namespace: &str) -> BTreeSet<String> {
+    let list = get_json(plane, &[resource, "-n", namespace]);
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i["metadata"]["name"].as_str().map(str::to_owned))
+        .collect()
+}
+
+fn keys_of(doc: &Option<Value>) -> BTreeSet<String> {
+    doc.as_ref()
+        .and_then(Value::as_object)
+        .map(|m| m.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn log_of(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+// ---------------------------------------------------------------------------
+// Cases 1 and 2: replication follows the API server, across its restart
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_follows_the_apiserver_across_restarts() {
+    let _serial = serial();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let client = opa_client(&opa);
+    let ns = unique_name("sync-repl");
+    plane.create_namespace(&ns);
+    apply(&plane, &replicaset(&ns, "before-start", &[]));
+
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            "--replicate=apps/v1/replicasets",
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=off",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+
+    // The first list is in OPA, with managedFields stripped and the type filled in.
+    let path = format!("kubernetes/replicasets/{ns}/before-start");
+    let doc = eventually("the listed ReplicaSet in OPA", Duration::from_secs(10), ctx, || {
+        opa_data(&client, &path)
+    })
+    .await;
+    assert_eq!(doc["kind"], "ReplicaSet");
+    assert_eq!(doc["apiVersion"], "apps/v1");
+    assert_eq!(doc["metadata"]["name"], "before-start");
+    assert!(doc["metadata"].get("managedFields").is_none(), "{doc}");
+
+    // Create, update, delete: OPA follows within seconds.
+    apply(&plane, &replicaset(&ns, "live", &[]));
+    cluster(&plane, "sync-repl-eu", "europe-west1", "running");
+    let live = format!("kubernetes/replicasets/{ns}/live");
+    eventually("created ReplicaSet in OPA", Duration::from_secs(10), ctx, || {
+        opa_data(&client, &live)
+    })
+    .await;
+    let eu = eventually("created Cluster in OPA", Duration::from_secs(10), ctx, || {
+        opa_data(&client, "kubernetes/clusters/sync-repl-eu")
+    })
+    .await;
+    assert_eq!(eu["spec"]["region"], "europe-west1");
+
+    plane.kubectl_ok(&["label", "replicaset", "-n", &ns, "live", "tier=gold"]);
+    eventually("updated label in OPA", Duration::from_secs(10), ctx, || {
+        let client = &client;
+        let live = &live;
+        async move {
+            let doc = opa_data(client, live).await?;
+            (doc["metadata"]["labels"]["tier"] == "gold").then_some(())
+        }
+    })
+    .await;
+    set_phase(&plane, "sync-repl-eu", "offline");
+    eventually("status change in OPA", Duration::from_secs(10), ctx, || {
+        let client = &client;
+        async move {
+            let doc = opa_data(client, "kubernetes/clusters/sync-repl-eu").await?;
+            (doc["status"]["phase"] == "offline").then_some(())
+        }
+    })
+    .await;
+
+    plane.kubectl_ok(&["delete", "replicaset", "-n", &ns, "live", "--wait=true"]);
+    eventually("deleted ReplicaSet gone from OPA", Duration::from_secs(10), ctx, || {
+        let client = &client;
+        let live = &live;
+        async move { opa_data(client, live).await.is_none().then_some(()) }
+    })
+    .await;
+
+    // Case 2: objects change around an API server restart; afterwards OPA's data
+    // equals the API server's state, deletions included.
+    for name in ["keep", "delete-before", "delete-after"] {
+        apply(&plane, &replicaset(&ns, name, &[]));
+    }
+    let ns_path = format!("kubernetes/replicasets/{ns}");
+    eventually("three more ReplicaSets in OPA", Duration::from_secs(10), ctx, || {
+        let client = &client;
+        let ns_path = &ns_path;
+        async move { (keys_of(&opa_data(client, ns_path).await).len() == 4).then_some(()) }
+    })
+    .await;
+    plane.kubectl_ok(&["delete", "replicaset", "-n", &ns, "delete-before", "--wait=false"]);
+    plane.restart_apiserver(|| std::thread::sleep(Duration::from_secs(2)));
+    plane.kubectl_ok(&["delete", "replicaset", "-n", &ns, "delete-after", "--wait=true"]);
+    apply(&plane, &replicaset(&ns, "after-restart", &[]));
+    plane.kubectl_ok(&["delete", "clusters.placement-policy.io", "sync-repl-eu", "--wait=true"]);
+
+    let expected = names_in(&plane, "replicasets", &ns);
+    assert_eq!(expected, set(&["after-restart", "before-start", "keep"]));
+    eventually("OPA equals the API server after its restart", Duration::from_secs(30), ctx, || {
+        let client = &client;
+        let ns_path = &ns_path;
+        let expected = &expected;
+        async move {
+            let replicasets = keys_of(&opa_data(client, ns_path).await);
+            let clusters = keys_of(&opa_data(client, "kubernetes/clusters").await);
+            (&replicasets == expected && clusters.is_empty()).then_some(())
+        }
+    })
+    .await;
+
+    // A sidecar restart while objects change: the first full write of each type
+    // replaces what the previous sidecar left in OPA.
+    sidecar.stop();
+    plane.kubectl_ok(&["delete", "replicaset", "-n", &ns, "keep", "--wait=true"]);
+    apply(&plane, &replicaset(&ns, "while-away", &[]));
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            "--replicate=apps/v1/replicasets",
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=off",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let replicasets = keys_of(&opa_data(&client, &ns_path).await);
+    assert_eq!(replicasets, set(&["after-restart", "before-start", "while-away"]));
+    let count = sidecar
+        .metric("placement_sync_replicated_objects{resource=\"replicasets\"}")
+        .await;
+    assert!(count.is_some_and(|c| c >= 3.0), "{count:?}");
+    sidecar.stop();
+}
+
+// ---------------------------------------------------------------------------
+// Case 3: OPA restarts; the sidecar reloads policies and data by itself
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_opa_gets_policies_and_data_back_without_a_sidecar_restart() {
+    let _serial = serial();
+    let plane = ControlPlane::start();
+    let mut opa = OpaServer::start();
+    let client = opa_client(&opa);
+    cluster(&plane, "eu-a", "europe-west1", "running");
+    cluster(&plane, "eu-b", "europe-west2", "running");
+    cluster(&plane, "us-c", "us-east1", "offline");
+    policy_configmap(&plane, "placement", &[("placement.rego", &placement_policy(&["running"]))]);
+
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[&format!("--replicate-cluster={CLUSTERS}"), "--remediation=off"],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+
+    let input = json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "metadata": {"name": "probe", "namespace": "default"}
+    });
+    let expected = json!({PREFS: prefs_value(&["eu-a", "eu-b"])});
+    let decide = |client: &policy_client::Opa| {
+        let client = client.clone();
+        let input = input.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+            match client.query("io/k8s/federation/admission", &input, deadline).await {
+                Ok(QueryOutcome::Defined(v)) => Some(v["annotations"].clone()),
+                _ => None,
+            }
+        }
+    };
+    assert_eq!(decide(&client).await, Some(expected.clone()));
+
+    // A fresh OPA: nothing in it.
+    opa.restart();
+    let started = Instant::now();
+    // Until the sidecar has reloaded, the decision is undefined (the webhook then
+    // fails closed); the first decision OPA gives is already the correct one,
+    // because the data goes in before the policies.
+    let mut undefined_seen = 0;
+    let first = loop {
+        match decide(&client).await {
+            Some(decision) => break decision,
+            None => undefined_seen += 1,
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no decision 30s after the OPA restart\n{}",
+            ctx()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(first, expected, "first decision after the restart");
+    assert!(undefined_seen > 0, "the fresh OPA was observed before the reload");
+    let recovered = started.elapsed();
+    sidecar.wait_ready(Duration::from_secs(30)).await;
+    eprintln!("OPA restart recovered (3 clusters, 1 policy) in {recovered:?}");
+
+    let ids = client.policy_ids().await.expect("policy ids");
+    assert!(
+        ids.contains(&format!("{POLICY_NAMESPACE}/placement/placement.rego")),
+        "{ids:?}"
+    );
+    assert_eq!(
+        keys_of(&opa_data(&client, "kubernetes/clusters").await),
+        set(&["eu-a", "eu-b", "us-c"])
+    );
+    let restarts = sidecar.metric("placement_sync_engine_restarts_total").await;
+    assert!(restarts.is_some_and(|r| r >= 1.0), "{restarts:?}");
+    assert_eq!(sidecar.metric("placement_sync_synced").await, Some(1.0));
+
+    // Later changes reach the new OPA as usual.
+    set_phase(&plane, "us-c", "running");
+    eventually("the new OPA follows changes", Duration::from_secs(10), ctx, || {
+        let decide = &decide;
+        let client = &client;
+        async move {
+            (decide(client).await == Some(json!({PREFS: prefs_value(&["eu-a", "eu-b", "us-c"])})))
+                .then_some(())
+        }
+    })
+    .await;
+
+    // While OPA is down the sidecar is not ready.
+    opa.kill();
+    eventually("readyz 503 while OPA is down", Duration::from_secs(10), ctx, || {
+        let sidecar = &sidecar;
+        async move { (sidecar.get("/readyz").await.0 == 503).then_some(()) }
+    })
+    .await;
+    opa.restart();
+    sidecar.wait_ready(Duration::from_secs(30)).await;
+    assert!(decide(&client).await.is_some());
+    sidecar.stop();
+}
+
+// ---------------------------------------------------------------------------
+// Case 4: a policy ConfigMap with a syntax error
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policy_compile_errors_are_reported_and_the_last_good_version_stays() {
+    let _serial = serial();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let client = opa_client(&opa);
+    let sidecar = Sidecar::start(&plane, &opa, &["--remediation=off"]);
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+
+    let version = |v: &str| {
+        format!("package io.k8s.federation.admission\n\nannotations[\"example.com/policy-version\"] := \"{v}\"\n\nerrors := []\n")
+    };
+    let decided_version = |client: &policy_client::Opa| {
+        let client = client.clone();
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+            match client
+                .query("io/k8s/federation/admission", &json!({"kind": "ReplicaSet"}), deadline)
+                .await
+            {
+                Ok(QueryOutcome::Defined(v)) => v["annotations"]["example.com/policy-version"]
+                    .as_str()
+                    .map(str::to_owned),
+                _ => None,
+            }
+        }
+    };
+    let status_of = |plane: &ControlPlane| {
+        let cm = get_json(plane, &["configmap", "-n", POLICY_NAMESPACE, "placement"]);
+        annotation(&cm, STATUS).and_then(|s| serde_json::from_str::<Value>(&s).ok())
+    };
+
+    policy_configmap(&plane, "placement", &[("main.rego", &version("1"))]);
+    policy_configmap(&plane, "helpers", &[("helpers.rego", "package helpers\n\nanswer := 42\n")]);
+    eventually("version 1 in force", Duration::from_secs(15), ctx, || {
+        let decided_version = &decided_version;
+        let client = &client;
+        async move { (decided_version(client).await.as_deref() == Some("1")).then_some(()) }
+    })
+    .await;
+    eventually("status ok", Duration::from_secs(15), ctx, || {
+        let status_of = &status_of;
+        let plane = &plane;
+        async move { (status_of(plane) == Some(json!({"status": "ok"}))).then_some(()) }
+    })
+    .await;
+
+    // A syntax error: the annotation carries OPA's compile error with its location.
+    policy_configmap(
+        &plane,
+        "placement",
+        &[("main.rego", "package io.k8s.federation.admission\n\nannotations[\"x\"] := \n")],
+    );
+    let status = eventually("error status", Duration::from_secs(15), ctx, || {
+        let status_of = &status_of;
+        let plane = &plane;
+        async move { status_of(plane).filter(|s| s["status"] == "error") }
+    })
+    .await;
+    let error = &status["errors"][0];
+    assert_eq!(error["file"], format!("{POLICY_NAMESPACE}/placement/main.rego"), "{status}");
+    assert!(error["row"].as_u64().is_some_and(|r| r >= 3), "{status}");
+    assert!(error["col"].is_u64(), "{status}");
+    assert_eq!(error["code"], "rego_parse_error", "{status}");
+    assert!(!error["message"].as_str().unwrap_or_default().is_empty());
+    // The previous good version keeps working, and so does the other ConfigMap.
+    assert_eq!(decided_version(&client).await.as_deref(), Some("1"));
+    assert_eq!(opa_data(&client, "helpers/answer").await, Some(json!(42)));
+    eventually("policies_failed metric", Duration::from_secs(5), ctx, || {
+        let sidecar = &sidecar;
+        async move { (sidecar.metric("placement_sync_policies_failed").await == Some(1.0)).then_some(()) }
+    })
+    .await;
+    let helpers = get_json(&plane, &["configmap", "-n", POLICY_NAMESPACE, "helpers"]);
+    assert_eq!(annotation(&helpers, STATUS).as_deref(), Some(r#"{"status":"ok"}"#));
+
+    // Fixing it clears the error and loads the fix.
+    policy_configmap(&plane, "placement", &[("main.rego", &version("2"))]);
+    eventually("status ok again", Duration::from_secs(15), ctx, || {
+        let status_of = &status_of;
+        let plane = &plane;
+        async move { (status_of(plane) == Some(json!({"status": "ok"}))).then_some(()) }
+    })
+    .await;
+    assert_eq!(decided_version(&client).await.as_deref(), Some("2"));
+    assert_eq!(sidecar.metric("placement_sync_policies_failed").await, Some(0.0));
+
+    // The status write does not loop: the ConfigMap settles.
+    let rv = |plane: &ControlPlane| {
+        get_json(plane, &["configmap", "-n", POLICY_NAMESPACE, "placement"])["metadata"]["resourceVersion"].clone()
+    };
+    let before = rv(&plane);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(rv(&plane), before, "status annotation rewritten without a change");
+
+    // Deleting a ConfigMap unloads its modules.
+    plane.kubectl_ok(&["delete", "configmap", "-n", POLICY_NAMESPACE, "helpers", "--wait=true"]);
+    eventually("helpers module removed", Duration::from_secs(15), ctx, || {
+        let client = &client;
+        async move {
+            let ids = client.policy_ids().await.ok()?;
+            (!ids.iter().any(|id| id.ends_with("/helpers/helpers.rego"))).then_some(())
+        }
+    })
+    .await;
+    sidecar.stop();
+}
+
+// ---------------------------------------------------------------------------
+// Cases 5 and 6: remediation after policy and data changes
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remediation_keeps_workloads_placed_and_report_mode_only_reports() {
+    let _serial = serial();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("sync-remediate");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "europe-west1", "running");
+    cluster(&plane, "b", "europe-west2", "running");
+    cluster(&plane, "p", "europe-west3", "pending");
+    policy_configmap(&plane, "placement", &[("placement.rego", &placement_policy(&["running"]))]);
+    let developer_request = r#"{"clusters":{"a":{"weight":5},"b":{"weight":1}}}"#;
+    // Created while nothing places them (no webhook here): unannotated, stale.
+    apply(&plane, &replicaset(&ns, "free", &[]));
+    apply(&plane, &replicaset(&ns, "requested", &[(PREFS, developer_request)]));
+
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            "--remediation-rate=50",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+    let rs = |name: &str| get_json(&plane, &["replicaset", "-n", &ns, name]);
+    let placed = |name: &'static str, want: &'static [&'static str]| {
+        let rs = &rs;
+        async move { (placed_clusters(&rs(name)) == Some(set(want))).then_some(()) }
+    };
+
+    eventually("free placed on a, b", Duration::from_secs(30), ctx, || placed("free", &["a", "b"])).await;
+    eventually("requested placed on a, b", Duration::from_secs(30), ctx, || {
+        placed("requested", &["a", "b"])
+    })
+    .await;
+    // The developer's request is recorded, not lost under the policy's value.
+    let requested = rs("requested");
+    assert_eq!(annotation(&requested, PREFS).as_deref(), Some(prefs_value(&["a", "b"]).as_str()));
+    let owned: Value = serde_json::from_str(&annotation(&requested, OWNED).expect("ownership record")).unwrap();
+    assert_eq!(owned[PREFS]["requested"], developer_request);
+
+    // Case 5: editing the policy ConfigMap (pending clusters become eligible)
+    // re-annotates the affected workloads; the request still narrows "requested".
+    policy_configmap(&plane, "placement", &[("placement.rego", &placement_policy(&["running", "pending"]))]);
+    eventually("free gains p", Duration::from_secs(30), ctx, || placed("free", &["a", "b", "p"])).await;
+    assert_eq!(placed_clusters(&rs("requested")), Some(set(&["a", "b"])));
+
+    // A cluster going offline leaves every workload's preferences.
+    set_phase(&plane, "b", "offline");
+    eventually("free leaves b", Duration::from_secs(30), ctx, || placed("free", &["a", "p"])).await;
+    eventually("requested leaves b", Duration::from_secs(30), ctx, || placed("requested", &["a"])).await;
+
+    // Case 6: back online, "requested" gets b back: the policy's input was the
+    // developer's request all along, not the policy's own earlier output.
+    set_phase(&plane, "b", "running");
+    eventually("requested gets b back", Duration::from_secs(30), ctx, || {
+        placed("requested", &["a", "b"])
+    })
+    .await;
+    eventually("free gets b back", Duration::from_secs(30), ctx, || placed("free", &["a", "b", "p"])).await;
+    let owned: Value = serde_json::from_str(&annotation(&rs("requested"), OWNED).expect("ownership record")).unwrap();
+    assert_eq!(owned[PREFS]["requested"], developer_request);
+
+    // Converged: no patch loop.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = (
+        rs("free")["metadata"]["resourceVersion"].clone(),
+        rs("requested")["metadata"]["resourceVersion"].clone(),
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = (
+        rs("free")["metadata"]["resourceVersion"].clone(),
+        rs("requested")["metadata"]["resourceVersion"].clone(),
+    );
+    assert_eq!(before, after, "remediated objects kept changing\n{}", ctx());
+    let patches = sidecar.metric("placement_sync_remediation_patches_total{result=\"ok\"}").await;
+    assert!(patches.is_some_and(|p| p >= 6.0), "{patches:?}");
+    assert_eq!(sidecar.metric("placement_sync_leader").await, Some(1.0));
+    let events = get_json(&plane, &["events.events.k8s.io", "-n", &ns]);
+    assert!(
+        events["items"].as_array().into_iter().flatten().any(|e| e["reason"] == "PlacementRemediated"),
+        "{events}"
+    );
+    sidecar.stop();
+
+    // Report mode: nothing is patched, an Event names each stale object.
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=report",
+            "--remediate=apps/v1/replicasets",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+    let free_before = rs("free");
+    let requested_before = rs("requested");
+    set_phase(&plane, "a", "offline");
+    eventually("two stale objects reported", Duration::from_secs(30), ctx, || {
+        let sidecar = &sidecar;
+        async move {
+            (sidecar.metric("placement_sync_remediation_stale_objects").await == Some(2.0)).then_some(())
+        }
+    })
+    .await;
+    let stale_events = eventually("PlacementStale events", Duration::from_secs(15), ctx, || {
+        let plane = &plane;
+        let ns = &ns;
+        async move {
+            let events = get_json(plane, &["events.events.k8s.io", "-n", ns]);
+            let named: BTreeSet<String> = events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|e| e["reason"] == "PlacementStale")
+                .filter_map(|e| e["regarding"]["name"].as_str().map(str::to_owned))
+                .collect();
+            (named == set(&["free", "requested"])).then_some(named)
+        }
+    })
+    .await;
+    assert_eq!(stale_events.len(), 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        rs("free")["metadata"]["resourceVersion"],
+        free_before["metadata"]["resourceVersion"],
+        "report mode patched"
+    );
+    assert_eq!(
+        rs("requested")["metadata"]["resourceVersion"],
+        requested_before["metadata"]["resourceVersion"],
+        "report mode patched"
+    );
+    let log = log_of(sidecar.process.log_path());
+    assert!(!log.contains("remediated placement"), "report mode patched:\n{log}");
+    sidecar.stop();
+}

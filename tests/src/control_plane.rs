@@ -1,0 +1,316 @@
+//! A real control plane: etcd and kube-apiserver on loopback, configured the way
+//! envtest does it, with static-token identities for the admin, the webhook and
+//! the sync sidecar (the latter two get only what `deploy/rbac.yaml` grants).
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::process::{Process, free_port, port_open, wait_for};
+use crate::{peer, repo_root, scratch_dir};
+
+/// Namespace the project's components run in (see `deploy/`).
+pub const SYSTEM_NAMESPACE: &str = "placement-system";
+/// Namespace whose ConfigMaps are policies.
+pub const POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
+
+/// Who talks to the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// `system:masters`: the developer/administrator driving the tests.
+    Admin,
+    /// The webhook's service account, bound by `deploy/rbac.yaml`.
+    Webhook,
+    /// The sync sidecar's service account, bound by `deploy/rbac.yaml`.
+    Sidecar,
+}
+
+impl Identity {
+    fn all() -> [Identity; 3] {
+        [Identity::Admin, Identity::Webhook, Identity::Sidecar]
+    }
+
+    fn slug(self) -> &'static str {
+        match self {
+            Identity::Admin => "admin",
+            Identity::Webhook => "webhook",
+            Identity::Sidecar => "sidecar",
+        }
+    }
+
+    /// Line of the API server's static token file: token,user,uid,"groups".
+    fn token_line(self, token: &str) -> String {
+        match self {
+            Identity::Admin => format!("{token},admin,admin-uid,\"system:masters\""),
+            Identity::Webhook | Identity::Sidecar => {
+                let sa = match self {
+                    Identity::Webhook => "placement-webhook",
+                    _ => "placement-sync",
+                };
+                format!(
+                    "{token},system:serviceaccount:{SYSTEM_NAMESPACE}:{sa},{sa}-uid,\"system:serviceaccounts,system:serviceaccounts:{SYSTEM_NAMESPACE}\""
+                )
+            }
+        }
+    }
+}
+
+pub struct ControlPlane {
+    dir: PathBuf,
+    etcd: Mutex<Process>,
+    apiserver: Mutex<Process>,
+    apiserver_args: Vec<String>,
+    pub apiserver_port: u16,
+    pub etcd_port: u16,
+}
+
+impl ControlPlane {
+    /// One control plane shared by the tests of a test binary (each test uses its
+    /// own namespaces). Started on first use; its processes end with the test
+    /// process.
+    pub fn shared() -> &'static ControlPlane {
+        static SHARED: OnceLock<ControlPlane> = OnceLock::new();
+        SHARED.get_or_init(ControlPlane::start)
+    }
+
+    /// A control plane of one's own (for tests that restart the API server).
+    pub fn start() -> ControlPlane {
+        let dir = scratch_dir("control-plane");
+        let etcd_port = free_port();
+        let peer_port = free_port();
+        let apiserver_port = free_port();
+
+        let etcd_args: Vec<String> = vec![
+            "--name=default".into(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+            // Tests don't need durability; fsync dominates etcd latency on CI disks.
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        let etcd = Process::spawn("etcd", &peer("etcd"), &etcd_args, &dir.join("etcd.log")).expect("start etcd");
+        wait_for("etcd to listen", Duration::from_secs(60), || port_open(etcd_port).then_some(()));
+
+        // Serving certificate of the API server, from our own CA.
+        let ca = placement_certs::Ca::generate("testbed-apiserver-ca").expect("apiserver CA");
+        let serving = ca
+            .issue_serving(&["127.0.0.1".into(), "localhost".into()])
+            .expect("apiserver serving certificate");
+        write(&dir.join("apiserver-ca.crt"), ca.cert_pem());
+        write(&dir.join("apiserver.crt"), &serving.cert_pem);
+        write(&dir.join("apiserver.key"), &serving.key_pem);
+        // Service account signing key (ECDSA P-256).
+        let sa_key = rcgen::KeyPair::generate().expect("service account key");
+        write(&dir.join("sa.key"), &sa_key.serialize_pem());
+        // Static tokens, one per identity.
+        let tokens: Vec<String> = Identity::all()
+            .iter()
+            .map(|id| id.token_line(&token(id.slug())))
+            .collect();
+        write(&dir.join("tokens.csv"), &(tokens.join("\n") + "\n"));
+
+        let apiserver_args: Vec<String> = vec![
+            "--advertise-address=127.0.0.1".into(),
+            "--bind-address=127.0.0.1".into(),
+            format!("--secure-port={apiserver_port}"),
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            format!("--cert-dir={}", dir.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", dir.join("apiserver.crt").display()),
+            format!("--tls-private-key-file={}", dir.join("apiserver.key").display()),
+            format!("--token-auth-file={}", dir.join("tokens.csv").display()),
+            "--authorization-mode=RBAC".into(),
+            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}"),
+            format!("--service-account-key-file={}", dir.join("sa.key").display()),
+            format!("--service-account-signing-key-file={}", dir.join("sa.key").display()),
+            "--service-cluster-ip-range=10.0.0.0/24".into(),
+            "--allow-privileged=true".into(),
+            "--disable-admission-plugins=ServiceAccount".into(),
+            "--enable-priority-and-fairness=false".into(),
+            "--profiling=false".into(),
+            "--v=1".into(),
+        ];
+        let apiserver = Process::spawn(
+            "kube-apiserver",
+            &peer("kube-apiserver"),
+            &apiserver_args,
+            &dir.join("kube-apiserver.log"),
+        )
+        .expect("start kube-apiserver");
+        let plane = ControlPlane {
+            dir,
+            etcd: Mutex::new(etcd),
+            apiserver: Mutex::new(apiserver),
+            apiserver_args,
+            apiserver_port,
+            etcd_port,
+        };
+        for id in Identity::all() {
+            plane.write_kubeconfig(id);
+        }
+        plane.wait_ready();
+        plane.install_base();
+        plane
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// Kubeconfig file of `identity`.
+    pub fn kubeconfig(&self, identity: Identity) -> PathBuf {
+        self.dir.join(format!("kubeconfig-{}", identity.slug()))
+    }
+
+    fn write_kubeconfig(&self, identity: Identity) {
+        let ca = self.dir.join("apiserver-ca.crt");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {user}\ncurrent-context: testbed\n",
+            server = self.server_url(),
+            ca = ca.display(),
+            user = identity.slug(),
+            token = token(identity.slug()),
+        );
+        write(&self.kubeconfig(identity), &text);
+    }
+
+    /// A kube client for `identity` (bound to the calling test's runtime).
+    pub async fn client(&self, identity: Identity) -> kube::Client {
+        crate::install_crypto();
+        let kubeconfig = Kubeconfig::read_from(self.kubeconfig(identity)).expect("read kubeconfig");
+        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig");
+        kube::Client::try_from(config).expect("kube client")
+    }
+
+    /// Run kubectl as the admin.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        self.kubectl_as(Identity::Admin, args)
+    }
+
+    pub fn kubectl_as(&self, identity: Identity, args: &[&str]) -> Output {
+        std::process::Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.kubeconfig(identity).display()))
+            .arg("--request-timeout=30s")
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// Run kubectl as the admin, feeding `stdin`.
+    pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
+        use std::io::Write;
+        let mut child = std::process::Command::new("kubectl")
+            .arg(format!("--kubeconfig={}", self.kubeconfig(Identity::Admin).display()))
+            .arg("--request-timeout=30s")
+            .args(args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run kubectl");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(stdin.as_bytes())
+            .expect("write kubectl stdin");
+        child.wait_with_output().expect("kubectl output")
+    }
+
+    /// kubectl that must succeed; returns stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_ready(&self) {
+        wait_for("kube-apiserver /readyz", Duration::from_secs(180), || {
+            {
+                let mut apiserver = self.apiserver.lock().unwrap_or_else(|p| p.into_inner());
+                assert!(
+                    !apiserver.has_exited(),
+                    "kube-apiserver exited:\n{}",
+                    apiserver.log_tail(40)
+                );
+            }
+            let out = self.kubectl(&["get", "--raw=/readyz"]);
+            (out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok").then_some(())
+        });
+    }
+
+    /// Namespaces, the Cluster CRD and RBAC from `deploy/`.
+    fn install_base(&self) {
+        let deploy = repo_root().join("deploy");
+        for file in ["namespaces.yaml", "crd-cluster.yaml", "rbac.yaml"] {
+            self.kubectl_ok(&["apply", "-f", &deploy.join(file).display().to_string()]);
+        }
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/clusters.placement-policy.io",
+        ]);
+    }
+
+    /// Stop the API server (SIGTERM), then start it again with the same flags
+    /// and wait until it is ready. `while_down` runs in between.
+    pub fn restart_apiserver(&self, while_down: impl FnOnce()) {
+        let mut apiserver = self.apiserver.lock().unwrap_or_else(|p| p.into_inner());
+        apiserver.terminate(Duration::from_secs(20));
+        wait_for("kube-apiserver port to close", Duration::from_secs(30), || {
+            (!port_open(self.apiserver_port)).then_some(())
+        });
+        while_down();
+        *apiserver = Process::spawn(
+            "kube-apiserver",
+            &peer("kube-apiserver"),
+            &self.apiserver_args,
+            &self.dir.join("kube-apiserver-restarted.log"),
+        )
+        .expect("restart kube-apiserver");
+        drop(apiserver);
+        self.wait_ready();
+    }
+
+    /// Whether etcd is still running (for diagnostics).
+    pub fn etcd_running(&self) -> bool {
+        !self.etcd.lock().unwrap_or_else(|p| p.into_inner()).has_exited()
+    }
+
+    /// A namespace for one test, labelled so that only that test's webhook
+    /// configuration selects it.
+    pub fn create_namespace(&self, name: &str) {
+        let manifest = format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    placement-test: {name}\n"
+        );
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], &manifest);
+        assert!(out.status.success(), "create namespace {name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+}
+
+/// The static token of an identity in this test bed.
+fn token(slug: &str) -> String {
+    format!("testbed-{slug}-token")
+}
+
+fn write(path: &Path, contents: &str) {
+    std::fs::write(path, contents).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}

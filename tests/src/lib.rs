@@ -1,0 +1,95 @@
+//! The test bed: real etcd, kube-apiserver and OPA on loopback, and the project's
+//! own binaries, for integration and end-to-end tests.
+//!
+//! Peer binaries come from `scripts/testbed assets` (built once from Go modules
+//! into a cache outside the repo) or from `PLACEMENT_TESTBED_BIN`, a folder
+//! holding `etcd`, `kube-apiserver` and `opa`. The project's binaries must be
+//! built first (`cargo build --bins`; `scripts/test` does it).
+//!
+//! Every peer is a [`Process`]: killed on drop and, through `PR_SET_PDEATHSIG`,
+//! when the test process dies, so nothing outlives a failed test.
+
+pub mod control_plane;
+pub mod opa;
+pub mod process;
+pub mod webhook;
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+pub use control_plane::{ControlPlane, Identity};
+pub use opa::OpaServer;
+pub use process::{Process, free_port, port_open, wait_for};
+pub use webhook::WebhookProcess;
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_owned()
+}
+
+/// Folder holding `etcd`, `kube-apiserver` and `opa`.
+pub fn assets() -> &'static Path {
+    static ASSETS: OnceLock<PathBuf> = OnceLock::new();
+    ASSETS.get_or_init(|| {
+        if let Ok(dir) = std::env::var("PLACEMENT_TESTBED_BIN") {
+            return PathBuf::from(dir);
+        }
+        let output = std::process::Command::new(repo_root().join("scripts/testbed"))
+            .arg("assets")
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run scripts/testbed assets");
+        assert!(output.status.success(), "scripts/testbed assets failed");
+        PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+    })
+}
+
+/// Path of a peer binary from [`assets`].
+pub fn peer(name: &str) -> PathBuf {
+    let path = assets().join(name);
+    assert!(path.exists(), "{} is missing; run scripts/testbed assets", path.display());
+    path
+}
+
+/// Path of one of this workspace's binaries (built by `cargo build --bins`).
+pub fn project_bin(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("target"));
+    let path = target.join("debug").join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first with `cargo build --bins` (scripts/test does)",
+        path.display()
+    );
+    path
+}
+
+/// A fresh directory for one test's files, under the system temp dir. Left in
+/// place on failure for inspection; `scripts/test` clears old runs.
+pub fn scratch_dir(label: &str) -> PathBuf {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir()
+        .join("placement-testbed")
+        .join(format!("{}-{label}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create scratch dir");
+    dir
+}
+
+/// Install the process-wide rustls provider (ring), as the binaries do.
+pub fn install_crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A DNS-label-safe unique name for namespaces and objects.
+pub fn unique_name(prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}-{}-{n}", std::process::id())
+}

@@ -1,0 +1,125 @@
+//! A real OPA server on loopback with bearer-token authentication.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::process::{Process, free_port, port_open, wait_for};
+use crate::{peer, scratch_dir};
+
+/// The token OPA accepts in these tests.
+pub const OPA_TOKEN: &str = "testbed-opa-token";
+
+/// OPA's own authorization policy: only our token may use the API.
+const AUTHZ_POLICY: &str = r#"package system.authz
+
+default allow := false
+
+allow if input.identity == "testbed-opa-token"
+"#;
+
+pub struct OpaServer {
+    process: Option<Process>,
+    dir: PathBuf,
+    pub port: u16,
+    restarts: u32,
+}
+
+impl OpaServer {
+    /// Start OPA on a free loopback port and wait until it answers `/health`.
+    pub fn start() -> OpaServer {
+        let dir = scratch_dir("opa");
+        std::fs::write(dir.join("authz.rego"), AUTHZ_POLICY).expect("write authz policy");
+        let mut opa = OpaServer {
+            process: None,
+            dir,
+            port: free_port(),
+            restarts: 0,
+        };
+        opa.spawn();
+        opa
+    }
+
+    fn spawn(&mut self) {
+        let args: Vec<String> = vec![
+            "run".into(),
+            "--server".into(),
+            format!("--addr=127.0.0.1:{}", self.port),
+            "--authentication=token".into(),
+            "--authorization=basic".into(),
+            "--log-level=error".into(),
+            "--disable-telemetry".into(),
+            self.dir.join("authz.rego").display().to_string(),
+        ];
+        let log = self.dir.join(format!("opa-{}.log", self.restarts));
+        let process = Process::spawn("opa", &peer("opa"), &args, &log).expect("start opa");
+        self.process = Some(process);
+        let port = self.port;
+        wait_for("OPA to listen", Duration::from_secs(60), || port_open(port).then_some(()));
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn token(&self) -> &'static str {
+        OPA_TOKEN
+    }
+
+    /// A token file for `--opa-token-file`.
+    pub fn token_file(&self) -> PathBuf {
+        let path = self.dir.join("token");
+        std::fs::write(&path, OPA_TOKEN).expect("write token file");
+        path
+    }
+
+    /// Kill OPA (SIGKILL: all its in-memory policies and data are gone).
+    pub fn kill(&mut self) {
+        if let Some(mut process) = self.process.take() {
+            process.kill();
+        }
+        let port = self.port;
+        wait_for("OPA port to close", Duration::from_secs(10), || (!port_open(port)).then_some(()));
+    }
+
+    /// Start a fresh OPA on the same port (empty: no policies, no data).
+    pub fn restart(&mut self) {
+        self.kill();
+        self.restarts += 1;
+        self.spawn();
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// A policy-client for this OPA.
+    pub fn client(&self) -> policy_client::Opa {
+        crate::install_crypto();
+        let mut config = policy_client::OpaConfig::new(self.url().parse().expect("OPA URL"));
+        config.token = Some(policy_client::Token::new(OPA_TOKEN));
+        policy_client::Opa::new(config).expect("OPA client")
+    }
+
+    /// Load every `*.rego` (not `*_test.rego`) of the repo's `policies/`, and the
+    /// example data, the way the sync sidecar would.
+    pub async fn load_shipped_policies(&self, with_example_clusters: bool) {
+        use policy_client::PolicyEngine;
+        let client = self.client();
+        let dir = crate::repo_root().join("policies");
+        for entry in std::fs::read_dir(&dir).expect("read policies/") {
+            let path = entry.expect("dir entry").path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+            if name.ends_with(".rego") && !name.ends_with("_test.rego") {
+                let source = std::fs::read_to_string(&path).expect("read policy");
+                client.put_policy(&format!("shipped/{name}"), &source).await.expect("load policy into OPA");
+            }
+        }
+        if with_example_clusters {
+            let data: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(dir.join("kubernetes/clusters/data.json")).expect("read example clusters"),
+            )
+            .expect("example clusters JSON");
+            client.put_data("kubernetes/clusters", &data).await.expect("load clusters into OPA");
+        }
+    }
+}

@@ -1,0 +1,178 @@
+//! Child processes that never outlive the test process.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// A spawned peer. Killed (and reaped) on drop; also killed by the kernel when
+/// the test process dies, through `PR_SET_PDEATHSIG`.
+pub struct Process {
+    name: String,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+type SpawnRequest = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// `PR_SET_PDEATHSIG` fires when the *thread* that forked exits, so every child
+/// is forked from one thread that lives as long as the process.
+fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
+    static SPAWNER: OnceLock<mpsc::Sender<SpawnRequest>> = OnceLock::new();
+    SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnRequest>();
+        std::thread::Builder::new()
+            .name("testbed-spawner".into())
+            .spawn(move || {
+                for (mut command, reply) in rx {
+                    let _ = reply.send(command.spawn());
+                }
+            })
+            .expect("spawn the testbed spawner thread");
+        tx
+    })
+}
+
+impl Process {
+    /// Start `program` with `args`, stdout and stderr going to `log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> std::io::Result<Process> {
+        Self::spawn_with_env(name, program, args, &[], log)
+    }
+
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: &Path,
+    ) -> std::io::Result<Process> {
+        let out = File::create(log)?;
+        let err = out.try_clone()?;
+        let mut command = Command::new(program);
+        command
+            .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err);
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+            unsafe {
+                command.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let (tx, rx) = mpsc::channel();
+        spawner()
+            .send((command, tx))
+            .map_err(|_| std::io::Error::other("testbed spawner thread is gone"))?;
+        let child = rx
+            .recv()
+            .map_err(|_| std::io::Error::other("testbed spawner thread is gone"))??;
+        Ok(Process {
+            name: name.to_owned(),
+            child: Some(child),
+            log: log.to_owned(),
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// The log so far (for assertion messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The last `lines` lines of the log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let log = self.log();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// Whether the process has exited.
+    pub fn has_exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            None => true,
+            Some(child) => !matches!(child.try_wait(), Ok(None)),
+        }
+    }
+
+    /// Kill with SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Ask to stop with SIGTERM; SIGKILL after `grace`.
+    pub fn terminate(&mut self, grace: Duration) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: sending a signal to our own child's pid.
+            unsafe {
+                libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + grace;
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Poll `check` until it returns `Some` or `timeout` passes.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A free loopback port (bound and released; the small race is acceptable in tests).
+pub fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// Whether something accepts TCP connections on the loopback port.
+pub fn port_open(port: u16) -> bool {
+    std::net::TcpStream::connect_timeout(
+        &std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        Duration::from_millis(200),
+    )
+    .is_ok()
+}

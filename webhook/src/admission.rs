@@ -1,0 +1,275 @@
+//! Answering AdmissionReviews: ask the engine, merge the decision, or fail by the
+//! fail-closed-iff-policies-exist rule.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use policy_client::placement::{MergeError, developer_view, plan_patch};
+use policy_client::{Decision, DecisionError, EngineError, PolicyEngine, QueryOutcome};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::events::EventSink;
+use crate::metrics::{Metrics, Outcome};
+use crate::presence::PolicyPresence;
+use crate::review::{
+    AdmissionRequest, AdmissionResponse, AdmissionReviewResponse, Operation, Parsed, ReviewError,
+    parse,
+};
+
+/// The key under which the policy input carries the admission request's metadata;
+/// the input root is the object itself.
+pub const ADMISSION_INPUT_KEY: &str = "_admission";
+
+/// Why no placement could be computed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementFailure {
+    #[error("the policy engine is unavailable: {0}")]
+    EngineUnavailable(#[source] EngineError),
+    #[error(
+        "the policy engine returned no decision for data.{path} (undefined: the policy is not loaded, or the engine has not synced yet)"
+    )]
+    Undefined { path: String },
+    #[error("the placement policy returned an invalid decision: {0}")]
+    InvalidDecision(#[from] DecisionError),
+    #[error("the placement policy's annotations cannot be applied: {0}")]
+    InvalidAnnotations(#[from] MergeError),
+}
+
+impl PlacementFailure {
+    /// Event reason, `PascalCase`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PlacementFailure::EngineUnavailable(_) => "PolicyEngineUnavailable",
+            PlacementFailure::Undefined { .. } => "PolicyDecisionUndefined",
+            PlacementFailure::InvalidDecision(_) => "InvalidPolicyDecision",
+            PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
+        }
+    }
+
+    fn status_code(&self) -> u16 {
+        match self {
+            PlacementFailure::EngineUnavailable(_) | PlacementFailure::Undefined { .. } => 503,
+            PlacementFailure::InvalidDecision(_) | PlacementFailure::InvalidAnnotations(_) => 500,
+        }
+    }
+}
+
+/// Which endpoint a review came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `/mutate`: merge the policy's annotations as a patch.
+    Mutate,
+    /// `/validate`: only enforce the policy's `errors`; never patch.
+    Validate,
+}
+
+/// Settings of the admission handler.
+#[derive(Debug, Clone)]
+pub struct AdmissionSettings {
+    /// Decision path below `data`, slash-separated.
+    pub decision_path: String,
+    /// Total time for the engine, retries included; keep it below the webhook's
+    /// `timeoutSeconds`.
+    pub engine_deadline: Duration,
+}
+
+/// Answers AdmissionReviews.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    engine: Arc<dyn PolicyEngine>,
+    settings: AdmissionSettings,
+    presence: PolicyPresence,
+    events: EventSink,
+    metrics: Arc<Metrics>,
+}
+
+impl Admission {
+    pub fn new(
+        engine: Arc<dyn PolicyEngine>,
+        settings: AdmissionSettings,
+        presence: PolicyPresence,
+        events: EventSink,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Admission {
+            engine,
+            settings,
+            presence,
+            events,
+            metrics,
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<dyn PolicyEngine> {
+        &self.engine
+    }
+
+    pub fn presence(&self) -> &PolicyPresence {
+        &self.presence
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// Answer a raw review body. Errors are reviews we cannot answer with a review
+    /// (no uid to echo); the caller turns them into an HTTP 400.
+    pub async fn review_body(
+        &self,
+        body: &[u8],
+        mode: Mode,
+    ) -> Result<AdmissionReviewResponse, ReviewError> {
+        let started = std::time::Instant::now();
+        let parsed = match parse(body) {
+            Ok(parsed) => parsed,
+            Err(e) => {
+                self.metrics.observe("UNKNOWN", Outcome::Malformed, started.elapsed());
+                return Err(e);
+            }
+        };
+        let response = match parsed {
+            Parsed::Request(request) => self.review(&request, mode).await,
+            Parsed::Malformed { uid, message } => {
+                self.metrics.observe("UNKNOWN", Outcome::Malformed, started.elapsed());
+                AdmissionResponse::deny(&uid, 400, "BadRequest", message)
+            }
+        };
+        Ok(response.into())
+    }
+
+    /// Answer one request.
+    pub async fn review(&self, request: &AdmissionRequest, mode: Mode) -> AdmissionResponse {
+        let started = std::time::Instant::now();
+        let (response, outcome) = self.decide(request, mode).await;
+        self.metrics
+            .observe(request.operation.as_str(), outcome, started.elapsed());
+        response
+    }
+
+    async fn decide(&self, request: &AdmissionRequest, mode: Mode) -> (AdmissionResponse, Outcome) {
+        let uid = request.uid.as_str();
+        // DELETE and CONNECT carry nothing to place; subresources (status, scale)
+        // cannot change annotations.
+        if !matches!(request.operation, Operation::Create | Operation::Update)
+            || request.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
+        {
+            return (AdmissionResponse::allow(uid), Outcome::Skipped);
+        }
+        let Some(object) = request.object.as_ref() else {
+            return (
+                AdmissionResponse::deny(
+                    uid,
+                    400,
+                    "BadRequest",
+                    format!("malformed AdmissionReview request: {} without an object", request.operation.as_str()),
+                ),
+                Outcome::Malformed,
+            );
+        };
+        match self.place(request, object).await {
+            Ok(Placement::Denied(errors)) => {
+                let message = format!(
+                    "placement policy denied the request: {}",
+                    errors.join("; ")
+                );
+                self.events.emit(request, "PlacementDenied", &message);
+                (
+                    AdmissionResponse::deny(uid, 403, "Forbidden", message),
+                    Outcome::Denied,
+                )
+            }
+            Ok(Placement::Patch(Some(patch))) if mode == Mode::Mutate => {
+                (AdmissionResponse::allow(uid).with_patch(&patch), Outcome::Patched)
+            }
+            Ok(Placement::Patch(Some(_))) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
+            Ok(Placement::Patch(None)) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
+            Err(failure) => self.guard(request, failure),
+        }
+    }
+
+    /// Fail closed iff policies exist.
+    fn guard(&self, request: &AdmissionRequest, failure: PlacementFailure) -> (AdmissionResponse, Outcome) {
+        if let PlacementFailure::EngineUnavailable(e) = &failure {
+            self.metrics.engine_error(e.kind());
+        }
+        let uid = request.uid.as_str();
+        let where_ = self.presence.describe();
+        if self.presence.policies_exist() {
+            let message = format!("placement-policy: {failure}; denying because placement policies exist ({where_})");
+            tracing::warn!(uid, reason = failure.reason(), "{message}");
+            self.events.emit(request, failure.reason(), &message);
+            (
+                AdmissionResponse::deny(uid, failure.status_code(), failure.reason(), message),
+                Outcome::FailedClosed,
+            )
+        } else {
+            let message = format!("placement-policy: {failure}; admitted unchanged because no placement policy exists ({where_})");
+            tracing::warn!(uid, reason = failure.reason(), "{message}");
+            self.events.emit(request, failure.reason(), &message);
+            (
+                AdmissionResponse::allow(uid).with_warning(truncate(&message, 240)),
+                Outcome::FailedOpen,
+            )
+        }
+    }
+
+    async fn place(&self, request: &AdmissionRequest, object: &Value) -> Result<Placement, PlacementFailure> {
+        let input = policy_input(request, object);
+        let deadline = Instant::now() + self.settings.engine_deadline;
+        let outcome = self
+            .engine
+            .query(&self.settings.decision_path, &input, deadline)
+            .await
+            .map_err(PlacementFailure::EngineUnavailable)?;
+        let QueryOutcome::Defined(result) = outcome else {
+            return Err(PlacementFailure::Undefined {
+                path: self.settings.decision_path.replace('/', "."),
+            });
+        };
+        let decision = Decision::from_result(&result)?;
+        if decision.is_denied() {
+            return Ok(Placement::Denied(decision.errors));
+        }
+        Ok(Placement::Patch(plan_patch(object, &decision)?))
+    }
+}
+
+enum Placement {
+    Denied(Vec<String>),
+    Patch(Option<json_patch::Patch>),
+}
+
+/// The policy input: the object as the developer asked for it, with the request's
+/// metadata under [`ADMISSION_INPUT_KEY`].
+pub fn policy_input(request: &AdmissionRequest, object: &Value) -> Value {
+    let mut input = developer_view(object);
+    if let Value::Object(map) = &mut input {
+        let mut admission = json!({
+            "uid": request.uid,
+            "operation": request.operation.as_str(),
+            "kind": request.kind,
+            "resource": request.resource,
+            "namespace": request.namespace,
+            "name": request.name,
+            "userInfo": request.user_info,
+            "dryRun": request.dry_run.unwrap_or(false),
+        });
+        if let Some(old) = &request.old_object {
+            admission["oldObject"] = developer_view(old);
+        }
+        map.insert(ADMISSION_INPUT_KEY.to_owned(), admission);
+    }
+    input
+}
+
+pub(crate) fn truncate(message: &str, max: usize) -> String {
+    if message.len() <= max {
+        return message.to_owned();
+    }
+    let mut end = max.saturating_sub(3);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &message[..end])
+}

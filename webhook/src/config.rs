@@ -1,0 +1,370 @@
+//! Command line and configuration file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use policy_client::{DEFAULT_DECISION_PATH, Embedded, Opa, OpaConfig, PolicyEngine, Token, Url};
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {what} {path}: {source}")]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not in the expected format {{\"EnforceSchedulingPolicy\": {{\"url\": ..., \"token\": ...}}}}: {message}")]
+    ConfigFile { path: PathBuf, message: String },
+    #[error("invalid OPA URL {url:?}: {message}")]
+    Url { url: String, message: String },
+    #[error("token file {0} is empty")]
+    EmptyToken(PathBuf),
+    #[error("loading policies from {dir}: {message}")]
+    Policies { dir: PathBuf, message: String },
+    #[error("policy engine: {0}")]
+    Engine(#[from] policy_client::EngineError),
+}
+
+#[derive(Debug, Parser)]
+#[command(name = "placement-webhook", version, about = "Kubernetes admission webhook that places workloads by Rego policy")]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, env = "PLACEMENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve AdmissionReviews over TLS.
+    Serve(ServeArgs),
+    /// Evaluate one AdmissionReview or manifest offline and print the answer.
+    Review(ReviewArgs),
+    /// Generate a CA and a serving certificate, and print the caBundle.
+    Certs(CertsArgs),
+}
+
+/// Which engine to ask, and how.
+#[derive(Debug, Args, Clone)]
+pub struct EngineArgs {
+    /// OPA base URL (e.g. http://127.0.0.1:8181). Without it the embedded engine
+    /// evaluates --policy-dir.
+    #[arg(long, env = "PLACEMENT_OPA_URL")]
+    pub opa_url: Option<String>,
+    /// File holding the bearer token for OPA.
+    #[arg(long, env = "PLACEMENT_OPA_TOKEN_FILE")]
+    pub opa_token_file: Option<PathBuf>,
+    /// PEM CA to trust for an https OPA.
+    #[arg(long, env = "PLACEMENT_OPA_CA_FILE")]
+    pub opa_ca_file: Option<PathBuf>,
+    /// Seed-format config file: {"EnforceSchedulingPolicy": {"url": ..., "token": ...}}.
+    /// Flags take precedence over it.
+    #[arg(long, env = "PLACEMENT_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Rego and data.json files for the embedded engine.
+    #[arg(long, env = "PLACEMENT_POLICY_DIR", default_value = "policies")]
+    pub policy_dir: PathBuf,
+    /// Decision path below `data` [default: io/k8s/federation/admission].
+    #[arg(long, env = "PLACEMENT_DECISION")]
+    pub decision: Option<String>,
+    /// Limit for one request to OPA.
+    #[arg(long, env = "PLACEMENT_ENGINE_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
+    pub engine_timeout: Duration,
+    /// Total time for the engine, retries included; keep it below the webhook
+    /// configuration's timeoutSeconds.
+    #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = parse_duration, default_value = "8s")]
+    pub engine_deadline: Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Address of the TLS admission server.
+    #[arg(long, env = "PLACEMENT_LISTEN", default_value = "0.0.0.0:8443")]
+    pub listen: SocketAddr,
+    /// Address of the plain-HTTP metrics server.
+    #[arg(long, env = "PLACEMENT_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
+    pub metrics_listen: SocketAddr,
+    /// Serving certificate (PEM); reloaded when it changes. Without it a CA and
+    /// a certificate for localhost are generated.
+    #[arg(long, env = "PLACEMENT_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Serving key (PEM).
+    #[arg(long, env = "PLACEMENT_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Where generated certificates go [default: a new temporary directory].
+    #[arg(long, env = "PLACEMENT_CERT_DIR")]
+    pub cert_dir: Option<PathBuf>,
+    /// Namespace whose ConfigMaps are the policies (fail closed iff one exists).
+    #[arg(long, env = "PLACEMENT_POLICY_NAMESPACE", default_value = "kube-federation-scheduling-policy")]
+    pub policy_namespace: String,
+    /// Only ConfigMaps matching this label selector count as policies.
+    #[arg(long, env = "PLACEMENT_POLICY_LABEL")]
+    pub policy_label: Option<String>,
+    /// Kubeconfig for Events and the policy ConfigMap watch [default: in-cluster
+    /// or $KUBECONFIG].
+    #[arg(long, env = "PLACEMENT_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Largest AdmissionReview accepted.
+    #[arg(long, env = "PLACEMENT_MAX_REQUEST_BYTES", default_value_t = 6 * 1024 * 1024)]
+    pub max_request_bytes: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ReviewArgs {
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Output format.
+    #[arg(long, short, value_enum, default_value_t = OutputFormat::Yaml)]
+    pub output: OutputFormat,
+    /// An AdmissionReview, or a manifest (YAML or JSON) to review as a CREATE;
+    /// `-` reads standard input.
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum OutputFormat {
+    Yaml,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CertsArgs {
+    /// Directory for ca.crt, tls.crt and tls.key.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// DNS names and IP addresses of the serving certificate.
+    #[arg(long = "name", default_values = ["localhost", "127.0.0.1"])]
+    pub names: Vec<String>,
+}
+
+/// Parse `500ms`, `2s`, `1m` or a plain number of seconds.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
+        Some(i) => text.split_at(i),
+        None => (text, "s"),
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 500ms, 2s or 1m"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "s" => value,
+        "m" => value * 60.0,
+        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ms, s or m)")),
+    };
+    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// The seed's admission config file.
+#[derive(Debug, Deserialize)]
+struct SeedConfig {
+    #[serde(rename = "EnforceSchedulingPolicy")]
+    enforce: SeedEnforce,
+}
+
+#[derive(Debug, Deserialize)]
+struct SeedEnforce {
+    url: Option<String>,
+    token: Option<String>,
+}
+
+/// The engine to use, resolved from flags and the config file.
+#[derive(Debug)]
+pub struct ResolvedEngine {
+    pub engine: Arc<dyn PolicyEngine>,
+    pub decision_path: String,
+    pub kind: EngineKind,
+}
+
+#[derive(Debug, Clone)]
+pub enum EngineKind {
+    Opa { url: String },
+    Embedded { dir: PathBuf, modules: usize },
+}
+
+impl EngineArgs {
+    pub fn resolve(&self) -> Result<ResolvedEngine, ConfigError> {
+        let seed = match &self.config {
+            Some(path) => Some(read_seed_config(path)?),
+            None => None,
+        };
+        let (seed_url, seed_token) = match seed {
+            Some(SeedConfig { enforce }) => (enforce.url, enforce.token),
+            None => (None, None),
+        };
+        let url = self.opa_url.clone().or(seed_url);
+        let Some(url) = url else {
+            let engine = Embedded::from_dir(&self.policy_dir).map_err(|e| ConfigError::Policies {
+                dir: self.policy_dir.clone(),
+                message: e.to_string(),
+            })?;
+            let modules = engine.module_count();
+            return Ok(ResolvedEngine {
+                engine: Arc::new(engine),
+                decision_path: self.decision.clone().unwrap_or_else(|| DEFAULT_DECISION_PATH.to_owned()),
+                kind: EngineKind::Embedded {
+                    dir: self.policy_dir.clone(),
+                    modules,
+                },
+            });
+        };
+        let (base, url_decision) = split_decision_url(&url)?;
+        let token = match &self.opa_token_file {
+            Some(path) => Some(read_token(path)?),
+            None => seed_token.map(Token::new),
+        };
+        let mut config = OpaConfig::new(base.clone());
+        config.token = token;
+        config.request_timeout = self.engine_timeout;
+        if let Some(path) = &self.opa_ca_file {
+            config.ca_pem = Some(std::fs::read(path).map_err(|source| ConfigError::Read {
+                what: "OPA CA file",
+                path: path.clone(),
+                source,
+            })?);
+        }
+        let opa = Opa::new(config)?;
+        Ok(ResolvedEngine {
+            engine: Arc::new(opa),
+            decision_path: self
+                .decision
+                .clone()
+                .or(url_decision)
+                .unwrap_or_else(|| DEFAULT_DECISION_PATH.to_owned()),
+            kind: EngineKind::Opa {
+                url: base.to_string(),
+            },
+        })
+    }
+}
+
+fn read_seed_config(path: &Path) -> Result<SeedConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        what: "config file",
+        path: path.to_owned(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|e| ConfigError::ConfigFile {
+        path: path.to_owned(),
+        message: e.to_string(),
+    })
+}
+
+fn read_token(path: &Path) -> Result<Token, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        what: "token file",
+        path: path.to_owned(),
+        source,
+    })?;
+    if text.trim().is_empty() {
+        return Err(ConfigError::EmptyToken(path.to_owned()));
+    }
+    Ok(Token::new(text))
+}
+
+/// The seed's `url` names the decision itself
+/// (`https://opa:8181/v1/data/io/k8s/federation/annotations`); split it into the
+/// base URL and the decision path.
+pub fn split_decision_url(url: &str) -> Result<(Url, Option<String>), ConfigError> {
+    let mut parsed = Url::parse(url).map_err(|e| ConfigError::Url {
+        url: redact_userinfo(url),
+        message: e.to_string(),
+    })?;
+    let path = parsed.path().to_owned();
+    let Some(index) = path.find("/v1/data") else {
+        return Ok((parsed, None));
+    };
+    let decision = path[index + "/v1/data".len()..].trim_matches('/').to_owned();
+    parsed.set_path(&path[..index]);
+    Ok((parsed, (!decision.is_empty()).then_some(decision)))
+}
+
+fn redact_userinfo(url: &str) -> String {
+    match (url.find("://"), url.find('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://<redacted>@{}", &url[..scheme], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
+        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("3h").is_err());
+    }
+
+    #[test]
+    fn seed_url_splits_into_base_and_decision() {
+        let (base, decision) =
+            split_decision_url("https://opa.federation.svc.cluster.local:8181/v1/data/io/k8s/federation/annotations").unwrap();
+        assert_eq!(base.as_str(), "https://opa.federation.svc.cluster.local:8181/");
+        assert_eq!(decision.as_deref(), Some("io/k8s/federation/annotations"));
+        let (base, decision) = split_decision_url("http://127.0.0.1:8181").unwrap();
+        assert_eq!(base.as_str(), "http://127.0.0.1:8181/");
+        assert_eq!(decision, None);
+        let err = split_decision_url("http://user:secret@[bad").unwrap_err().to_string();
+        assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn seed_config_file_is_read_and_flags_win() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admission.json");
+        std::fs::write(
+            &path,
+            r#"{"EnforceSchedulingPolicy": {"url": "http://127.0.0.1:1/v1/data/io/k8s/federation/annotations", "token": "super-secret-token-value"}}"#,
+        )
+        .unwrap();
+        let cli = Cli::parse_from(["placement-webhook", "review", "--config", path.to_str().unwrap(), "x.yaml"]);
+        let Command::Review(args) = cli.command else { panic!() };
+        let resolved = args.engine.resolve().unwrap();
+        assert_eq!(resolved.decision_path, "io/k8s/federation/annotations");
+        assert!(matches!(resolved.kind, EngineKind::Opa { .. }));
+        assert!(!format!("{resolved:?}").contains("super-secret"));
+
+        let cli = Cli::parse_from([
+            "placement-webhook", "review", "--config", path.to_str().unwrap(), "--decision", "x/y", "x.yaml",
+        ]);
+        let Command::Review(args) = cli.command else { panic!() };
+        assert_eq!(args.engine.resolve().unwrap().decision_path, "x/y");
+
+        std::fs::write(&path, r#"{"url": "x"}"#).unwrap();
+        let cli = Cli::parse_from(["placement-webhook", "review", "--config", path.to_str().unwrap(), "x.yaml"]);
+        let Command::Review(args) = cli.command else { panic!() };
+        let err = args.engine.resolve().unwrap_err().to_string();
+        assert!(err.contains("EnforceSchedulingPolicy"), "{err}");
+    }
+
+    #[test]
+    fn empty_token_file_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "\n").unwrap();
+        let cli = Cli::parse_from([
+            "placement-webhook", "review", "--opa-url", "http://127.0.0.1:1", "--opa-token-file", token.to_str().unwrap(), "x",
+        ]);
+        let Command::Review(args) = cli.command else { panic!() };
+        assert!(matches!(args.engine.resolve(), Err(ConfigError::EmptyToken(_))));
+    }
+}

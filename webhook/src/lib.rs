@@ -1,0 +1,17 @@
+//! The placement admission webhook: answers `admission.k8s.io/v1` AdmissionReviews
+//! by asking a policy engine for placement annotations and merging them in as a
+//! JSON patch, or denying with the policy's errors.
+
+pub mod admission;
+pub mod config;
+pub mod events;
+pub mod metrics;
+pub mod presence;
+pub mod review;
+pub mod run;
+pub mod server;
+
+pub use admission::{ADMISSION_INPUT_KEY, Admission, AdmissionSettings, Mode, PlacementFailure};
+pub use config::Cli;
+pub use metrics::Metrics;
+pub use presence::PolicyPresence;

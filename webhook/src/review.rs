@@ -1,0 +1,281 @@
+//! `admission.k8s.io/v1` AdmissionReview on the wire.
+//!
+//! Our own serde types rather than kube-rs's: the object stays raw JSON exactly as
+//! the API server sent it (it is the policy's input), and the patch goes out as a
+//! base64 string, which kube-rs's `AdmissionResponse` does not produce.
+
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const API_VERSION: &str = "admission.k8s.io/v1";
+pub const KIND: &str = "AdmissionReview";
+
+/// A review that cannot be answered with a review.
+#[derive(Debug, thiserror::Error)]
+pub enum ReviewError {
+    #[error("malformed AdmissionReview: body is not JSON: {0}")]
+    NotJson(String),
+    #[error(
+        "unsupported AdmissionReview {api_version}/{kind}: this webhook speaks admission.k8s.io/v1 AdmissionReview (set admissionReviewVersions: [\"v1\"])"
+    )]
+    UnsupportedVersion { api_version: String, kind: String },
+    #[error("malformed AdmissionReview: no request.uid")]
+    MissingUid,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct GroupVersionKind {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct GroupVersionResource {
+    #[serde(default)]
+    pub group: String,
+    #[serde(default)]
+    pub version: String,
+    #[serde(default)]
+    pub resource: String,
+}
+
+/// The fields of `AdmissionRequest` this webhook reads.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionRequest {
+    pub uid: String,
+    pub kind: GroupVersionKind,
+    pub resource: GroupVersionResource,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sub_resource: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub operation: Operation,
+    #[serde(default)]
+    pub user_info: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_object: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dry_run: Option<bool>,
+}
+
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        }
+    }
+}
+
+/// Status attached to a denial.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct Status {
+    pub code: u16,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionResponse {
+    pub uid: String,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<Status>,
+    /// Base64 of the RFC 6902 patch, as the API server requires.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub patch_type: Option<&'static str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
+}
+
+impl AdmissionResponse {
+    pub fn allow(uid: &str) -> Self {
+        AdmissionResponse {
+            uid: uid.to_owned(),
+            allowed: true,
+            status: None,
+            patch: None,
+            patch_type: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    pub fn deny(uid: &str, code: u16, reason: &str, message: String) -> Self {
+        AdmissionResponse {
+            uid: uid.to_owned(),
+            allowed: false,
+            status: Some(Status {
+                code,
+                message,
+                reason: Some(reason.to_owned()),
+            }),
+            patch: None,
+            patch_type: None,
+            warnings: Vec::new(),
+        }
+    }
+
+    pub fn with_patch(mut self, patch: &json_patch::Patch) -> Self {
+        let bytes = serde_json::to_vec(patch).unwrap_or_else(|_| b"[]".to_vec());
+        self.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
+        self.patch_type = Some("JSONPatch");
+        self
+    }
+
+    pub fn with_warning(mut self, warning: String) -> Self {
+        self.warnings.push(warning);
+        self
+    }
+
+    /// The decoded patch, if any.
+    pub fn decoded_patch(&self) -> Option<json_patch::Patch> {
+        let raw = base64::engine::general_purpose::STANDARD
+            .decode(self.patch.as_ref()?)
+            .ok()?;
+        serde_json::from_slice(&raw).ok()
+    }
+}
+
+/// The whole review sent back.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmissionReviewResponse {
+    pub api_version: &'static str,
+    pub kind: &'static str,
+    pub response: AdmissionResponse,
+}
+
+impl From<AdmissionResponse> for AdmissionReviewResponse {
+    fn from(response: AdmissionResponse) -> Self {
+        AdmissionReviewResponse {
+            api_version: API_VERSION,
+            kind: KIND,
+            response,
+        }
+    }
+}
+
+/// A parsed review: either a request to answer, or a request whose uid we know but
+/// whose other fields are broken (answered with a denial naming the problem).
+#[derive(Debug)]
+pub enum Parsed {
+    Request(Box<AdmissionRequest>),
+    Malformed { uid: String, message: String },
+}
+
+/// Parse a request body.
+pub fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
+    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+    if api_version != API_VERSION || kind != KIND {
+        return Err(ReviewError::UnsupportedVersion {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+        });
+    }
+    let request = value.get("request").cloned().unwrap_or(Value::Null);
+    let uid = request
+        .get("uid")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+        .ok_or(ReviewError::MissingUid)?
+        .to_owned();
+    match serde_json::from_value::<AdmissionRequest>(request) {
+        Ok(request) => Ok(Parsed::Request(Box::new(request))),
+        Err(e) => Ok(Parsed::Malformed {
+            uid,
+            message: format!("malformed AdmissionReview request: {e}"),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn review(request: Value) -> Vec<u8> {
+        serde_json::to_vec(&json!({"apiVersion": API_VERSION, "kind": KIND, "request": request})).unwrap()
+    }
+
+    #[test]
+    fn parses_a_create() {
+        let body = review(json!({
+            "uid": "u1",
+            "kind": {"group": "apps", "version": "v1", "kind": "ReplicaSet"},
+            "resource": {"group": "apps", "version": "v1", "resource": "replicasets"},
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "dev"},
+            "object": {"metadata": {"name": "rs"}},
+            "dryRun": false
+        }));
+        let Parsed::Request(req) = parse(&body).unwrap() else { panic!() };
+        assert_eq!(req.uid, "u1");
+        assert_eq!(req.operation, Operation::Create);
+        assert_eq!(req.object.unwrap()["metadata"]["name"], "rs");
+    }
+
+    #[test]
+    fn rejects_wrong_versions_and_garbage() {
+        assert!(matches!(parse(b"{"), Err(ReviewError::NotJson(_))));
+        let v1beta1 = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": KIND, "request": {"uid": "x"}})).unwrap();
+        let err = parse(&v1beta1).unwrap_err();
+        assert!(err.to_string().contains("admission.k8s.io/v1beta1"), "{err}");
+        assert!(matches!(parse(&review(json!({"operation": "CREATE"}))), Err(ReviewError::MissingUid)));
+    }
+
+    #[test]
+    fn broken_request_with_uid_is_malformed_not_an_error() {
+        let body = review(json!({"uid": "u2", "operation": "EXPLODE"}));
+        match parse(&body).unwrap() {
+            Parsed::Malformed { uid, message } => {
+                assert_eq!(uid, "u2");
+                assert!(message.contains("malformed AdmissionReview request"), "{message}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+
+    #[test]
+    fn patch_is_base64_on_the_wire() {
+        let patch: json_patch::Patch =
+            serde_json::from_value(json!([{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}])).unwrap();
+        let response = AdmissionResponse::allow("u").with_patch(&patch);
+        let wire = serde_json::to_value(AdmissionReviewResponse::from(response.clone())).unwrap();
+        let encoded = wire["response"]["patch"].as_str().expect("patch is a string");
+        let decoded = base64::engine::general_purpose::STANDARD.decode(encoded).unwrap();
+        let ops: Value = serde_json::from_slice(&decoded).unwrap();
+        assert_eq!(ops[0]["path"], "/metadata/annotations");
+        assert_eq!(wire["response"]["patchType"], "JSONPatch");
+        assert_eq!(wire["apiVersion"], API_VERSION);
+        assert_eq!(wire["kind"], KIND);
+        assert_eq!(response.decoded_patch(), Some(patch));
+    }
+}

@@ -1,0 +1,360 @@
+//! The subcommands: `serve`, `review` and `certs`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::admission::{Admission, AdmissionSettings, Mode};
+use crate::config::{CertsArgs, ConfigError, EngineKind, OutputFormat, ReviewArgs, ServeArgs};
+use crate::events::EventSink;
+use crate::metrics::Metrics;
+use crate::presence::PolicyPresence;
+use crate::server::{Listeners, ServerError, reloading_tls, serve as serve_http};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Certs(#[from] placement_certs::CertError),
+    #[error(transparent)]
+    Server(#[from] ServerError),
+    #[error("Kubernetes client configuration: {0}")]
+    Kube(String),
+    #[error("cannot read {path}: {source}")]
+    Input {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: document {index} is not valid YAML or JSON: {message}")]
+    Manifest {
+        path: PathBuf,
+        index: usize,
+        message: String,
+    },
+    #[error("{path}: document {index}: {message}")]
+    Review {
+        path: PathBuf,
+        index: usize,
+        message: String,
+    },
+    #[error("cannot create directory for generated certificates: {0}")]
+    CertDir(std::io::Error),
+}
+
+/// Build a Kubernetes client. `explicit` wins; otherwise the usual inference
+/// (in-cluster, then `$KUBECONFIG` / `~/.kube/config`) when `infer` is set.
+async fn kube_client(explicit: Option<&Path>, infer: bool) -> Result<Option<Client>, RunError> {
+    let config = match explicit {
+        Some(path) => {
+            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?
+        }
+        None if infer => match Config::infer().await {
+            Ok(config) => config,
+            Err(e) => {
+                tracing::info!(error = %e, "no Kubernetes API configuration found");
+                return Ok(None);
+            }
+        },
+        None => match Config::incluster() {
+            Ok(config) => config,
+            Err(_) => return Ok(None),
+        },
+    };
+    Client::try_from(config).map(Some).map_err(|e| RunError::Kube(e.to_string()))
+}
+
+/// `placement-webhook serve`.
+pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
+    let resolved = args.engine.resolve()?;
+    let metrics = Arc::new(Metrics::new());
+    // The embedded engine needs the API only for Events, so it uses a kubeconfig
+    // only when given one (or in a cluster); with OPA the usual inference applies.
+    let infer = matches!(resolved.kind, EngineKind::Opa { .. });
+    let client = kube_client(args.kubeconfig.as_deref(), infer).await?;
+    let presence = match (&resolved.kind, &client) {
+        (EngineKind::Embedded { dir, modules }, _) => {
+            PolicyPresence::fixed(*modules > 0, format!("{modules} Rego module(s) in {}", dir.display()))
+        }
+        (EngineKind::Opa { .. }, Some(client)) => {
+            PolicyPresence::watch_config_maps(client.clone(), &args.policy_namespace, args.policy_label.as_deref())
+        }
+        (EngineKind::Opa { .. }, None) => {
+            tracing::warn!("no Kubernetes API access: cannot see policy ConfigMaps, so policies are assumed to exist (fail closed)");
+            PolicyPresence::fixed(true, "no Kubernetes API access; policies assumed to exist".to_owned())
+        }
+    };
+    let events = match &client {
+        Some(client) => EventSink::new(client.clone(), Arc::clone(&metrics)),
+        None => EventSink::disabled(),
+    };
+    let admission = Admission::new(
+        resolved.engine,
+        AdmissionSettings {
+            decision_path: resolved.decision_path.clone(),
+            engine_deadline: args.engine.engine_deadline,
+        },
+        presence,
+        events,
+        metrics,
+    );
+    let (tls, ca_note) = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => (reloading_tls(cert.clone(), key.clone())?, None),
+        _ => {
+            let dir = match &args.cert_dir {
+                Some(dir) => dir.clone(),
+                None => tempfile_dir()?,
+            };
+            let names = ["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+            let paths = placement_certs::generate_to_dir(&dir, &names)?;
+            let tls = reloading_tls(paths.cert.clone(), paths.key.clone())?;
+            (tls, Some(paths.ca))
+        }
+    };
+    let listeners = Listeners::bind(args.listen, args.metrics_listen)?;
+    let engine_note = match &resolved.kind {
+        EngineKind::Opa { url } => format!("OPA at {url}"),
+        EngineKind::Embedded { dir, modules } => format!("embedded, {modules} module(s) from {}", dir.display()),
+    };
+    println!(
+        "placement-webhook: admission on https://{}, metrics on http://{}/metrics (engine: {engine_note}; decision: data.{})",
+        listeners.admission_addr(),
+        listeners.metrics_addr(),
+        resolved.decision_path.replace('/', "."),
+    );
+    if let Some(ca) = ca_note {
+        println!(
+            "placement-webhook: generated a CA and a certificate for localhost; CA bundle: {}",
+            ca.display()
+        );
+    }
+    tracing::info!(admission = %listeners.admission_addr(), metrics = %listeners.metrics_addr(), "serving");
+    serve_http(admission, tls, listeners, args.max_request_bytes, shutdown_signal()).await?;
+    Ok(())
+}
+
+fn tempfile_dir() -> Result<PathBuf, RunError> {
+    let dir = std::env::temp_dir().join(format!("placement-webhook-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(RunError::CertDir)?;
+    Ok(dir)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}
+
+/// What `review` found, for the exit status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReviewSummary {
+    pub documents: usize,
+    pub denied: usize,
+}
+
+/// `placement-webhook review`: answer each document of FILE and print the
+/// AdmissionReview response (and, for manifests, the object after the patch).
+pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
+    let text = read_input(&args.file)?;
+    let resolved = args.engine.resolve()?;
+    let presence = match &resolved.kind {
+        EngineKind::Embedded { dir, modules } => {
+            PolicyPresence::fixed(*modules > 0, format!("{modules} Rego module(s) in {}", dir.display()))
+        }
+        EngineKind::Opa { .. } => PolicyPresence::fixed(true, "offline review; policies assumed to exist".to_owned()),
+    };
+    let admission = Admission::new(
+        resolved.engine,
+        AdmissionSettings {
+            decision_path: resolved.decision_path,
+            engine_deadline: args.engine.engine_deadline,
+        },
+        presence,
+        EventSink::disabled(),
+        Arc::new(Metrics::new()),
+    );
+    let mut summary = ReviewSummary { documents: 0, denied: 0 };
+    let mut outputs = Vec::new();
+    for (index, document) in yaml_serde::Deserializer::from_str(&text).enumerate() {
+        let index = index + 1;
+        let value = Value::deserialize(document).map_err(|e| RunError::Manifest {
+            path: args.file.clone(),
+            index,
+            message: e.to_string(),
+        })?;
+        if value.is_null() {
+            continue;
+        }
+        summary.documents += 1;
+        let is_review = value.get("kind").and_then(Value::as_str) == Some("AdmissionReview");
+        let body = if is_review { value.clone() } else { wrap_manifest(&value, index) };
+        let bytes = serde_json::to_vec(&body).map_err(|e| RunError::Review {
+            path: args.file.clone(),
+            index,
+            message: e.to_string(),
+        })?;
+        let answer = admission
+            .review_body(&bytes, Mode::Mutate)
+            .await
+            .map_err(|e| RunError::Review {
+                path: args.file.clone(),
+                index,
+                message: e.to_string(),
+            })?;
+        if !answer.response.allowed {
+            summary.denied += 1;
+        }
+        let mut out = json!({"review": answer});
+        if !is_review {
+            let mut object = value.clone();
+            if let Some(patch) = answer.response.decoded_patch() {
+                json_patch::patch(&mut object, &patch).map_err(|e| RunError::Review {
+                    path: args.file.clone(),
+                    index,
+                    message: format!("the webhook's patch does not apply: {e}"),
+                })?;
+            }
+            out["object"] = object;
+        }
+        outputs.push(out);
+    }
+    match args.output {
+        OutputFormat::Json => {
+            let doc = if outputs.len() == 1 { outputs.remove(0) } else { Value::Array(outputs) };
+            println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        }
+        OutputFormat::Yaml => {
+            for out in outputs {
+                println!("---\n# AdmissionReview response");
+                print!("{}", yaml_serde::to_string(&out["review"]).unwrap_or_default());
+                if let Some(object) = out.get("object") {
+                    println!("---\n# object after the patch");
+                    print!("{}", yaml_serde::to_string(object).unwrap_or_default());
+                }
+            }
+        }
+    }
+    Ok(summary)
+}
+
+fn read_input(path: &Path) -> Result<String, RunError> {
+    let err = |source| RunError::Input {
+        path: path.to_owned(),
+        source,
+    };
+    if path == Path::new("-") {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map_err(err)?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path).map_err(err)
+    }
+}
+
+/// Wrap a manifest as the CREATE AdmissionReview the API server would send.
+pub fn wrap_manifest(object: &Value, index: usize) -> Value {
+    let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or("v1");
+    let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let (group, version) = match api_version.split_once('/') {
+        Some((g, v)) => (g, v),
+        None => ("", api_version),
+    };
+    let meta = object.get("metadata");
+    let namespace = meta
+        .and_then(|m| m.get("namespace"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default();
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("offline-review-{index}"),
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": plural(kind)},
+            "namespace": namespace,
+            "name": name,
+            "operation": "CREATE",
+            "userInfo": {"username": "placement-webhook-review"},
+            "object": object,
+            "dryRun": true,
+        }
+    })
+}
+
+/// The usual lower-case plural of a kind (ReplicaSet -> replicasets).
+fn plural(kind: &str) -> String {
+    let lower = kind.to_ascii_lowercase();
+    if lower.ends_with('s') || lower.ends_with('x') {
+        format!("{lower}es")
+    } else if let Some(stem) = lower.strip_suffix('y').filter(|s| !s.ends_with(['a', 'e', 'o', 'u'])) {
+        format!("{stem}ies")
+    } else {
+        format!("{lower}s")
+    }
+}
+
+/// `placement-webhook certs`.
+pub fn certs(args: CertsArgs) -> Result<(), RunError> {
+    let paths = placement_certs::generate_to_dir(&args.out, &args.names)?;
+    let ca = std::fs::read_to_string(&paths.ca).map_err(|source| RunError::Input {
+        path: paths.ca.clone(),
+        source,
+    })?;
+    eprintln!(
+        "wrote {}, {} and {}; the caBundle for the webhook configuration follows",
+        paths.ca.display(),
+        paths.cert.display(),
+        paths.key.display()
+    );
+    println!("{}", placement_certs::ca_bundle(&ca));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plurals() {
+        assert_eq!(plural("ReplicaSet"), "replicasets");
+        assert_eq!(plural("Policy"), "policies");
+        assert_eq!(plural("Gateway"), "gateways");
+        assert_eq!(plural("Ingress"), "ingresses");
+    }
+
+    #[test]
+    fn manifest_is_wrapped_as_a_create() {
+        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web"}});
+        let review = wrap_manifest(&rs, 1);
+        assert_eq!(review["request"]["operation"], "CREATE");
+        assert_eq!(review["request"]["kind"]["group"], "apps");
+        assert_eq!(review["request"]["resource"]["resource"], "replicasets");
+        assert_eq!(review["request"]["namespace"], "default");
+        assert_eq!(review["request"]["object"], rs);
+    }
+}
