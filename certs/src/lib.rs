@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
 };
 use rustls::ServerConfig;
 use rustls_pki_types::pem::PemObject;
@@ -104,7 +104,10 @@ impl Ca {
         let mut dn = DistinguishedName::new();
         dn.push(
             DnType::CommonName,
-            names.first().map(String::as_str).unwrap_or("placement-webhook"),
+            names
+                .first()
+                .map(String::as_str)
+                .unwrap_or("placement-webhook"),
         );
         params.distinguished_name = dn;
         params.subject_alt_names = names
@@ -131,10 +134,12 @@ fn san(name: &str) -> Result<SanType, CertError> {
     if let Ok(ip) = name.parse::<IpAddr>() {
         return Ok(SanType::IpAddress(ip));
     }
-    let dns = name.try_into().map_err(|e: rcgen::Error| CertError::InvalidName {
-        name: name.to_owned(),
-        reason: e.to_string(),
-    })?;
+    let dns = name
+        .try_into()
+        .map_err(|e: rcgen::Error| CertError::InvalidName {
+            name: name.to_owned(),
+            reason: e.to_string(),
+        })?;
     Ok(SanType::DnsName(dns))
 }
 
@@ -193,7 +198,11 @@ pub fn ca_bundle(ca_pem: &str) -> String {
 }
 
 /// A rustls server config (ring provider; HTTP/2 and HTTP/1.1) from PEM text.
-pub fn server_config(cert_pem: &[u8], key_pem: &[u8], origin: &str) -> Result<ServerConfig, CertError> {
+pub fn server_config(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    origin: &str,
+) -> Result<ServerConfig, CertError> {
     let chain = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| CertError::Pem {
@@ -287,11 +296,20 @@ mod tests {
     fn issues_a_serving_certificate_that_loads() {
         let ca = Ca::generate("test-ca").unwrap();
         let issued = ca
-            .issue_serving(&["localhost".into(), "127.0.0.1".into(), "webhook.ns.svc".into()])
+            .issue_serving(&[
+                "localhost".into(),
+                "127.0.0.1".into(),
+                "webhook.ns.svc".into(),
+            ])
             .unwrap();
         assert!(issued.cert_pem.starts_with("-----BEGIN CERTIFICATE-----"));
         assert!(!format!("{issued:?}").contains("PRIVATE KEY"));
-        let config = server_config(issued.cert_pem.as_bytes(), issued.key_pem.as_bytes(), "test").unwrap();
+        let config = server_config(
+            issued.cert_pem.as_bytes(),
+            issued.key_pem.as_bytes(),
+            "test",
+        )
+        .unwrap();
         assert_eq!(config.alpn_protocols[1], b"http/1.1");
     }
 
@@ -322,9 +340,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let paths = generate_to_dir(dir.path(), &["localhost".into()]).unwrap();
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let handle = spawn_reloader(paths.cert.clone(), paths.key.clone(), Duration::from_millis(20), move |c| {
-            let _ = tx.send(c);
-        });
+        let handle = spawn_reloader(
+            paths.cert.clone(),
+            paths.key.clone(),
+            Duration::from_millis(20),
+            move |c| {
+                let _ = tx.send(c);
+            },
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(rx.try_recv().is_err(), "no reload without a change");
         generate_to_dir(dir.path(), &["localhost".into()]).unwrap();

@@ -20,9 +20,7 @@ pub enum DecisionError {
     NotAnObject(&'static str),
     #[error("policy decision field `annotations` must be an object, got {0}")]
     AnnotationsNotAnObject(&'static str),
-    #[error(
-        "policy decision field `errors` must be an array (or a set) of messages, got {0}"
-    )]
+    #[error("policy decision field `errors` must be an array (or a set) of messages, got {0}")]
     ErrorsNotAnArray(&'static str),
 }
 

@@ -100,7 +100,10 @@ impl Embedded {
         files.sort();
         for path in files {
             let rel = path.strip_prefix(dir).unwrap_or(&path);
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default();
             let read = || {
                 std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
                     path: path.clone(),
@@ -243,7 +246,10 @@ fn ensure_object(node: &mut Value) -> &mut Map<String, Value> {
     }
 }
 
-fn build_engine(modules: &BTreeMap<String, String>, data: &Value) -> Result<regorus::Engine, EngineError> {
+fn build_engine(
+    modules: &BTreeMap<String, String>,
+    data: &Value,
+) -> Result<regorus::Engine, EngineError> {
     let mut engine = regorus::Engine::new();
     let mut errors = Vec::new();
     for (id, source) in modules {
@@ -282,7 +288,12 @@ fn compile_error(default_file: &str, text: &str) -> CompileError {
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
-        .map(|l| l.trim().strip_prefix("error: ").unwrap_or(l.trim()).to_owned())
+        .map(|l| {
+            l.trim()
+                .strip_prefix("error: ")
+                .unwrap_or(l.trim())
+                .to_owned()
+        })
         .unwrap_or_else(|| text.trim().to_owned());
     CompileError {
         file,
@@ -301,7 +312,9 @@ fn rego_query(path: &str) -> Result<String, EngineError> {
             .chars()
             .next()
             .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && segment.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            && segment
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_');
         if is_ident {
             query.push('.');
             query.push_str(segment);
@@ -384,7 +397,10 @@ impl PolicyEngine for Embedded {
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
-        let segments: Vec<String> = path_segments(path)?.into_iter().map(str::to_owned).collect();
+        let segments: Vec<String> = path_segments(path)?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         if segments.is_empty() && !value.is_object() {
             return Err(EngineError::InvalidPath {
                 path: path.to_owned(),
@@ -410,7 +426,10 @@ impl PolicyEngine for Embedded {
     }
 
     async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
-        let segments: Vec<String> = path_segments(path)?.into_iter().map(str::to_owned).collect();
+        let segments: Vec<String> = path_segments(path)?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         self.update(|_, data| {
             match segments.split_last() {
                 None => *data = Value::Object(Map::new()),
@@ -479,7 +498,10 @@ errors contains msg if {
     #[tokio::test]
     async fn undefined_without_policy() {
         let engine = Embedded::new();
-        let out = engine.query("io/k8s/federation/admission", &json!({}), soon()).await.unwrap();
+        let out = engine
+            .query("io/k8s/federation/admission", &json!({}), soon())
+            .await
+            .unwrap();
         assert_eq!(out, QueryOutcome::Undefined);
     }
 
@@ -487,16 +509,30 @@ errors contains msg if {
     async fn evaluates_package_document_with_data() {
         let engine = Embedded::new();
         engine.put_policy("p.rego", POLICY).await.unwrap();
-        engine.put_data("regions", &json!({"web": "eu"})).await.unwrap();
+        engine
+            .put_data("regions", &json!({"web": "eu"}))
+            .await
+            .unwrap();
         let input = json!({"metadata": {"labels": {"app": "web"}}});
-        let out = engine.query("io/k8s/federation/admission", &input, soon()).await.unwrap();
+        let out = engine
+            .query("io/k8s/federation/admission", &input, soon())
+            .await
+            .unwrap();
         assert_eq!(
             out,
-            QueryOutcome::Defined(json!({"annotations": {"example.com/region": "eu"}, "errors": []}))
+            QueryOutcome::Defined(
+                json!({"annotations": {"example.com/region": "eu"}, "errors": []})
+            )
         );
         let input = json!({"metadata": {"labels": {"app": "forbidden"}}});
-        let out = engine.query("io/k8s/federation/admission", &input, soon()).await.unwrap();
-        assert_eq!(out, QueryOutcome::Defined(json!({"annotations": {}, "errors": ["app forbidden"]})));
+        let out = engine
+            .query("io/k8s/federation/admission", &input, soon())
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            QueryOutcome::Defined(json!({"annotations": {}, "errors": ["app forbidden"]}))
+        );
     }
 
     #[tokio::test]
@@ -505,14 +541,29 @@ errors contains msg if {
         engine.put_policy("p.rego", POLICY).await.unwrap();
         let input = json!({"metadata": {"labels": {"app": "web"}}});
         engine.put_data("regions/web", &json!("eu")).await.unwrap();
-        let first = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
-        assert_eq!(first, QueryOutcome::Defined(json!({"example.com/region": "eu"})));
+        let first = engine
+            .query("io/k8s/federation/admission/annotations", &input, soon())
+            .await
+            .unwrap();
+        assert_eq!(
+            first,
+            QueryOutcome::Defined(json!({"example.com/region": "eu"}))
+        );
         engine.put_data("regions/web", &json!("us")).await.unwrap();
-        let second = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
-        assert_eq!(second, QueryOutcome::Defined(json!({"example.com/region": "us"})));
+        let second = engine
+            .query("io/k8s/federation/admission/annotations", &input, soon())
+            .await
+            .unwrap();
+        assert_eq!(
+            second,
+            QueryOutcome::Defined(json!({"example.com/region": "us"}))
+        );
         engine.delete_data("regions/web").await.unwrap();
         engine.delete_data("regions/absent/deeper").await.unwrap();
-        let third = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
+        let third = engine
+            .query("io/k8s/federation/admission/annotations", &input, soon())
+            .await
+            .unwrap();
         assert_eq!(third, QueryOutcome::Defined(json!({})));
     }
 
@@ -521,7 +572,10 @@ errors contains msg if {
         let engine = Embedded::new();
         engine.put_policy("p.rego", POLICY).await.unwrap();
         let err = engine
-            .put_policy("p.rego", "package io.k8s.federation.admission\n\nannotations[x] := {\n")
+            .put_policy(
+                "p.rego",
+                "package io.k8s.federation.admission\n\nannotations[x] := {\n",
+            )
             .await
             .unwrap_err();
         match &err {
@@ -531,10 +585,19 @@ errors contains msg if {
             }
             other => panic!("unexpected {other:?}"),
         }
-        engine.put_data("regions", &json!({"web": "eu"})).await.unwrap();
+        engine
+            .put_data("regions", &json!({"web": "eu"}))
+            .await
+            .unwrap();
         let input = json!({"metadata": {"labels": {"app": "web"}}});
-        let out = engine.query("io/k8s/federation/admission/annotations", &input, soon()).await.unwrap();
-        assert_eq!(out, QueryOutcome::Defined(json!({"example.com/region": "eu"})));
+        let out = engine
+            .query("io/k8s/federation/admission/annotations", &input, soon())
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            QueryOutcome::Defined(json!({"example.com/region": "eu"}))
+        );
         assert_eq!(engine.policy_ids().await.unwrap(), vec!["p.rego"]);
         engine.delete_policy("p.rego").await.unwrap();
         engine.delete_policy("p.rego").await.unwrap();
@@ -545,7 +608,11 @@ errors contains msg if {
     fn loads_directory_like_opa() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("p.rego"), POLICY).unwrap();
-        std::fs::write(dir.path().join("p_test.rego"), "package x\n\ntest_x if { false }\n").unwrap();
+        std::fs::write(
+            dir.path().join("p_test.rego"),
+            "package x\n\ntest_x if { false }\n",
+        )
+        .unwrap();
         std::fs::create_dir_all(dir.path().join("regions")).unwrap();
         std::fs::write(dir.path().join("regions/data.json"), r#"{"web": "eu"}"#).unwrap();
         std::fs::create_dir_all(dir.path().join("other")).unwrap();
@@ -553,7 +620,10 @@ errors contains msg if {
         let engine = Embedded::from_dir(dir.path()).unwrap();
         assert_eq!(engine.module_count(), 1);
         let state = engine.read();
-        assert_eq!(state.data, json!({"regions": {"web": "eu"}, "other": {"a": 1}}));
+        assert_eq!(
+            state.data,
+            json!({"regions": {"web": "eu"}, "other": {"a": 1}})
+        );
     }
 
     #[test]
@@ -561,13 +631,22 @@ errors contains msg if {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("data.json"), "{").unwrap();
         let err = Embedded::from_dir(dir.path()).unwrap_err();
-        assert!(err.to_string().contains("data.json is not valid JSON"), "{err}");
+        assert!(
+            err.to_string().contains("data.json is not valid JSON"),
+            "{err}"
+        );
     }
 
     #[test]
     fn queries_quote_unusual_segments() {
-        assert_eq!(rego_query("io/k8s/admission").unwrap(), "data.io.k8s.admission");
-        assert_eq!(rego_query("kubernetes/clusters/eu-west-1").unwrap(), r#"data.kubernetes.clusters["eu-west-1"]"#);
+        assert_eq!(
+            rego_query("io/k8s/admission").unwrap(),
+            "data.io.k8s.admission"
+        );
+        assert_eq!(
+            rego_query("kubernetes/clusters/eu-west-1").unwrap(),
+            r#"data.kubernetes.clusters["eu-west-1"]"#
+        );
         assert_eq!(rego_query("").unwrap(), "data");
     }
 }

@@ -84,7 +84,9 @@ pub enum EngineError {
     InvalidResponse(String),
     #[error("invalid engine path {path:?}: {reason}")]
     InvalidPath { path: String, reason: String },
-    #[error("policy engine gave up after {attempts} attempts within {deadline:?}; last error: {last}")]
+    #[error(
+        "policy engine gave up after {attempts} attempts within {deadline:?}; last error: {last}"
+    )]
     DeadlineExceeded {
         attempts: u32,
         deadline: Duration,

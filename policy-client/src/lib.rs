@@ -15,8 +15,8 @@ pub use decision::{Decision, DecisionError};
 pub use embedded::Embedded;
 pub use engine::{CompileError, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
 pub use opa::{Opa, OpaConfig, Token};
-pub use retry::RetryPolicy;
 pub use reqwest::Url;
+pub use retry::RetryPolicy;
 
 /// The decision path of the seed design.
 pub const DEFAULT_DECISION_PATH: &str = "io/k8s/federation/admission";

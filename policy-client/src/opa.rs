@@ -123,7 +123,10 @@ impl Opa {
             Some(token) => {
                 let mut value = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
                     .map_err(|_| {
-                        EngineError::Config("OPA token contains characters not allowed in an HTTP header".to_owned())
+                        EngineError::Config(
+                            "OPA token contains characters not allowed in an HTTP header"
+                                .to_owned(),
+                        )
                     })?;
                 value.set_sensitive(true);
                 Some(value)
@@ -155,9 +158,9 @@ impl Opa {
     fn url(&self, prefix: &[&str], path: &str) -> Result<Url, EngineError> {
         let mut url = self.base.clone();
         {
-            let mut segments = url.path_segments_mut().map_err(|_| {
-                EngineError::Config("OPA URL cannot be a base URL".to_owned())
-            })?;
+            let mut segments = url
+                .path_segments_mut()
+                .map_err(|_| EngineError::Config("OPA URL cannot be a base URL".to_owned()))?;
             segments.pop_if_empty();
             segments.extend(prefix);
             segments.extend(path_segments(path)?);
@@ -182,7 +185,10 @@ impl Opa {
             Some(Body::Text(text)) => request.header(CONTENT_TYPE, "text/plain").body(text),
             None => request,
         };
-        let response = request.send().await.map_err(|e| self.transport_error(&endpoint, e))?;
+        let response = request
+            .send()
+            .await
+            .map_err(|e| self.transport_error(&endpoint, e))?;
         let status = response.status();
         let retry_after = response
             .headers()
@@ -295,7 +301,9 @@ fn http_error(
             }
             msg
         }
-        None => String::from_utf8_lossy(&body[..body.len().min(512)]).trim().to_owned(),
+        None => String::from_utf8_lossy(&body[..body.len().min(512)])
+            .trim()
+            .to_owned(),
     };
     EngineError::Http {
         endpoint,
@@ -320,7 +328,10 @@ impl PolicyEngine for Opa {
         let url = self.url(&["v1", "data"], path)?;
         let body = json!({ "input": input });
         let endpoint = format!("POST {}", url.path());
-        retry_until(self.retry, deadline, &endpoint, || self.query_once(&url, &body)).await
+        retry_until(self.retry, deadline, &endpoint, || {
+            self.query_once(&url, &body)
+        })
+        .await
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
@@ -393,10 +404,18 @@ mod tests {
 
     #[test]
     fn urls_keep_the_base_prefix_and_escape_segments() {
-        let opa = Opa::new(OpaConfig::new(Url::parse("http://opa:8181/proxy/").unwrap())).unwrap();
+        let opa = Opa::new(OpaConfig::new(
+            Url::parse("http://opa:8181/proxy/").unwrap(),
+        ))
+        .unwrap();
         let url = opa.url(&["v1", "policies"], "ns/name/key 1.rego").unwrap();
-        assert_eq!(url.as_str(), "http://opa:8181/proxy/v1/policies/ns/name/key%201.rego");
-        let url = opa.url(&["v1", "data"], "io/k8s/federation/admission").unwrap();
+        assert_eq!(
+            url.as_str(),
+            "http://opa:8181/proxy/v1/policies/ns/name/key%201.rego"
+        );
+        let url = opa
+            .url(&["v1", "data"], "io/k8s/federation/admission")
+            .unwrap();
         assert_eq!(url.path(), "/proxy/v1/data/io/k8s/federation/admission");
         let root = opa.url(&["v1", "data"], "").unwrap();
         assert_eq!(root.path(), "/proxy/v1/data");
@@ -405,7 +424,12 @@ mod tests {
     #[test]
     fn compile_errors_are_structured() {
         let body = br#"{"code":"invalid_parameter","message":"error(s) occurred while compiling module(s)","errors":[{"code":"rego_parse_error","message":"unexpected eof token","location":{"file":"p/q","row":3,"col":5}}]}"#;
-        match http_error("PUT /v1/policies/p/q".into(), StatusCode::BAD_REQUEST, body, None) {
+        match http_error(
+            "PUT /v1/policies/p/q".into(),
+            StatusCode::BAD_REQUEST,
+            body,
+            None,
+        ) {
             EngineError::Compile(errors) => {
                 assert_eq!(errors.len(), 1);
                 assert_eq!(errors[0].file.as_deref(), Some("p/q"));
@@ -420,10 +444,20 @@ mod tests {
     #[test]
     fn other_http_errors_keep_the_message() {
         let body = br#"{"code":"internal_error","message":"eval_conflict_error: complete rules must not produce multiple outputs"}"#;
-        let err = http_error("POST /v1/data/x".into(), StatusCode::INTERNAL_SERVER_ERROR, body, None);
+        let err = http_error(
+            "POST /v1/data/x".into(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            body,
+            None,
+        );
         assert!(err.is_transient());
         assert!(err.to_string().contains("multiple outputs"), "{err}");
-        let err = http_error("POST /v1/data/x".into(), StatusCode::BAD_GATEWAY, b"<html>bad gateway</html>", Some(Duration::from_secs(2)));
+        let err = http_error(
+            "POST /v1/data/x".into(),
+            StatusCode::BAD_GATEWAY,
+            b"<html>bad gateway</html>",
+            Some(Duration::from_secs(2)),
+        );
         assert_eq!(err.retry_after(), Some(Duration::from_secs(2)));
         assert!(err.to_string().contains("bad gateway"));
     }

@@ -184,8 +184,8 @@ pub fn desired_annotations(
         desired.insert(key.clone(), value.clone());
     }
     if !record.is_empty() {
-        let encoded =
-            serde_json::to_string(&record).map_err(|e| MergeError::InvalidOwnership(e.to_string()))?;
+        let encoded = serde_json::to_string(&record)
+            .map_err(|e| MergeError::InvalidOwnership(e.to_string()))?;
         desired.insert(OWNERSHIP_ANNOTATION.to_owned(), encoded);
     }
     let size: usize = desired.iter().map(|(k, v)| k.len() + v.len()).sum();
@@ -221,7 +221,10 @@ pub fn plan_patch(object: &Value, decision: &Decision) -> Result<Option<Patch>, 
     Ok((!ops.is_empty()).then_some(Patch(ops)))
 }
 
-fn diff(current: &BTreeMap<String, String>, desired: &BTreeMap<String, String>) -> Vec<PatchOperation> {
+fn diff(
+    current: &BTreeMap<String, String>,
+    desired: &BTreeMap<String, String>,
+) -> Vec<PatchOperation> {
     let mut ops = Vec::new();
     for key in current.keys() {
         if !desired.contains_key(key) {
@@ -293,7 +296,9 @@ pub fn validate_annotation_key(key: &str) -> Result<(), MergeError> {
                 return Err(invalid("prefix part must not be empty".to_owned()));
             }
             if prefix.len() > 253 {
-                return Err(invalid("prefix part must be no more than 253 characters".to_owned()));
+                return Err(invalid(
+                    "prefix part must be no more than 253 characters".to_owned(),
+                ));
             }
             if !is_dns_subdomain(prefix) {
                 return Err(invalid(format!(
@@ -312,7 +317,9 @@ pub fn validate_annotation_key(key: &str) -> Result<(), MergeError> {
         return Err(invalid("name part must not be empty".to_owned()));
     }
     if name.len() > 63 {
-        return Err(invalid("name part must be no more than 63 characters".to_owned()));
+        return Err(invalid(
+            "name part must be no more than 63 characters".to_owned(),
+        ));
     }
     let bytes = name.as_bytes();
     let alnum = |b: &u8| b.is_ascii_alphanumeric();
@@ -336,7 +343,8 @@ fn is_dns_subdomain(s: &str) -> bool {
             && b.len() <= 63
             && b[0].is_ascii_alphanumeric()
             && b[b.len() - 1].is_ascii_alphanumeric()
-            && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+            && b.iter()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
     })
 }
 
@@ -377,7 +385,10 @@ mod tests {
         assert_eq!(ops[0]["value"]["example.com/placement"], "eu");
         assert_eq!(ops.as_array().unwrap().len(), 1);
         let out = apply(&obj, &patch);
-        assert_eq!(out["metadata"]["annotations"]["example.com/placement"], "eu");
+        assert_eq!(
+            out["metadata"]["annotations"]["example.com/placement"],
+            "eu"
+        );
         assert_eq!(out["metadata"]["name"], "rs");
     }
 
@@ -403,9 +414,15 @@ mod tests {
             .unwrap()
             .unwrap();
         let ops = patch_json(&patch);
-        assert_eq!(ops[0]["path"], "/metadata/annotations/federation.kubernetes.io~1x");
+        assert_eq!(
+            ops[0]["path"],
+            "/metadata/annotations/federation.kubernetes.io~1x"
+        );
         let out = apply(&obj, &patch);
-        assert_eq!(out["metadata"]["annotations"]["federation.kubernetes.io/x"], "1");
+        assert_eq!(
+            out["metadata"]["annotations"]["federation.kubernetes.io/x"],
+            "1"
+        );
         assert_eq!(out["metadata"]["annotations"]["keep"], "me");
         // `~` cannot appear in a valid key, but the pointer still escapes it first.
         assert_eq!(pointer(&["a", "b~/c"]).as_str(), "/a/b~0~1c");
@@ -423,7 +440,9 @@ mod tests {
     #[test]
     fn policy_value_replaces_developer_value_and_records_the_request() {
         let obj = json!({"metadata": {"annotations": {"p": "developer", "other": "x"}}});
-        let patch = plan_patch(&obj, &decision(&[("p", "policy")])).unwrap().unwrap();
+        let patch = plan_patch(&obj, &decision(&[("p", "policy")]))
+            .unwrap()
+            .unwrap();
         let out = apply(&obj, &patch);
         let ann = &out["metadata"]["annotations"];
         assert_eq!(ann["p"], "policy");
@@ -439,7 +458,12 @@ mod tests {
         );
         // Replacing an existing key is a `replace`, not a remove + add.
         let ops = patch_json(&patch);
-        assert!(ops.as_array().unwrap().iter().any(|op| op["op"] == "replace" && op["path"] == "/metadata/annotations/p"));
+        assert!(
+            ops.as_array()
+                .unwrap()
+                .iter()
+                .any(|op| op["op"] == "replace" && op["path"] == "/metadata/annotations/p")
+        );
     }
 
     #[test]
@@ -453,7 +477,12 @@ mod tests {
     #[test]
     fn developer_view_restores_the_request() {
         let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
-        let placed = apply(&obj, &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "new")])).unwrap().unwrap());
+        let placed = apply(
+            &obj,
+            &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "new")]))
+                .unwrap()
+                .unwrap(),
+        );
         let view = developer_view(&placed);
         assert_eq!(view, obj);
     }
@@ -466,7 +495,11 @@ mod tests {
         placed["metadata"]["annotations"]["p"] = json!("edited");
         let view = developer_view(&placed);
         assert_eq!(view["metadata"]["annotations"]["p"], "edited");
-        assert!(view["metadata"]["annotations"].get(OWNERSHIP_ANNOTATION).is_none());
+        assert!(
+            view["metadata"]["annotations"]
+                .get(OWNERSHIP_ANNOTATION)
+                .is_none()
+        );
         // Re-placing records the new request.
         let again = apply(&placed, &plan_patch(&placed, &d).unwrap().unwrap());
         let record = ownership(&annotations(&again).unwrap().unwrap()).unwrap();
@@ -476,7 +509,12 @@ mod tests {
     #[test]
     fn value_the_policy_stops_setting_is_restored() {
         let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
-        let placed = apply(&obj, &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "x")])).unwrap().unwrap());
+        let placed = apply(
+            &obj,
+            &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "x")]))
+                .unwrap()
+                .unwrap(),
+        );
         let patch = plan_patch(&placed, &decision(&[])).unwrap().unwrap();
         let restored = apply(&placed, &patch);
         assert_eq!(restored, obj);
@@ -512,7 +550,9 @@ mod tests {
         assert!(validate_annotation_key(&long_name).is_err());
         assert!(validate_annotation_key(&"n".repeat(63)).is_ok());
         assert!(validate_annotation_key("Example.COM/Name_1.x").is_ok());
-        assert!(validate_annotation_key("federation.kubernetes.io/replica-set-preferences").is_ok());
+        assert!(
+            validate_annotation_key("federation.kubernetes.io/replica-set-preferences").is_ok()
+        );
     }
 
     #[test]
@@ -528,7 +568,16 @@ mod tests {
     fn oversize_annotations_are_a_named_error() {
         let obj = json!({"metadata": {"annotations": {"dev": "x".repeat(200 * 1024)}}});
         let err = plan_patch(&obj, &decision(&[("p", &"y".repeat(60 * 1024))])).unwrap_err();
-        assert!(matches!(err, MergeError::TooLarge { limit: TOTAL_ANNOTATION_SIZE_LIMIT, .. }), "{err:?}");
+        assert!(
+            matches!(
+                err,
+                MergeError::TooLarge {
+                    limit: TOTAL_ANNOTATION_SIZE_LIMIT,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
         assert!(err.to_string().contains("limit of 262144 bytes"));
         // The ownership record costs a digest, not a copy of the value.
         let obj = json!({"metadata": {}});
@@ -540,9 +589,15 @@ mod tests {
 
     #[test]
     fn malformed_objects_are_errors() {
-        assert!(matches!(plan_patch(&json!([1]), &decision(&[])), Err(MergeError::InvalidObject(_))));
         assert!(matches!(
-            plan_patch(&json!({"metadata": {"annotations": {"a": 1}}}), &decision(&[])),
+            plan_patch(&json!([1]), &decision(&[])),
+            Err(MergeError::InvalidObject(_))
+        ));
+        assert!(matches!(
+            plan_patch(
+                &json!({"metadata": {"annotations": {"a": 1}}}),
+                &decision(&[])
+            ),
             Err(MergeError::InvalidObject(_))
         ));
         assert!(matches!(
@@ -553,10 +608,14 @@ mod tests {
 
     #[test]
     fn unreadable_record_is_ignored() {
-        let obj = json!({"metadata": {"annotations": {"p": "v", OWNERSHIP_ANNOTATION: "not json"}}});
+        let obj =
+            json!({"metadata": {"annotations": {"p": "v", OWNERSHIP_ANNOTATION: "not json"}}});
         let view = developer_view(&obj);
         assert_eq!(view["metadata"]["annotations"], json!({"p": "v"}));
         let patch = plan_patch(&obj, &decision(&[])).unwrap().unwrap();
-        assert_eq!(apply(&obj, &patch)["metadata"]["annotations"], json!({"p": "v"}));
+        assert_eq!(
+            apply(&obj, &patch)["metadata"]["annotations"],
+            json!({"p": "v"})
+        );
     }
 }

@@ -174,7 +174,10 @@ mod tests {
         })
         .await
         .unwrap_err();
-        assert!(matches!(err, EngineError::DeadlineExceeded { attempts: 1, .. }));
+        assert!(matches!(
+            err,
+            EngineError::DeadlineExceeded { attempts: 1, .. }
+        ));
         assert_eq!(Instant::now(), start);
     }
 
@@ -188,7 +191,10 @@ mod tests {
         })
         .await
         .unwrap_err();
-        assert!(matches!(err, EngineError::DeadlineExceeded { .. }), "{err:?}");
+        assert!(
+            matches!(err, EngineError::DeadlineExceeded { .. }),
+            "{err:?}"
+        );
         assert!(Instant::now() - start <= Duration::from_millis(600));
     }
 }

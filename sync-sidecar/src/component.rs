@@ -11,7 +11,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kube::Client;
@@ -31,23 +31,27 @@ use crate::state::SyncState;
 #[derive(Debug, Default)]
 pub(crate) struct Gate {
     lock: RwLock<()>,
-    loaded_once: AtomicBool,
+    /// Engine epoch of the last successful full sync (0: none yet).
+    loaded_epoch: AtomicU64,
 }
 
 impl Gate {
-    /// For a single-key write: `None` while no full sync has succeeded yet.
-    pub(crate) async fn single(&self) -> Option<RwLockReadGuard<'_, ()>> {
+    /// For a single-key write: `None` until a full sync succeeded for the current
+    /// engine epoch. Skipping is safe then: that full sync is still to run (or is
+    /// running, and this waits for it) and reads the cache after this call.
+    pub(crate) async fn single(&self, current_epoch: u64) -> Option<RwLockReadGuard<'_, ()>> {
         let guard = self.lock.read().await;
-        self.loaded_once.load(Ordering::Acquire).then_some(guard)
+        let loaded = self.loaded_epoch.load(Ordering::Acquire);
+        (loaded > 0 && loaded >= current_epoch).then_some(guard)
     }
 
     pub(crate) async fn full(&self) -> RwLockWriteGuard<'_, ()> {
         self.lock.write().await
     }
 
-    /// Call with the full guard held, after a successful full sync.
-    pub(crate) fn set_loaded(&self) {
-        self.loaded_once.store(true, Ordering::Release);
+    /// Call with the full guard held, after a successful full sync for `epoch`.
+    pub(crate) fn set_loaded(&self, epoch: u64) {
+        self.loaded_epoch.fetch_max(epoch, Ordering::AcqRel);
     }
 }
 
@@ -129,7 +133,11 @@ pub(crate) async fn discover(
         .find(|(ar, _)| ar.plural == gvr.resource)
         .ok_or_else(|| SyncError::Discovery {
             gvr: gvr.to_string(),
-            reason: format!("group version {} has no resource {:?}", gvr.api_version(), gvr.resource),
+            reason: format!(
+                "group version {} has no resource {:?}",
+                gvr.api_version(),
+                gvr.resource
+            ),
         })?;
     let namespaced = matches!(caps.scope, Scope::Namespaced);
     match expected {
@@ -180,16 +188,25 @@ mod tests {
     use super::*;
     use crate::metrics::Metrics;
     use std::sync::Mutex;
+    use std::sync::atomic::AtomicBool;
 
     #[tokio::test]
     async fn single_writes_wait_for_the_first_full_sync() {
         let gate = Gate::default();
-        assert!(gate.single().await.is_none());
+        assert!(gate.single(0).await.is_none());
+        assert!(gate.single(1).await.is_none());
         {
             let _full = gate.full().await;
-            gate.set_loaded();
+            gate.set_loaded(1);
         }
-        assert!(gate.single().await.is_some());
+        assert!(gate.single(1).await.is_some());
+        // The engine restarted: single writes wait for the reload.
+        assert!(gate.single(2).await.is_none());
+        {
+            let _full = gate.full().await;
+            gate.set_loaded(2);
+        }
+        assert!(gate.single(2).await.is_some());
     }
 
     #[tokio::test(start_paused = true)]
@@ -220,7 +237,10 @@ mod tests {
             cancel.clone(),
         ));
         tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(calls.lock().unwrap().is_empty(), "waits for the first epoch");
+        assert!(
+            calls.lock().unwrap().is_empty(),
+            "waits for the first epoch"
+        );
         state.begin_epoch_for_test();
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert_eq!(*calls.lock().unwrap(), [1, 1], "retried after a failure");

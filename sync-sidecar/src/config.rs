@@ -54,11 +54,19 @@ pub struct Args {
     pub replicate_path: String,
 
     /// Namespaces whose objects are not replicated (comma-separated).
-    #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_IGNORE_NAMESPACES", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_REPLICATE_IGNORE_NAMESPACES",
+        value_delimiter = ','
+    )]
     pub replicate_ignore_namespaces: Vec<String>,
 
     /// Base URL of OPA (a trailing `/v1`, as kube-mgmt takes it, is accepted).
-    #[arg(long, env = "PLACEMENT_SYNC_OPA_URL", default_value = "http://127.0.0.1:8181")]
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_OPA_URL",
+        default_value = "http://127.0.0.1:8181"
+    )]
     pub opa_url: String,
 
     /// File holding the bearer token for OPA (never logged).
@@ -90,7 +98,12 @@ pub struct Args {
     pub decision: String,
 
     /// Remediation mode.
-    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION", value_enum, default_value = "auto")]
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_REMEDIATION",
+        value_enum,
+        default_value = "auto"
+    )]
     pub remediation: RemediationMode,
 
     /// Workload type the remediator keeps placed, `[group/]version/resource`
@@ -228,7 +241,8 @@ impl Settings {
             .ok_or_else(|| config("--replicate-path must not be empty".to_owned()))?;
         let sentinel_path = normalize_path(&args.sentinel_path)
             .ok_or_else(|| config("--sentinel-path must not be empty".to_owned()))?;
-        if sentinel_path == replicate_path || sentinel_path.starts_with(&format!("{replicate_path}/"))
+        if sentinel_path == replicate_path
+            || sentinel_path.starts_with(&format!("{replicate_path}/"))
         {
             return Err(config(
                 "--sentinel-path must not lie under --replicate-path".to_owned(),
@@ -247,7 +261,10 @@ impl Settings {
         let opa_token = match &args.opa_token_file {
             Some(path) => {
                 let raw = std::fs::read_to_string(path).map_err(|e| {
-                    config(format!("cannot read --opa-token-file {}: {e}", path.display()))
+                    config(format!(
+                        "cannot read --opa-token-file {}: {e}",
+                        path.display()
+                    ))
                 })?;
                 let token = raw.trim();
                 if token.is_empty() {
@@ -278,7 +295,9 @@ impl Settings {
             return Err(config("--workers must be at least 1".to_owned()));
         }
         if args.engine_check_interval.is_zero() {
-            return Err(config("--engine-check-interval must be positive".to_owned()));
+            return Err(config(
+                "--engine-check-interval must be positive".to_owned(),
+            ));
         }
         if args.remediation != RemediationMode::Off && args.remediate.is_empty() {
             return Err(config(
@@ -290,7 +309,11 @@ impl Settings {
             let lease_namespace = args
                 .lease_namespace
                 .clone()
-                .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+                .or_else(|| {
+                    std::env::var("POD_NAMESPACE")
+                        .ok()
+                        .filter(|s| !s.is_empty())
+                })
                 .unwrap_or_else(|| args.policy_namespace.clone());
             let identity = args
                 .identity
@@ -340,8 +363,10 @@ pub(crate) fn parse_label_selector(label: &str) -> Result<(), SyncError> {
         Some((k, v)) => (k.trim(), Some(v.trim())),
         None => (label.trim(), None),
     };
-    let ok_chars =
-        |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b));
+    let ok_chars = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+    };
     if key.is_empty() || !ok_chars(key) || value.is_some_and(|v| !ok_chars(v) || v.contains('/')) {
         return Err(SyncError::Config(format!(
             "--policy-label {label:?} must be key=value or key"
@@ -442,7 +467,12 @@ mod tests {
         let names: Vec<String> = s.replicate.iter().map(|r| r.gvr.to_string()).collect();
         assert_eq!(
             names,
-            ["apps/v1/replicasets", "v1/services", "v1/pods", "federation.example.io/v1/clusters"]
+            [
+                "apps/v1/replicasets",
+                "v1/services",
+                "v1/pods",
+                "federation.example.io/v1/clusters"
+            ]
         );
         assert_eq!(s.replicate[3].scope, ReplicaScope::Cluster);
         assert_eq!(s.replicate[0].scope, ReplicaScope::Namespaced);
@@ -486,7 +516,8 @@ mod tests {
         assert!(dup.to_string().contains("replicated twice"), "{dup}");
         let label = Settings::from_args(args(&["--policy-label=a=b=c"])).unwrap_err();
         assert!(label.to_string().contains("--policy-label"), "{label}");
-        let token = Settings::from_args(args(&["--opa-token-file=/nonexistent/token"])).unwrap_err();
+        let token =
+            Settings::from_args(args(&["--opa-token-file=/nonexistent/token"])).unwrap_err();
         assert!(token.to_string().contains("--opa-token-file"), "{token}");
         let rate = Settings::from_args(args(&["--remediation-rate=-1"])).unwrap_err();
         assert!(rate.to_string().contains("--remediation-rate"), "{rate}");
@@ -499,7 +530,9 @@ mod tests {
             "http://localhost:8181/"
         );
         assert_eq!(
-            parse_opa_url("https://opa.example:8443/proxy/v1/").unwrap().as_str(),
+            parse_opa_url("https://opa.example:8443/proxy/v1/")
+                .unwrap()
+                .as_str(),
             "https://opa.example:8443/proxy"
         );
         assert!(parse_opa_url("ftp://x").is_err());

@@ -119,7 +119,10 @@ mod tests {
     #[test]
     fn paths() {
         let key = ObjectKey::new(Some("default"), "nginx-eu");
-        assert_eq!(type_path("kubernetes", "replicasets"), "kubernetes/replicasets");
+        assert_eq!(
+            type_path("kubernetes", "replicasets"),
+            "kubernetes/replicasets"
+        );
         assert_eq!(type_path("/a/b/", "pods"), "a/b/pods");
         assert_eq!(
             object_path("kubernetes", "replicasets", &key, true),
@@ -177,10 +180,7 @@ mod tests {
         let a = ObjectKey::new(Some("ns1"), "a");
         let b = ObjectKey::new(Some("ns1"), "b");
         let c = ObjectKey::new(Some("ns2"), "c");
-        let doc = type_document(
-            [(a, json!(1)), (b, json!(2)), (c, json!(3))],
-            true,
-        );
+        let doc = type_document([(a, json!(1)), (b, json!(2)), (c, json!(3))], true);
         assert_eq!(doc, json!({"ns1": {"a": 1, "b": 2}, "ns2": {"c": 3}}));
 
         let x = ObjectKey::new(None, "x");

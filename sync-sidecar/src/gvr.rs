@@ -14,7 +14,9 @@ pub struct Gvr {
 
 /// A `[group/]version/resource` flag value that cannot be parsed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid resource type {value:?}: {reason} (expected [group/]version/resource, e.g. apps/v1/replicasets or v1/configmaps)")]
+#[error(
+    "invalid resource type {value:?}: {reason} (expected [group/]version/resource, e.g. apps/v1/replicasets or v1/configmaps)"
+)]
 pub struct GvrParseError {
     pub value: String,
     pub reason: &'static str,
@@ -122,7 +124,8 @@ mod tests {
         ] {
             let err = bad.parse::<Gvr>().unwrap_err();
             assert!(
-                err.to_string().contains("expected [group/]version/resource"),
+                err.to_string()
+                    .contains("expected [group/]version/resource"),
                 "{bad}: {err}"
             );
         }

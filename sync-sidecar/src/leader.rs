@@ -58,7 +58,10 @@ fn set(tx: &watch::Sender<bool>, metrics: &Metrics, leader: bool, settings: &Lea
     }
 }
 
-async fn build(client: &Client, settings: &LeaderSettings) -> Result<LeaseManager, kube_lease_manager::LeaseManagerError> {
+async fn build(
+    client: &Client,
+    settings: &LeaderSettings,
+) -> Result<LeaseManager, kube_lease_manager::LeaseManagerError> {
     let duration = settings.lease_duration.as_secs().max(3);
     let grace = (duration / 3).max(1);
     LeaseManagerBuilder::new(client.clone(), &settings.lease_name)
@@ -89,31 +92,29 @@ async fn campaign(
             _ = cancel.cancelled() => break,
         };
         match manager {
-            Ok(manager) => {
-                loop {
-                    let changed = tokio::select! {
-                        c = manager.changed() => c,
-                        _ = cancel.cancelled() => {
-                            set(&tx, &metrics, false, &settings);
-                            if let Err(e) = manager.release().await {
-                                tracing::warn!(error = %e, "cannot release the remediation Lease");
-                            }
-                            return;
+            Ok(manager) => loop {
+                let changed = tokio::select! {
+                    c = manager.changed() => c,
+                    _ = cancel.cancelled() => {
+                        set(&tx, &metrics, false, &settings);
+                        if let Err(e) = manager.release().await {
+                            tracing::warn!(error = %e, "cannot release the remediation Lease");
                         }
-                    };
-                    match changed {
-                        Ok(leader) => {
-                            delays = backoff.delays();
-                            set(&tx, &metrics, leader, &settings);
-                        }
-                        Err(e) => {
-                            tracing::warn!(error = %e, "leader election error; stepping down until the Lease is confirmed");
-                            set(&tx, &metrics, false, &settings);
-                            break;
-                        }
+                        return;
+                    }
+                };
+                match changed {
+                    Ok(leader) => {
+                        delays = backoff.delays();
+                        set(&tx, &metrics, leader, &settings);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "leader election error; stepping down until the Lease is confirmed");
+                        set(&tx, &metrics, false, &settings);
+                        break;
                     }
                 }
-            }
+            },
             Err(e) => {
                 set(&tx, &metrics, false, &settings);
                 tracing::warn!(error = %e, lease = %settings.lease_name, namespace = %settings.lease_namespace, "cannot set up leader election");

@@ -22,8 +22,8 @@ mod leader;
 pub mod metrics;
 pub mod policies;
 pub mod queue;
-mod replicator;
 pub mod remediator;
+mod replicator;
 pub mod server;
 pub mod state;
 
@@ -131,7 +131,11 @@ impl Sidecar {
 
     /// Run every part until `cancel` (or until one fails for good, e.g. a resource
     /// type whose scope contradicts its flag). Serves HTTP on `listener`.
-    pub async fn run(self, listener: TcpListener, cancel: CancellationToken) -> Result<(), SyncError> {
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        cancel: CancellationToken,
+    ) -> Result<(), SyncError> {
         let Sidecar {
             settings,
             client,
@@ -185,7 +189,11 @@ impl Sidecar {
             changed: trigger.clone(),
         };
         for spec in settings.replicate.clone() {
-            tasks.spawn(replicator::run_type(replicator_ctx.clone(), spec, cancel.clone()));
+            tasks.spawn(replicator::run_type(
+                replicator_ctx.clone(),
+                spec,
+                cancel.clone(),
+            ));
         }
         tasks.spawn(policies::run(
             policies::PolicyLoaderContext {

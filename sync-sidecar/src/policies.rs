@@ -140,7 +140,11 @@ impl ModuleSet {
         let ns_prefix = format!("{}/", self.namespace);
         self.records()
             .keys()
-            .filter_map(|id| id.strip_prefix(&ns_prefix)?.split_once('/').map(|(n, _)| n.to_owned()))
+            .filter_map(|id| {
+                id.strip_prefix(&ns_prefix)?
+                    .split_once('/')
+                    .map(|(n, _)| n.to_owned())
+            })
             .collect()
     }
 
@@ -211,7 +215,11 @@ impl ModuleSet {
         }
         let status = data.map(|_| {
             let records = self.records();
-            PolicyStatus::from_outcomes(desired.keys().filter_map(|id| records.get(id).map(|r| &r.outcome)))
+            PolicyStatus::from_outcomes(
+                desired
+                    .keys()
+                    .filter_map(|id| records.get(id).map(|r| &r.outcome)),
+            )
         });
         Ok(ModuleSync { changed, status })
     }
@@ -240,6 +248,7 @@ struct PolicyLoader {
     store: Store<ConfigMap>,
     modules: ModuleSet,
     gate: Gate,
+    state: Arc<SyncState>,
     metrics: Arc<Metrics>,
     changed: Arc<Notify>,
 }
@@ -281,10 +290,14 @@ impl PolicyLoader {
         let patch = json!({"metadata": {"annotations": {STATUS_ANNOTATION: value}}});
         match self
             .api
-            .patch(&cm.name_any(), &PatchParams {
+            .patch(
+                &cm.name_any(),
+                &PatchParams {
                     field_manager: Some(FIELD_MANAGER.to_owned()),
                     ..PatchParams::default()
-                }, &Patch::Merge(&patch))
+                },
+                &Patch::Merge(&patch),
+            )
             .await
         {
             Ok(_) => Ok(()),
@@ -300,15 +313,16 @@ impl PolicyLoader {
     }
 
     async fn sync_single(&self, name: String) -> Result<(), SyncError> {
-        let Some(_single) = self.gate.single().await else {
+        let Some(_single) = self.gate.single(self.state.epoch()).await else {
             return Ok(());
         };
         self.sync_configmap(&name, false).await
     }
 
-    async fn full_sync(&self) -> Result<(), SyncError> {
+    async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         let _full = self.gate.full().await;
-        let mut names: BTreeSet<String> = self.store.state().iter().map(|cm| cm.name_any()).collect();
+        let mut names: BTreeSet<String> =
+            self.store.state().iter().map(|cm| cm.name_any()).collect();
         names.extend(self.modules.configmaps());
         for name in &names {
             self.sync_configmap(name, true).await?;
@@ -316,7 +330,7 @@ impl PolicyLoader {
         if self.modules.remove_orphans().await? {
             self.changed.notify_one();
         }
-        self.gate.set_loaded();
+        self.gate.set_loaded(epoch);
         tracing::info!(configmaps = names.len(), "policies loaded");
         Ok(())
     }
@@ -336,7 +350,10 @@ pub(crate) struct PolicyLoaderContext {
 }
 
 /// Watch the policy ConfigMaps and keep the engine's modules equal to them until `cancel`.
-pub(crate) async fn run(ctx: PolicyLoaderContext, cancel: CancellationToken) -> Result<(), SyncError> {
+pub(crate) async fn run(
+    ctx: PolicyLoaderContext,
+    cancel: CancellationToken,
+) -> Result<(), SyncError> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let mut config = watcher::Config::default();
     if let Some(label) = &ctx.label {
@@ -353,6 +370,7 @@ pub(crate) async fn run(ctx: PolicyLoaderContext, cancel: CancellationToken) -> 
         store: store.clone(),
         modules: ModuleSet::new(ctx.namespace.clone(), ctx.engine.clone()),
         gate: Gate::default(),
+        state: ctx.state.clone(),
         metrics: ctx.metrics.clone(),
         changed: ctx.changed.clone(),
     });
@@ -388,7 +406,7 @@ pub(crate) async fn run(ctx: PolicyLoaderContext, cancel: CancellationToken) -> 
                     // restarted engine answers "undefined" rather than deciding on
                     // partial data.
                     state.wait_loaded_except(COMPONENT, epoch).await;
-                    loader.full_sync().await
+                    loader.full_sync(epoch).await
                 }
             },
             cancel.clone(),
@@ -436,7 +454,10 @@ mod tests {
     const NS: &str = "kube-federation-scheduling-policy";
 
     fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
     }
 
     async fn decision(engine: &dyn PolicyEngine) -> Option<Value> {
@@ -491,15 +512,30 @@ mod tests {
         let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
         let set = ModuleSet::new(NS, engine.clone());
 
-        let out = set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false).await.unwrap();
-        assert_eq!(out, ModuleSync { changed: true, status: Some(PolicyStatus::Ok) });
+        let out = set
+            .sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            ModuleSync {
+                changed: true,
+                status: Some(PolicyStatus::Ok)
+            }
+        );
         assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
 
         // Unchanged source: nothing to do.
-        let out = set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false).await.unwrap();
+        let out = set
+            .sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
+            .await
+            .unwrap();
         assert!(!out.changed);
 
-        let out = set.sync("placement", Some(&data(&[("main.rego", BROKEN)])), false).await.unwrap();
+        let out = set
+            .sync("placement", Some(&data(&[("main.rego", BROKEN)])), false)
+            .await
+            .unwrap();
         assert!(!out.changed);
         match out.status {
             Some(PolicyStatus::Error { errors }) => {
@@ -508,11 +544,24 @@ mod tests {
             }
             other => panic!("expected an error status, got {other:?}"),
         }
-        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")), "last good version in force");
+        assert_eq!(
+            decision(engine.as_ref()).await,
+            Some(json!("1")),
+            "last good version in force"
+        );
         assert_eq!(set.counts(), (1, 1));
 
-        let out = set.sync("placement", Some(&data(&[("main.rego", BETTER)])), false).await.unwrap();
-        assert_eq!(out, ModuleSync { changed: true, status: Some(PolicyStatus::Ok) });
+        let out = set
+            .sync("placement", Some(&data(&[("main.rego", BETTER)])), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            ModuleSync {
+                changed: true,
+                status: Some(PolicyStatus::Ok)
+            }
+        );
         assert_eq!(decision(engine.as_ref()).await, Some(json!("2")));
         assert_eq!(set.counts(), (1, 0));
     }
@@ -521,8 +570,12 @@ mod tests {
     async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
         let first: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
         let set = ModuleSet::new(NS, first.clone());
-        set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false).await.unwrap();
-        set.sync("placement", Some(&data(&[("main.rego", BROKEN)])), false).await.unwrap();
+        set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
+            .await
+            .unwrap();
+        set.sync("placement", Some(&data(&[("main.rego", BROKEN)])), false)
+            .await
+            .unwrap();
 
         // Same records, new engine: what an engine restart looks like to the loader.
         let fresh: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
@@ -542,21 +595,50 @@ mod tests {
     #[tokio::test]
     async fn removed_keys_configmaps_and_orphans_are_deleted() {
         let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
-        engine.put_policy(&format!("{NS}/old/gone.rego"), "package old\n").await.unwrap();
-        engine.put_policy("elsewhere/keep.rego", "package keep\n").await.unwrap();
-        let set = ModuleSet::new(NS, engine.clone());
-        set.sync("a", Some(&data(&[("one.rego", "package one\n"), ("two.rego", "package two\n")])), false)
+        engine
+            .put_policy(&format!("{NS}/old/gone.rego"), "package old\n")
             .await
             .unwrap();
-        let out = set.sync("a", Some(&data(&[("one.rego", "package one\n")])), false).await.unwrap();
+        engine
+            .put_policy("elsewhere/keep.rego", "package keep\n")
+            .await
+            .unwrap();
+        let set = ModuleSet::new(NS, engine.clone());
+        set.sync(
+            "a",
+            Some(&data(&[
+                ("one.rego", "package one\n"),
+                ("two.rego", "package two\n"),
+            ])),
+            false,
+        )
+        .await
+        .unwrap();
+        let out = set
+            .sync("a", Some(&data(&[("one.rego", "package one\n")])), false)
+            .await
+            .unwrap();
         assert!(out.changed);
         let mut ids = engine.policy_ids().await.unwrap();
         ids.sort();
-        assert_eq!(ids, ["elsewhere/keep.rego".to_owned(), format!("{NS}/a/one.rego"), format!("{NS}/old/gone.rego")]);
+        assert_eq!(
+            ids,
+            [
+                "elsewhere/keep.rego".to_owned(),
+                format!("{NS}/a/one.rego"),
+                format!("{NS}/old/gone.rego")
+            ]
+        );
 
         assert!(set.remove_orphans().await.unwrap());
         let out = set.sync("a", None, false).await.unwrap();
-        assert_eq!(out, ModuleSync { changed: true, status: None });
+        assert_eq!(
+            out,
+            ModuleSync {
+                changed: true,
+                status: None
+            }
+        );
         assert_eq!(engine.policy_ids().await.unwrap(), ["elsewhere/keep.rego"]);
         assert!(set.configmaps().is_empty());
     }

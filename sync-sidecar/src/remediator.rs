@@ -22,7 +22,9 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
-use policy_client::placement::{OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view, plan_patch};
+use policy_client::placement::{
+    OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view, plan_patch,
+};
 use policy_client::{Decision, PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Notify, watch};
@@ -95,7 +97,10 @@ pub fn assess(object: &Value, outcome: &QueryOutcome) -> Assessment {
 }
 
 /// `patch` preceded by a test that the object is still at `resource_version`.
-pub fn guarded_patch(patch: &json_patch::Patch, resource_version: Option<&str>) -> json_patch::Patch {
+pub fn guarded_patch(
+    patch: &json_patch::Patch,
+    resource_version: Option<&str>,
+) -> json_patch::Patch {
     let mut ops = Vec::with_capacity(patch.0.len() + 1);
     if let Some(rv) = resource_version {
         // A test op built from JSON cannot fail to parse.
@@ -125,7 +130,9 @@ impl RateLimiter {
     }
 
     pub async fn acquire(&self) {
-        let Some(interval) = self.interval else { return };
+        let Some(interval) = self.interval else {
+            return;
+        };
         let at = {
             let mut next = self.next.lock().await;
             let at = (*next).max(Instant::now());
@@ -183,11 +190,15 @@ struct Remediator {
 }
 
 /// Watch the workload types and remediate until `cancel`.
-pub(crate) async fn run(ctx: RemediatorContext, cancel: CancellationToken) -> Result<(), SyncError> {
+pub(crate) async fn run(
+    ctx: RemediatorContext,
+    cancel: CancellationToken,
+) -> Result<(), SyncError> {
     let mut targets = Vec::new();
     let mut watchers = Vec::new();
     for gvr in &ctx.types {
-        let Some((resource, _)) = discover_until_found(&ctx.client, gvr, None, &cancel).await? else {
+        let Some((resource, _)) = discover_until_found(&ctx.client, gvr, None, &cancel).await?
+        else {
             return Ok(());
         };
         let writer: Writer<DynamicObject> = Writer::new(resource.clone());
@@ -216,7 +227,11 @@ pub(crate) async fn run(ctx: RemediatorContext, cancel: CancellationToken) -> Re
                 }
             }
         }));
-        targets.push(Target { resource, api, store });
+        targets.push(Target {
+            resource,
+            api,
+            store,
+        });
     }
     for target in &targets {
         tokio::select! {
@@ -334,7 +349,11 @@ impl Remediator {
                 let value = object_value(&object, &self.targets[i].resource);
                 let input = developer_view(&value);
                 let deadline = Instant::now() + self.ctx.query_timeout;
-                let outcome = self.ctx.engine.query(&self.ctx.decision, &input, deadline).await;
+                let outcome = self
+                    .ctx
+                    .engine
+                    .query(&self.ctx.decision, &input, deadline)
+                    .await;
                 (i, object, value, outcome)
             })
             .buffer_unordered(8);
@@ -366,7 +385,8 @@ impl Remediator {
                         "the placement policy reports errors for this object, so it cannot be placed: {}",
                         errors.join("; ")
                     );
-                    self.event(i, &object, EventType::Warning, "PlacementRejected", note).await;
+                    self.event(i, &object, EventType::Warning, "PlacementRejected", note)
+                        .await;
                 }
                 Assessment::Stale { patch, changed } => {
                     if self.ctx.mode == RemediationMode::Auto && self.is_in_flight(i, &object) {
@@ -382,7 +402,8 @@ impl Remediator {
                                 describe(&object, &self.targets[i].resource),
                                 changed.join(", ")
                             );
-                            self.event(i, &object, EventType::Warning, "PlacementStale", note).await;
+                            self.event(i, &object, EventType::Warning, "PlacementStale", note)
+                                .await;
                         }
                         RemediationMode::Auto => {
                             self.limiter.acquire().await;
@@ -393,8 +414,18 @@ impl Remediator {
                             match self.patch(i, &object, &patch).await {
                                 Ok(true) => {
                                     report.patched += 1;
-                                    let note = format!("updated placement annotations: {}", changed.join(", "));
-                                    self.event(i, &object, EventType::Normal, "PlacementRemediated", note).await;
+                                    let note = format!(
+                                        "updated placement annotations: {}",
+                                        changed.join(", ")
+                                    );
+                                    self.event(
+                                        i,
+                                        &object,
+                                        EventType::Normal,
+                                        "PlacementRemediated",
+                                        note,
+                                    )
+                                    .await;
                                 }
                                 Ok(false) => {}
                                 Err(e) => {
@@ -414,17 +445,27 @@ impl Remediator {
                 _ => report.stale,
             };
             self.ctx.metrics.remediation_stale.set(unresolved as i64);
-            self.ctx.metrics.remediation_unplaceable.set(report.unplaceable as i64);
+            self.ctx
+                .metrics
+                .remediation_unplaceable
+                .set(report.unplaceable as i64);
         }
         report
     }
 
     /// PATCH one object; `Ok(false)` when it is gone.
-    async fn patch(&self, i: usize, object: &DynamicObject, patch: &json_patch::Patch) -> Result<bool, SyncError> {
+    async fn patch(
+        &self,
+        i: usize,
+        object: &DynamicObject,
+        patch: &json_patch::Patch,
+    ) -> Result<bool, SyncError> {
         let target = &self.targets[i];
         let name = object.metadata.name.clone().unwrap_or_default();
         let api = match &object.metadata.namespace {
-            Some(ns) => Api::namespaced_with(target.api.clone().into_client(), ns, &target.resource),
+            Some(ns) => {
+                Api::namespaced_with(target.api.clone().into_client(), ns, &target.resource)
+            }
             None => target.api.clone(),
         };
         let rv = object.metadata.resource_version.clone();
@@ -437,7 +478,10 @@ impl Remediator {
             Ok(_) => {
                 self.ctx.metrics.patch(true);
                 if let (Some(key), Some(rv)) = (ObjectKey::of(object), rv) {
-                    self.in_flight.lock().unwrap_or_else(|e| e.into_inner()).insert((i, key), rv);
+                    self.in_flight
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert((i, key), rv);
                 }
                 tracing::info!(object = %describe(object, &target.resource), "remediated placement");
                 Ok(true)
@@ -451,7 +495,9 @@ impl Remediator {
     }
 
     fn is_in_flight(&self, i: usize, object: &DynamicObject) -> bool {
-        let Some(key) = ObjectKey::of(object) else { return false };
+        let Some(key) = ObjectKey::of(object) else {
+            return false;
+        };
         self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -465,7 +511,10 @@ impl Remediator {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|(i, key), rv| {
                 let target = &self.targets[*i];
-                let mut reference = kube::runtime::reflector::ObjectRef::new_with(&key.name, target.resource.clone());
+                let mut reference = kube::runtime::reflector::ObjectRef::new_with(
+                    &key.name,
+                    target.resource.clone(),
+                );
                 if let Some(ns) = &key.namespace {
                     reference = reference.within(ns);
                 }
@@ -476,7 +525,14 @@ impl Remediator {
             });
     }
 
-    async fn event(&self, i: usize, object: &DynamicObject, type_: EventType, reason: &str, note: String) {
+    async fn event(
+        &self,
+        i: usize,
+        object: &DynamicObject,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let reference: ObjectReference = object.object_ref(&self.targets[i].resource);
         let event = Event {
             type_,
@@ -529,7 +585,8 @@ mod tests {
 
     #[test]
     fn unannotated_object_is_stale_and_the_patch_converges() {
-        let object = json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7"}});
+        let object =
+            json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7"}});
         let outcome = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
         let Assessment::Stale { patch, changed } = assess(&object, &outcome) else {
             panic!("expected stale");
@@ -544,7 +601,10 @@ mod tests {
         // Evaluating the patched object again (the webhook on the PATCH, or the next
         // pass) finds it placed: no loop.
         let view = developer_view(&patched);
-        assert!(view["metadata"]["annotations"].get(PREFS).is_none(), "developer asked for nothing");
+        assert!(
+            view["metadata"]["annotations"].get(PREFS).is_none(),
+            "developer asked for nothing"
+        );
         assert_eq!(assess(&patched, &outcome), Assessment::Placed);
     }
 
@@ -554,10 +614,15 @@ mod tests {
         let object = json!({"metadata": {"name": "rs", "annotations": {PREFS: developer_prefs}}});
         // The policy narrows to eu-1.
         let first = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
-        let Assessment::Stale { patch, .. } = assess(&object, &first) else { panic!() };
+        let Assessment::Stale { patch, .. } = assess(&object, &first) else {
+            panic!()
+        };
         let placed = apply(&object, &patch);
         // The developer's request survives in the developer view.
-        assert_eq!(developer_view(&placed)["metadata"]["annotations"][PREFS], developer_prefs);
+        assert_eq!(
+            developer_view(&placed)["metadata"]["annotations"][PREFS],
+            developer_prefs
+        );
         // The policy now allows both: the object goes back to the developer's request.
         let second = decision(developer_prefs);
         let Assessment::Stale { patch, changed } = assess(&placed, &second) else {
@@ -566,7 +631,11 @@ mod tests {
         assert_eq!(changed, [PREFS]);
         let replaced = apply(&placed, &patch);
         assert_eq!(replaced["metadata"]["annotations"][PREFS], developer_prefs);
-        assert!(replaced["metadata"]["annotations"].get(OWNERSHIP_ANNOTATION).is_none());
+        assert!(
+            replaced["metadata"]["annotations"]
+                .get(OWNERSHIP_ANNOTATION)
+                .is_none()
+        );
         assert_eq!(assess(&replaced, &second), Assessment::Placed);
     }
 
@@ -574,16 +643,25 @@ mod tests {
     fn errors_undefined_and_bad_shapes() {
         let object = json!({"metadata": {"name": "rs"}});
         assert_eq!(
-            assess(&object, &QueryOutcome::Defined(json!({"errors": ["no cluster allowed"]}))),
+            assess(
+                &object,
+                &QueryOutcome::Defined(json!({"errors": ["no cluster allowed"]}))
+            ),
             Assessment::Unplaceable(vec!["no cluster allowed".into()])
         );
-        assert_eq!(assess(&object, &QueryOutcome::Undefined), Assessment::Undefined);
+        assert_eq!(
+            assess(&object, &QueryOutcome::Undefined),
+            Assessment::Undefined
+        );
         assert!(matches!(
             assess(&object, &QueryOutcome::Defined(json!("x"))),
             Assessment::Invalid(_)
         ));
         assert!(matches!(
-            assess(&object, &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}}))),
+            assess(
+                &object,
+                &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}}))
+            ),
             Assessment::Invalid(_)
         ));
         assert_eq!(
@@ -599,11 +677,21 @@ mod tests {
         ]))
         .unwrap();
         let guarded = serde_json::to_value(guarded_patch(&patch, Some("42"))).unwrap();
-        assert_eq!(guarded[0], json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"}));
+        assert_eq!(
+            guarded[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
+        );
         assert_eq!(guarded[1]["op"], "add");
         let mut doc = json!({"metadata": {"resourceVersion": "41"}});
         assert!(json_patch::patch(&mut doc, &guarded_patch(&patch, Some("42"))).is_err());
-        assert_eq!(serde_json::to_value(guarded_patch(&patch, None)).unwrap().as_array().unwrap().len(), 1);
+        assert_eq!(
+            serde_json::to_value(guarded_patch(&patch, None))
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
     }
 
     #[tokio::test(start_paused = true)]

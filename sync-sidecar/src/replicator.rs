@@ -78,7 +78,7 @@ impl TypeReplicator {
                 .is_some_and(|ns| self.ctx.ignore_namespaces.contains(ns))
     }
 
-    async fn full_sync(&self) -> Result<(), SyncError> {
+    async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         let _full = self.gate.full().await;
         let objects: Vec<(ObjectKey, serde_json::Value)> = self
             .store
@@ -94,7 +94,7 @@ impl TypeReplicator {
             Ok(()) => {
                 self.ctx.metrics.write_ok(self.label(), "put_document");
                 self.ctx.metrics.set_replicated(self.label(), count);
-                self.gate.set_loaded();
+                self.gate.set_loaded(epoch);
                 self.ctx.changed.notify_one();
                 tracing::info!(resource = %self.label(), objects = count, %path, "replicated the whole type");
                 Ok(())
@@ -107,14 +107,20 @@ impl TypeReplicator {
     }
 
     async fn sync_key(&self, key: ObjectKey) -> Result<(), SyncError> {
-        let Some(_single) = self.gate.single().await else {
-            // The first full sync has not succeeded yet; it will carry this object.
+        let Some(_single) = self.gate.single(self.ctx.state.epoch()).await else {
+            // The full sync for this engine epoch has not succeeded yet; it will
+            // carry this object.
             return Ok(());
         };
         if self.ignored(&key) {
             return Ok(());
         }
-        let path = object_path(&self.ctx.prefix, &self.resource.plural, &key, self.namespaced);
+        let path = object_path(
+            &self.ctx.prefix,
+            &self.resource.plural,
+            &key,
+            self.namespaced,
+        );
         let mut reference = ObjectRef::new_with(&key.name, self.resource.clone());
         if let Some(ns) = &key.namespace {
             reference = reference.within(ns);
@@ -132,7 +138,9 @@ impl TypeReplicator {
         match result {
             Ok(()) => {
                 self.ctx.metrics.write_ok(self.label(), op);
-                self.ctx.metrics.set_replicated(self.label(), self.store.len());
+                self.ctx
+                    .metrics
+                    .set_replicated(self.label(), self.store.len());
                 self.ctx.changed.notify_one();
                 tracing::debug!(resource = %self.label(), %key, op, "replicated");
                 Ok(())
@@ -204,9 +212,9 @@ pub(crate) async fn run_type(
                 let _ = ready_store.wait_until_ready().await;
             },
             relist.clone(),
-            move |_epoch| {
+            move |epoch| {
                 let replicator = replicator.clone();
-                async move { replicator.full_sync().await }
+                async move { replicator.full_sync(epoch).await }
             },
             cancel.clone(),
         ))

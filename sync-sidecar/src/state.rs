@@ -201,8 +201,13 @@ pub async fn check_sentinel(
     token: &str,
     timeout: Duration,
 ) -> SentinelCheck {
-    match engine.query(path, &json!({}), Instant::now() + timeout).await {
-        Ok(QueryOutcome::Defined(value)) if value.get("token").and_then(Value::as_str) == Some(token) => {
+    match engine
+        .query(path, &json!({}), Instant::now() + timeout)
+        .await
+    {
+        Ok(QueryOutcome::Defined(value))
+            if value.get("token").and_then(Value::as_str) == Some(token) =>
+        {
             SentinelCheck::Intact
         }
         Ok(_) => SentinelCheck::Lost,
@@ -264,7 +269,9 @@ pub async fn monitor_engine(
             _ = state.progress.notified(), if !state.is_synced() => {}
             _ = cancel.cancelled() => return,
         }
-        let Some(current) = token.clone() else { continue };
+        let Some(current) = token.clone() else {
+            continue;
+        };
         match check_sentinel(engine.as_ref(), &sentinel_path, &current, check_timeout).await {
             SentinelCheck::Intact => {
                 state.set_engine_up(true);
@@ -272,7 +279,11 @@ pub async fn monitor_engine(
                     let took = epoch_started.elapsed();
                     state.metrics.resync_seconds.set(took.as_secs_f64());
                     state.set_synced(true);
-                    tracing::info!(epoch = state.epoch(), took_ms = took.as_millis() as u64, "engine in sync");
+                    tracing::info!(
+                        epoch = state.epoch(),
+                        took_ms = took.as_millis() as u64,
+                        "engine in sync"
+                    );
                 }
             }
             SentinelCheck::Lost => {

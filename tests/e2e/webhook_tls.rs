@@ -26,7 +26,13 @@ fn replicaset(name: &str, annotations: Value) -> Value {
     })
 }
 
-fn review(uid: &str, operation: &str, object: Option<Value>, old: Option<Value>, extra: Value) -> Value {
+fn review(
+    uid: &str,
+    operation: &str,
+    object: Option<Value>,
+    old: Option<Value>,
+    extra: Value,
+) -> Value {
     let mut request = json!({
         "uid": uid,
         "kind": {"group": "apps", "version": "v1", "kind": "ReplicaSet"},
@@ -52,7 +58,9 @@ fn review(uid: &str, operation: &str, object: Option<Value>, old: Option<Value>,
 
 fn decode_patch(response: &Value) -> Option<Value> {
     let encoded = response["response"]["patch"].as_str()?;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(encoded).expect("patch is base64");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .expect("patch is base64");
     Some(serde_json::from_slice(&bytes).expect("patch is JSON"))
 }
 
@@ -64,42 +72,101 @@ fn apply_patch(object: &Value, patch: &Value) -> Value {
 }
 
 fn placed_clusters(object: &Value) -> Vec<String> {
-    let prefs: Value =
-        serde_json::from_str(object["metadata"]["annotations"][PREFS].as_str().expect("placement annotation"))
-            .expect("placement is JSON");
-    let mut clusters: Vec<String> = prefs["clusters"].as_object().expect("clusters").keys().cloned().collect();
+    let prefs: Value = serde_json::from_str(
+        object["metadata"]["annotations"][PREFS]
+            .as_str()
+            .expect("placement annotation"),
+    )
+    .expect("placement is JSON");
+    let mut clusters: Vec<String> = prefs["clusters"]
+        .as_object()
+        .expect("clusters")
+        .keys()
+        .cloned()
+        .collect();
     clusters.sort();
     clusters
 }
 
 /// The admission cases shared by both engines: (name, review).
 fn cases() -> Vec<(&'static str, Value)> {
-    let eu = replicaset("nginx-eu", json!({EU: "true", PCI: "2", "team": "payments"}));
+    let eu = replicaset(
+        "nginx-eu",
+        json!({EU: "true", PCI: "2", "team": "payments"}),
+    );
     let forbidden = replicaset(
         "nginx-bad",
         json!({EU: "true", PCI: "2", PREFS: r#"{"clusters":{"gce-us-central1":{"weight":1},"gce-europe-west1":{"weight":1}}}"#}),
     );
     let bad_pci = replicaset("nginx-pci", json!({PCI: "high"}));
-    let requested = replicaset("nginx-req", json!({EU: "true", PREFS: r#"{"clusters":{"gce-europe-west2":{"weight":5}},"rebalance":false}"#}));
+    let requested = replicaset(
+        "nginx-req",
+        json!({EU: "true", PREFS: r#"{"clusters":{"gce-europe-west2":{"weight":5}},"rebalance":false}"#}),
+    );
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"}, "spec": {"containers": []}});
     let mut pod_review = review("u-pod", "CREATE", Some(pod), None, json!({}));
     pod_review["request"]["kind"] = json!({"group": "", "version": "v1", "kind": "Pod"});
     pod_review["request"]["resource"] = json!({"group": "", "version": "v1", "resource": "pods"});
     vec![
-        ("create EU/PCI ReplicaSet", review("u-create", "CREATE", Some(eu.clone()), None, json!({}))),
-        ("forbidden clusters", review("u-forbidden", "CREATE", Some(forbidden), None, json!({}))),
-        ("invalid PCI level", review("u-pci", "CREATE", Some(bad_pci), None, json!({}))),
-        ("developer request intersected", review("u-req", "CREATE", Some(requested), None, json!({}))),
-        ("update re-evaluated", review("u-update", "UPDATE", Some(eu.clone()), Some(eu.clone()), json!({}))),
-        ("dry run", review("u-dry", "CREATE", Some(eu.clone()), None, json!({"dryRun": true}))),
-        ("delete untouched", review("u-delete", "DELETE", None, Some(eu.clone()), json!({}))),
-        ("status subresource untouched", review("u-status", "UPDATE", Some(eu.clone()), Some(eu), json!({"subResource": "status"}))),
+        (
+            "create EU/PCI ReplicaSet",
+            review("u-create", "CREATE", Some(eu.clone()), None, json!({})),
+        ),
+        (
+            "forbidden clusters",
+            review("u-forbidden", "CREATE", Some(forbidden), None, json!({})),
+        ),
+        (
+            "invalid PCI level",
+            review("u-pci", "CREATE", Some(bad_pci), None, json!({})),
+        ),
+        (
+            "developer request intersected",
+            review("u-req", "CREATE", Some(requested), None, json!({})),
+        ),
+        (
+            "update re-evaluated",
+            review(
+                "u-update",
+                "UPDATE",
+                Some(eu.clone()),
+                Some(eu.clone()),
+                json!({}),
+            ),
+        ),
+        (
+            "dry run",
+            review(
+                "u-dry",
+                "CREATE",
+                Some(eu.clone()),
+                None,
+                json!({"dryRun": true}),
+            ),
+        ),
+        (
+            "delete untouched",
+            review("u-delete", "DELETE", None, Some(eu.clone()), json!({})),
+        ),
+        (
+            "status subresource untouched",
+            review(
+                "u-status",
+                "UPDATE",
+                Some(eu.clone()),
+                Some(eu),
+                json!({"subResource": "status"}),
+            ),
+        ),
         ("other kinds untouched", pod_review),
     ]
 }
 
 fn embedded_webhook(extra: &[&str]) -> WebhookProcess {
-    let mut args = vec![format!("--policy-dir={}", repo_root().join("policies").display())];
+    let mut args = vec![format!(
+        "--policy-dir={}",
+        repo_root().join("policies").display()
+    )];
     args.extend(extra.iter().map(|s| (*s).to_owned()));
     WebhookProcess::start(&args)
 }
@@ -131,7 +198,10 @@ async fn both_engines_give_the_same_answers() {
         assert_eq!(status_a, 200, "{name}: embedded HTTP {status_a}: {a}");
         assert_eq!(status_b, 200, "{name}: OPA HTTP {status_b}: {b}");
         assert_eq!(a, b, "{name}: engines disagree\nembedded: {a}\nOPA: {b}");
-        assert_eq!(a["response"]["uid"], case["request"]["uid"], "{name}: uid echoed");
+        assert_eq!(
+            a["response"]["uid"], case["request"]["uid"],
+            "{name}: uid echoed"
+        );
     }
 }
 
@@ -146,8 +216,14 @@ async fn admission_cases_on_the_embedded_engine() {
     assert_eq!(status, 200);
     assert_eq!(answer["response"]["allowed"], true);
     assert_eq!(answer["response"]["patchType"], "JSONPatch");
-    let patched = apply_patch(&create["request"]["object"], &decode_patch(&answer).expect("a patch"));
-    assert_eq!(placed_clusters(&patched), vec!["gce-europe-west1", "gce-europe-west2"]);
+    let patched = apply_patch(
+        &create["request"]["object"],
+        &decode_patch(&answer).expect("a patch"),
+    );
+    assert_eq!(
+        placed_clusters(&patched),
+        vec!["gce-europe-west1", "gce-europe-west2"]
+    );
     assert_eq!(patched["metadata"]["annotations"]["team"], "payments");
 
     // Re-reviewing the placed object changes nothing: no patch at all.
@@ -157,28 +233,50 @@ async fn admission_cases_on_the_embedded_engine() {
     again["request"]["object"] = patched.clone();
     let (_, answer) = post_json(&webhook, "/mutate", &again).await;
     assert_eq!(answer["response"]["allowed"], true);
-    assert!(answer["response"].get("patch").is_none(), "idempotent: {answer}");
+    assert!(
+        answer["response"].get("patch").is_none(),
+        "idempotent: {answer}"
+    );
 
     // Errors deny, every message listed.
     let (_, answer) = post_json(&webhook, "/mutate", &cases["forbidden clusters"]).await;
     assert_eq!(answer["response"]["allowed"], false);
     assert_eq!(answer["response"]["status"]["code"], 403);
     let message = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(message.contains("requested replica-set-preferences includes invalid clusters: gce-us-central1"), "{message}");
+    assert!(
+        message.contains(
+            "requested replica-set-preferences includes invalid clusters: gce-us-central1"
+        ),
+        "{message}"
+    );
 
     // The developer's explicit request is intersected, spread evenly, rebalance kept.
     let requested = &cases["developer request intersected"];
     let (_, answer) = post_json(&webhook, "/mutate", requested).await;
-    let patched = apply_patch(&requested["request"]["object"], &decode_patch(&answer).expect("a patch"));
+    let patched = apply_patch(
+        &requested["request"]["object"],
+        &decode_patch(&answer).expect("a patch"),
+    );
     assert_eq!(placed_clusters(&patched), vec!["gce-europe-west2"]);
-    let prefs: Value = serde_json::from_str(patched["metadata"]["annotations"][PREFS].as_str().unwrap()).unwrap();
-    assert_eq!(prefs, json!({"clusters": {"gce-europe-west2": {"weight": 1}}, "rebalance": false}));
+    let prefs: Value =
+        serde_json::from_str(patched["metadata"]["annotations"][PREFS].as_str().unwrap()).unwrap();
+    assert_eq!(
+        prefs,
+        json!({"clusters": {"gce-europe-west2": {"weight": 1}}, "rebalance": false})
+    );
 
     // DELETE, subresources and other kinds pass untouched.
-    for name in ["delete untouched", "status subresource untouched", "other kinds untouched"] {
+    for name in [
+        "delete untouched",
+        "status subresource untouched",
+        "other kinds untouched",
+    ] {
         let (_, answer) = post_json(&webhook, "/mutate", &cases[name]).await;
         assert_eq!(answer["response"]["allowed"], true, "{name}");
-        assert!(answer["response"].get("patch").is_none(), "{name}: {answer}");
+        assert!(
+            answer["response"].get("patch").is_none(),
+            "{name}: {answer}"
+        );
     }
 
     // /validate enforces errors but never patches.
@@ -196,11 +294,16 @@ async fn admission_cases_on_the_embedded_engine() {
     assert_eq!(ready.status().as_u16(), 200);
     let metrics = webhook.metrics().await;
     assert!(
-        metrics.contains(r#"placement_webhook_admission_requests_total{operation="CREATE",outcome="patched"}"#),
+        metrics.contains(
+            r#"placement_webhook_admission_requests_total{operation="CREATE",outcome="patched"}"#
+        ),
         "{metrics}"
     );
     assert!(metrics.contains(r#"outcome="denied""#), "{metrics}");
-    assert!(metrics.contains("placement_webhook_admission_duration_seconds_bucket"), "{metrics}");
+    assert!(
+        metrics.contains("placement_webhook_admission_duration_seconds_bucket"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -208,15 +311,22 @@ async fn malformed_reviews_get_named_errors() {
     let webhook = embedded_webhook(&["--max-request-bytes=20000"]);
     let (status, body) = webhook.post("/mutate", b"{not json".to_vec()).await;
     assert_eq!(status, 400);
-    assert!(body.contains("malformed AdmissionReview: body is not JSON"), "{body}");
+    assert!(
+        body.contains("malformed AdmissionReview: body is not JSON"),
+        "{body}"
+    );
 
     let v1beta1 = json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {"uid": "x"}});
-    let (status, body) = webhook.post("/mutate", serde_json::to_vec(&v1beta1).unwrap()).await;
+    let (status, body) = webhook
+        .post("/mutate", serde_json::to_vec(&v1beta1).unwrap())
+        .await;
     assert_eq!(status, 400);
     assert!(body.contains("admission.k8s.io/v1"), "{body}");
 
     let no_uid = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"operation": "CREATE"}});
-    let (status, body) = webhook.post("/mutate", serde_json::to_vec(&no_uid).unwrap()).await;
+    let (status, body) = webhook
+        .post("/mutate", serde_json::to_vec(&no_uid).unwrap())
+        .await;
     assert_eq!(status, 400);
     assert!(body.contains("no request.uid"), "{body}");
 
@@ -225,11 +335,19 @@ async fn malformed_reviews_get_named_errors() {
     assert_eq!(status, 200);
     assert_eq!(answer["response"]["uid"], "b1");
     assert_eq!(answer["response"]["allowed"], false);
-    assert!(answer["response"]["status"]["message"].as_str().unwrap().contains("malformed AdmissionReview request"));
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("malformed AdmissionReview request")
+    );
 
     let huge = replicaset("big", json!({"filler": "x".repeat(30_000)}));
     let (status, body) = webhook
-        .post("/mutate", serde_json::to_vec(&review("u-big", "CREATE", Some(huge), None, json!({}))).unwrap())
+        .post(
+            "/mutate",
+            serde_json::to_vec(&review("u-big", "CREATE", Some(huge), None, json!({}))).unwrap(),
+        )
         .await;
     assert_eq!(status, 413);
     assert!(body.contains("limit of 20000 bytes"), "{body}");
@@ -241,7 +359,11 @@ async fn engine_failures_fail_closed_when_policies_exist() {
     opa.load_shipped_policies(true).await;
     // Without API access the webhook cannot see policy ConfigMaps, so it must
     // assume they exist and fail closed.
-    let webhook = opa_webhook(&opa, &["--engine-deadline=1500ms", "--engine-timeout=500ms"]).await;
+    let webhook = opa_webhook(
+        &opa,
+        &["--engine-deadline=1500ms", "--engine-timeout=500ms"],
+    )
+    .await;
     let case = cases().remove(0).1;
     let (_, answer) = post_json(&webhook, "/mutate", &case).await;
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
@@ -252,8 +374,14 @@ async fn engine_failures_fail_closed_when_policies_exist() {
     assert_eq!(answer["response"]["allowed"], false, "{answer}");
     assert_eq!(answer["response"]["status"]["code"], 503);
     let message = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(message.contains("the policy engine is unavailable"), "{message}");
-    assert!(message.contains("attempts"), "retried before giving up: {message}");
+    assert!(
+        message.contains("the policy engine is unavailable"),
+        "{message}"
+    );
+    assert!(
+        message.contains("attempts"),
+        "retried before giving up: {message}"
+    );
 
     // A fresh OPA without policies answers "undefined": never read as "no annotations".
     opa.restart();
@@ -263,7 +391,10 @@ async fn engine_failures_fail_closed_when_policies_exist() {
     assert!(message.contains("no decision"), "{message}");
     let metrics = webhook.metrics().await;
     assert!(metrics.contains(r#"outcome="failed_closed""#), "{metrics}");
-    assert!(!webhook.log().contains(opa.token()), "the OPA token must never be logged");
+    assert!(
+        !webhook.log().contains(opa.token()),
+        "the OPA token must never be logged"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -293,7 +424,10 @@ async fn no_policies_fail_open_with_a_warning() {
     assert_eq!(answer["response"]["allowed"], true, "{answer}");
     assert!(answer["response"].get("patch").is_none());
     let warning = answer["response"]["warnings"][0].as_str().unwrap();
-    assert!(warning.contains("admitted unchanged because no placement policy exists"), "{warning}");
+    assert!(
+        warning.contains("admitted unchanged because no placement policy exists"),
+        "{warning}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -309,7 +443,10 @@ async fn bad_policy_output_is_a_named_error() {
     assert_eq!(status, 200);
     assert_eq!(answer["response"]["allowed"], false, "{answer}");
     let message = answer["response"]["status"]["message"].as_str().unwrap();
-    assert!(message.contains("invalid annotation key \"not a/valid/key\""), "{message}");
+    assert!(
+        message.contains("invalid annotation key \"not a/valid/key\""),
+        "{message}"
+    );
 }
 
 #[test]
@@ -319,10 +456,17 @@ fn review_command_prints_the_placed_object() {
         .args(["review", "-o", "json", "examples/replicaset-eu-pci.yaml"])
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let out: Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(out["review"]["response"]["allowed"], true);
-    assert_eq!(placed_clusters(&out["object"]), vec!["gce-europe-west1", "gce-europe-west2"]);
+    assert_eq!(
+        placed_clusters(&out["object"]),
+        vec!["gce-europe-west1", "gce-europe-west2"]
+    );
 
     let output = std::process::Command::new(project_bin("placement-webhook"))
         .current_dir(repo_root())
@@ -331,5 +475,8 @@ fn review_command_prints_the_placed_object() {
         .unwrap();
     assert_eq!(output.status.code(), Some(3), "denials exit 3");
     let text = String::from_utf8_lossy(&output.stdout);
-    assert!(text.contains("includes invalid clusters: gce-us-central1"), "{text}");
+    assert!(
+        text.contains("includes invalid clusters: gce-us-central1"),
+        "{text}"
+    );
 }

@@ -63,6 +63,7 @@ pub struct ControlPlane {
     etcd: Mutex<Process>,
     apiserver: Mutex<Process>,
     apiserver_args: Vec<String>,
+    examples_loaded: Mutex<bool>,
     pub apiserver_port: u16,
     pub etcd_port: u16,
 }
@@ -72,8 +73,22 @@ impl ControlPlane {
     /// own namespaces). Started on first use; its processes end with the test
     /// process.
     pub fn shared() -> &'static ControlPlane {
-        static SHARED: OnceLock<ControlPlane> = OnceLock::new();
-        SHARED.get_or_init(ControlPlane::start)
+        // A failed start is remembered, so the other tests fail at once instead
+        // of each starting (and failing) a control plane of its own.
+        static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
+        let started = SHARED.get_or_init(|| {
+            std::panic::catch_unwind(ControlPlane::start).map_err(|panic| {
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "unknown panic".to_owned())
+            })
+        });
+        match started {
+            Ok(plane) => plane,
+            Err(message) => panic!("the shared control plane did not start: {message}"),
+        }
     }
 
     /// A control plane of one's own (for tests that restart the API server).
@@ -95,8 +110,11 @@ impl ControlPlane {
             "--unsafe-no-fsync=true".into(),
             "--log-level=warn".into(),
         ];
-        let etcd = Process::spawn("etcd", &peer("etcd"), &etcd_args, &dir.join("etcd.log")).expect("start etcd");
-        wait_for("etcd to listen", Duration::from_secs(60), || port_open(etcd_port).then_some(()));
+        let etcd = Process::spawn("etcd", &peer("etcd"), &etcd_args, &dir.join("etcd.log"))
+            .expect("start etcd");
+        wait_for("etcd to listen", Duration::from_secs(60), || {
+            port_open(etcd_port).then_some(())
+        });
 
         // Serving certificate of the API server, from our own CA.
         let ca = placement_certs::Ca::generate("testbed-apiserver-ca").expect("apiserver CA");
@@ -109,6 +127,7 @@ impl ControlPlane {
         // Service account signing key (ECDSA P-256).
         let sa_key = rcgen::KeyPair::generate().expect("service account key");
         write(&dir.join("sa.key"), &sa_key.serialize_pem());
+        write(&dir.join("sa.pub"), &sa_key.public_key_pem());
         // Static tokens, one per identity.
         let tokens: Vec<String> = Identity::all()
             .iter()
@@ -123,12 +142,21 @@ impl ControlPlane {
             format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
             format!("--cert-dir={}", dir.join("apiserver-certs").display()),
             format!("--tls-cert-file={}", dir.join("apiserver.crt").display()),
-            format!("--tls-private-key-file={}", dir.join("apiserver.key").display()),
+            format!(
+                "--tls-private-key-file={}",
+                dir.join("apiserver.key").display()
+            ),
             format!("--token-auth-file={}", dir.join("tokens.csv").display()),
             "--authorization-mode=RBAC".into(),
             format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}"),
-            format!("--service-account-key-file={}", dir.join("sa.key").display()),
-            format!("--service-account-signing-key-file={}", dir.join("sa.key").display()),
+            format!(
+                "--service-account-key-file={}",
+                dir.join("sa.pub").display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                dir.join("sa.key").display()
+            ),
             "--service-cluster-ip-range=10.0.0.0/24".into(),
             "--allow-privileged=true".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
@@ -148,6 +176,7 @@ impl ControlPlane {
             etcd: Mutex::new(etcd),
             apiserver: Mutex::new(apiserver),
             apiserver_args,
+            examples_loaded: Mutex::new(false),
             apiserver_port,
             etcd_port,
         };
@@ -188,9 +217,10 @@ impl ControlPlane {
     pub async fn client(&self, identity: Identity) -> kube::Client {
         crate::install_crypto();
         let kubeconfig = Kubeconfig::read_from(self.kubeconfig(identity)).expect("read kubeconfig");
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-            .await
-            .expect("kubeconfig");
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .expect("kubeconfig");
         kube::Client::try_from(config).expect("kube client")
     }
 
@@ -201,7 +231,10 @@ impl ControlPlane {
 
     pub fn kubectl_as(&self, identity: Identity, args: &[&str]) -> Output {
         std::process::Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", self.kubeconfig(identity).display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                self.kubeconfig(identity).display()
+            ))
             .arg("--request-timeout=30s")
             .args(args)
             .output()
@@ -212,7 +245,10 @@ impl ControlPlane {
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         use std::io::Write;
         let mut child = std::process::Command::new("kubectl")
-            .arg(format!("--kubeconfig={}", self.kubeconfig(Identity::Admin).display()))
+            .arg(format!(
+                "--kubeconfig={}",
+                self.kubeconfig(Identity::Admin).display()
+            ))
             .arg("--request-timeout=30s")
             .args(args)
             .stdin(std::process::Stdio::piped())
@@ -252,7 +288,8 @@ impl ControlPlane {
                 );
             }
             let out = self.kubectl(&["get", "--raw=/readyz"]);
-            (out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok").then_some(())
+            (out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
+                .then_some(())
         });
     }
 
@@ -275,9 +312,11 @@ impl ControlPlane {
     pub fn restart_apiserver(&self, while_down: impl FnOnce()) {
         let mut apiserver = self.apiserver.lock().unwrap_or_else(|p| p.into_inner());
         apiserver.terminate(Duration::from_secs(20));
-        wait_for("kube-apiserver port to close", Duration::from_secs(30), || {
-            (!port_open(self.apiserver_port)).then_some(())
-        });
+        wait_for(
+            "kube-apiserver port to close",
+            Duration::from_secs(30),
+            || (!port_open(self.apiserver_port)).then_some(()),
+        );
         while_down();
         *apiserver = Process::spawn(
             "kube-apiserver",
@@ -292,7 +331,11 @@ impl ControlPlane {
 
     /// Whether etcd is still running (for diagnostics).
     pub fn etcd_running(&self) -> bool {
-        !self.etcd.lock().unwrap_or_else(|p| p.into_inner()).has_exited()
+        !self
+            .etcd
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .has_exited()
     }
 
     /// A namespace for one test, labelled so that only that test's webhook
@@ -302,7 +345,147 @@ impl ControlPlane {
             "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    placement-test: {name}\n"
         );
         let out = self.kubectl_stdin(&["apply", "-f", "-"], &manifest);
-        assert!(out.status.success(), "create namespace {name}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "create namespace {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl ControlPlane {
+    /// A policy namespace of one's own (so tests don't see each other's policy
+    /// ConfigMaps), with the Roles and RoleBindings `deploy/rbac.yaml` grants in
+    /// the real policy namespace.
+    pub fn create_policy_namespace(&self, name: &str) {
+        let manifest = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n");
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], &manifest);
+        assert!(
+            out.status.success(),
+            "create namespace {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rbac = std::fs::read_to_string(repo_root().join("deploy/rbac.yaml"))
+            .expect("read deploy/rbac.yaml");
+        let mut items = Vec::new();
+        for document in yaml_serde::Deserializer::from_str(&rbac) {
+            let mut doc: serde_json::Value =
+                serde::Deserialize::deserialize(document).expect("rbac.yaml is YAML");
+            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
+            let in_policy_ns = doc["metadata"]["namespace"].as_str() == Some(POLICY_NAMESPACE);
+            if (kind == "Role" || kind == "RoleBinding") && in_policy_ns {
+                doc["metadata"]["namespace"] = serde_json::Value::String(name.to_owned());
+                items.push(doc);
+            }
+        }
+        assert!(
+            !items.is_empty(),
+            "deploy/rbac.yaml grants nothing in {POLICY_NAMESPACE}"
+        );
+        let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
+        assert!(
+            out.status.success(),
+            "grant policy namespace {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The example Cluster objects of `examples/clusters.yaml`, with their
+    /// status, created once per control plane.
+    pub fn ensure_example_clusters(&self) {
+        let mut done = self
+            .examples_loaded
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *done {
+            return;
+        }
+        let file = repo_root().join("examples/clusters.yaml");
+        self.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
+        let text = std::fs::read_to_string(&file).expect("read examples/clusters.yaml");
+        for document in yaml_serde::Deserializer::from_str(&text) {
+            let doc: serde_json::Value =
+                serde::Deserialize::deserialize(document).expect("clusters.yaml is YAML");
+            let name = doc["metadata"]["name"].as_str().expect("cluster name");
+            let status = serde_json::json!({"status": doc["status"]}).to_string();
+            self.kubectl_ok(&[
+                "patch",
+                &format!("clusters.placement-policy.io/{name}"),
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &status,
+            ]);
+        }
+        *done = true;
+    }
+
+    /// Cluster objects matching a label selector, as the sync sidecar would
+    /// replicate them (`metadata.managedFields` stripped).
+    pub fn clusters(&self, selector: &str) -> Vec<serde_json::Value> {
+        let text = self.kubectl_ok(&[
+            "get",
+            "clusters.placement-policy.io",
+            "-l",
+            selector,
+            "-o",
+            "json",
+        ]);
+        let list: serde_json::Value = serde_json::from_str(&text).expect("cluster list JSON");
+        list["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|mut item| {
+                if let Some(meta) = item["metadata"].as_object_mut() {
+                    meta.remove("managedFields");
+                }
+                item
+            })
+            .collect()
+    }
+
+    /// Register a `MutatingWebhookConfiguration` named `name` that sends
+    /// CREATE/UPDATE of ReplicaSets and Deployments in namespaces labelled
+    /// `placement-test=<name>` to `url`, trusting `ca_pem`.
+    pub fn register_webhook(&self, name: &str, url: &str, ca_pem: &str, policy_namespace: &str) {
+        let config = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name},
+            "webhooks": [{
+                "name": "placement.placement-policy.io",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"url": url, "caBundle": placement_certs::ca_bundle(ca_pem)},
+                "rules": [{
+                    "apiGroups": ["apps"],
+                    "apiVersions": ["v1"],
+                    "operations": ["CREATE", "UPDATE"],
+                    "resources": ["replicasets", "deployments"],
+                    "scope": "Namespaced"
+                }],
+                "namespaceSelector": {
+                    "matchLabels": {"placement-test": name},
+                    "matchExpressions": [{
+                        "key": "kubernetes.io/metadata.name",
+                        "operator": "NotIn",
+                        "values": [policy_namespace, SYSTEM_NAMESPACE]
+                    }]
+                },
+                "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": 10,
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never"
+            }]
+        });
+        let out = self.kubectl_stdin(&["apply", "-f", "-"], &config.to_string());
+        assert!(
+            out.status.success(),
+            "register webhook {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
 

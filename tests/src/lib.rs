@@ -10,6 +10,7 @@
 //! when the test process dies, so nothing outlives a failed test.
 
 pub mod control_plane;
+pub mod fault_proxy;
 pub mod opa;
 pub mod process;
 pub mod webhook;
@@ -18,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-pub use control_plane::{ControlPlane, Identity};
+pub use control_plane::{ControlPlane, Identity, POLICY_NAMESPACE, SYSTEM_NAMESPACE};
+pub use fault_proxy::FaultProxy;
 pub use opa::OpaServer;
 pub use process::{Process, free_port, port_open, wait_for};
 pub use webhook::WebhookProcess;
@@ -51,7 +53,11 @@ pub fn assets() -> &'static Path {
 /// Path of a peer binary from [`assets`].
 pub fn peer(name: &str) -> PathBuf {
     let path = assets().join(name);
-    assert!(path.exists(), "{} is missing; run scripts/testbed assets", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing; run scripts/testbed assets",
+        path.display()
+    );
     path
 }
 

@@ -54,7 +54,9 @@ impl OpaServer {
         let process = Process::spawn("opa", &peer("opa"), &args, &log).expect("start opa");
         self.process = Some(process);
         let port = self.port;
-        wait_for("OPA to listen", Duration::from_secs(60), || port_open(port).then_some(()));
+        wait_for("OPA to listen", Duration::from_secs(60), || {
+            port_open(port).then_some(())
+        });
     }
 
     pub fn url(&self) -> String {
@@ -78,7 +80,9 @@ impl OpaServer {
             process.kill();
         }
         let port = self.port;
-        wait_for("OPA port to close", Duration::from_secs(10), || (!port_open(port)).then_some(()));
+        wait_for("OPA port to close", Duration::from_secs(10), || {
+            (!port_open(port)).then_some(())
+        });
     }
 
     /// Start a fresh OPA on the same port (empty: no policies, no data).
@@ -108,18 +112,29 @@ impl OpaServer {
         let dir = crate::repo_root().join("policies");
         for entry in std::fs::read_dir(&dir).expect("read policies/") {
             let path = entry.expect("dir entry").path();
-            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_owned();
+            let name = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or_default()
+                .to_owned();
             if name.ends_with(".rego") && !name.ends_with("_test.rego") {
                 let source = std::fs::read_to_string(&path).expect("read policy");
-                client.put_policy(&format!("shipped/{name}"), &source).await.expect("load policy into OPA");
+                client
+                    .put_policy(&format!("shipped/{name}"), &source)
+                    .await
+                    .expect("load policy into OPA");
             }
         }
         if with_example_clusters {
             let data: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(dir.join("kubernetes/clusters/data.json")).expect("read example clusters"),
+                &std::fs::read_to_string(dir.join("kubernetes/clusters/data.json"))
+                    .expect("read example clusters"),
             )
             .expect("example clusters JSON");
-            client.put_data("kubernetes/clusters", &data).await.expect("load clusters into OPA");
+            client
+                .put_data("kubernetes/clusters", &data)
+                .await
+                .expect("load clusters into OPA");
         }
     }
 }

@@ -37,7 +37,12 @@ fn spawner() -> &'static mpsc::Sender<SpawnRequest> {
 
 impl Process {
     /// Start `program` with `args`, stdout and stderr going to `log`.
-    pub fn spawn(name: &str, program: &Path, args: &[String], log: &Path) -> std::io::Result<Process> {
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+    ) -> std::io::Result<Process> {
         Self::spawn_with_env(name, program, args, &[], log)
     }
 
@@ -157,7 +162,10 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
         if let Some(value) = check() {
             return value;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
 }

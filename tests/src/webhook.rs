@@ -21,8 +21,11 @@ impl WebhookProcess {
     /// serving certificate generated for it (passed as `--tls-cert/--tls-key`).
     pub fn start(args: &[String]) -> WebhookProcess {
         let dir = scratch_dir("webhook");
-        let paths = placement_certs::generate_to_dir(&dir.join("certs"), &["127.0.0.1".into(), "localhost".into()])
-            .expect("webhook certificates");
+        let paths = placement_certs::generate_to_dir(
+            &dir.join("certs"),
+            &["127.0.0.1".into(), "localhost".into()],
+        )
+        .expect("webhook certificates");
         let mut full: Vec<String> = vec![
             "serve".into(),
             "--listen=127.0.0.1:0".into(),
@@ -31,7 +34,10 @@ impl WebhookProcess {
             format!("--tls-key={}", paths.key.display()),
         ];
         full.extend(args.iter().cloned());
-        let env = vec![("RUST_LOG".to_owned(), "info,placement_webhook=debug,policy_client=debug".to_owned())];
+        let env = vec![(
+            "RUST_LOG".to_owned(),
+            "info,placement_webhook=debug,policy_client=debug".to_owned(),
+        )];
         let mut process = Process::spawn_with_env(
             "placement-webhook",
             &project_bin("placement-webhook"),
@@ -40,10 +46,18 @@ impl WebhookProcess {
             &dir.join("webhook.log"),
         )
         .expect("start placement-webhook");
-        let (admission_addr, metrics_addr) = wait_for("placement-webhook to listen", Duration::from_secs(60), || {
-            assert!(!process.has_exited(), "placement-webhook exited:\n{}", process.log());
-            parse_listening(&process.log())
-        });
+        let (admission_addr, metrics_addr) = wait_for(
+            "placement-webhook to listen",
+            Duration::from_secs(60),
+            || {
+                assert!(
+                    !process.has_exited(),
+                    "placement-webhook exited:\n{}",
+                    process.log()
+                );
+                parse_listening(&process.log())
+            },
+        );
         let ca_pem = std::fs::read_to_string(&paths.ca).expect("read webhook CA");
         WebhookProcess {
             process,
@@ -66,7 +80,9 @@ impl WebhookProcess {
     pub fn https_client(&self) -> reqwest::Client {
         crate::install_crypto();
         reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).expect("CA PEM"))
+            .add_root_certificate(
+                reqwest::Certificate::from_pem(self.ca_pem.as_bytes()).expect("CA PEM"),
+            )
             .timeout(Duration::from_secs(30))
             .build()
             .expect("HTTPS client")
@@ -104,8 +120,20 @@ impl WebhookProcess {
 /// Parse "admission on https://ADDR, metrics on http://ADDR/metrics".
 fn parse_listening(log: &str) -> Option<(SocketAddr, SocketAddr)> {
     let line = log.lines().find(|l| l.contains("admission on https://"))?;
-    let admission = line.split("admission on https://").nth(1)?.split(',').next()?.parse().ok()?;
-    let metrics = line.split("metrics on http://").nth(1)?.split('/').next()?.parse().ok()?;
+    let admission = line
+        .split("admission on https://")
+        .nth(1)?
+        .split(',')
+        .next()?
+        .parse()
+        .ok()?;
+    let metrics = line
+        .split("metrics on http://")
+        .nth(1)?
+        .split('/')
+        .next()?
+        .parse()
+        .ok()?;
     Some((admission, metrics))
 }
 

@@ -124,14 +124,16 @@ impl Admission {
         let parsed = match parse(body) {
             Ok(parsed) => parsed,
             Err(e) => {
-                self.metrics.observe("UNKNOWN", Outcome::Malformed, started.elapsed());
+                self.metrics
+                    .observe("UNKNOWN", Outcome::Malformed, started.elapsed());
                 return Err(e);
             }
         };
         let response = match parsed {
             Parsed::Request(request) => self.review(&request, mode).await,
             Parsed::Malformed { uid, message } => {
-                self.metrics.observe("UNKNOWN", Outcome::Malformed, started.elapsed());
+                self.metrics
+                    .observe("UNKNOWN", Outcome::Malformed, started.elapsed());
                 AdmissionResponse::deny(&uid, 400, "BadRequest", message)
             }
         };
@@ -152,7 +154,10 @@ impl Admission {
         // DELETE and CONNECT carry nothing to place; subresources (status, scale)
         // cannot change annotations.
         if !matches!(request.operation, Operation::Create | Operation::Update)
-            || request.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
+            || request
+                .sub_resource
+                .as_deref()
+                .is_some_and(|s| !s.is_empty())
         {
             return (AdmissionResponse::allow(uid), Outcome::Skipped);
         }
@@ -162,26 +167,27 @@ impl Admission {
                     uid,
                     400,
                     "BadRequest",
-                    format!("malformed AdmissionReview request: {} without an object", request.operation.as_str()),
+                    format!(
+                        "malformed AdmissionReview request: {} without an object",
+                        request.operation.as_str()
+                    ),
                 ),
                 Outcome::Malformed,
             );
         };
         match self.place(request, object).await {
             Ok(Placement::Denied(errors)) => {
-                let message = format!(
-                    "placement policy denied the request: {}",
-                    errors.join("; ")
-                );
+                let message = format!("placement policy denied the request: {}", errors.join("; "));
                 self.events.emit(request, "PlacementDenied", &message);
                 (
                     AdmissionResponse::deny(uid, 403, "Forbidden", message),
                     Outcome::Denied,
                 )
             }
-            Ok(Placement::Patch(Some(patch))) if mode == Mode::Mutate => {
-                (AdmissionResponse::allow(uid).with_patch(&patch), Outcome::Patched)
-            }
+            Ok(Placement::Patch(Some(patch))) if mode == Mode::Mutate => (
+                AdmissionResponse::allow(uid).with_patch(&patch),
+                Outcome::Patched,
+            ),
             Ok(Placement::Patch(Some(_))) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
             Ok(Placement::Patch(None)) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
             Err(failure) => self.guard(request, failure),
@@ -189,14 +195,20 @@ impl Admission {
     }
 
     /// Fail closed iff policies exist.
-    fn guard(&self, request: &AdmissionRequest, failure: PlacementFailure) -> (AdmissionResponse, Outcome) {
+    fn guard(
+        &self,
+        request: &AdmissionRequest,
+        failure: PlacementFailure,
+    ) -> (AdmissionResponse, Outcome) {
         if let PlacementFailure::EngineUnavailable(e) = &failure {
             self.metrics.engine_error(e.kind());
         }
         let uid = request.uid.as_str();
         let where_ = self.presence.describe();
         if self.presence.policies_exist() {
-            let message = format!("placement-policy: {failure}; denying because placement policies exist ({where_})");
+            let message = format!(
+                "placement-policy: denied because placement policies exist ({where_}) and {failure}"
+            );
             tracing::warn!(uid, reason = failure.reason(), "{message}");
             self.events.emit(request, failure.reason(), &message);
             (
@@ -204,7 +216,9 @@ impl Admission {
                 Outcome::FailedClosed,
             )
         } else {
-            let message = format!("placement-policy: {failure}; admitted unchanged because no placement policy exists ({where_})");
+            let message = format!(
+                "placement-policy: admitted unchanged because no placement policy exists ({where_}), although {failure}"
+            );
             tracing::warn!(uid, reason = failure.reason(), "{message}");
             self.events.emit(request, failure.reason(), &message);
             (
@@ -214,7 +228,11 @@ impl Admission {
         }
     }
 
-    async fn place(&self, request: &AdmissionRequest, object: &Value) -> Result<Placement, PlacementFailure> {
+    async fn place(
+        &self,
+        request: &AdmissionRequest,
+        object: &Value,
+    ) -> Result<Placement, PlacementFailure> {
         let input = policy_input(request, object);
         let deadline = Instant::now() + self.settings.engine_deadline;
         let outcome = self

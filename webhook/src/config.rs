@@ -17,7 +17,9 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config file {path} is not in the expected format {{\"EnforceSchedulingPolicy\": {{\"url\": ..., \"token\": ...}}}}: {message}")]
+    #[error(
+        "config file {path} is not in the expected format {{\"EnforceSchedulingPolicy\": {{\"url\": ..., \"token\": ...}}}}: {message}"
+    )]
     ConfigFile { path: PathBuf, message: String },
     #[error("invalid OPA URL {url:?}: {message}")]
     Url { url: String, message: String },
@@ -30,7 +32,11 @@ pub enum ConfigError {
 }
 
 #[derive(Debug, Parser)]
-#[command(name = "placement-webhook", version, about = "Kubernetes admission webhook that places workloads by Rego policy")]
+#[command(
+    name = "placement-webhook",
+    version,
+    about = "Kubernetes admission webhook that places workloads by Rego policy"
+)]
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "PLACEMENT_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -108,7 +114,11 @@ pub struct ServeArgs {
     #[arg(long, env = "PLACEMENT_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
     /// Namespace whose ConfigMaps are the policies (fail closed iff one exists).
-    #[arg(long, env = "PLACEMENT_POLICY_NAMESPACE", default_value = "kube-federation-scheduling-policy")]
+    #[arg(
+        long,
+        env = "PLACEMENT_POLICY_NAMESPACE",
+        default_value = "kube-federation-scheduling-policy"
+    )]
     pub policy_namespace: String,
     /// Only ConfigMaps matching this label selector count as policies.
     #[arg(long, env = "PLACEMENT_POLICY_LABEL")]
@@ -208,14 +218,18 @@ impl EngineArgs {
         };
         let url = self.opa_url.clone().or(seed_url);
         let Some(url) = url else {
-            let engine = Embedded::from_dir(&self.policy_dir).map_err(|e| ConfigError::Policies {
-                dir: self.policy_dir.clone(),
-                message: e.to_string(),
-            })?;
+            let engine =
+                Embedded::from_dir(&self.policy_dir).map_err(|e| ConfigError::Policies {
+                    dir: self.policy_dir.clone(),
+                    message: e.to_string(),
+                })?;
             let modules = engine.module_count();
             return Ok(ResolvedEngine {
                 engine: Arc::new(engine),
-                decision_path: self.decision.clone().unwrap_or_else(|| DEFAULT_DECISION_PATH.to_owned()),
+                decision_path: self
+                    .decision
+                    .clone()
+                    .unwrap_or_else(|| DEFAULT_DECISION_PATH.to_owned()),
                 kind: EngineKind::Embedded {
                     dir: self.policy_dir.clone(),
                     modules,
@@ -288,14 +302,18 @@ pub fn split_decision_url(url: &str) -> Result<(Url, Option<String>), ConfigErro
     let Some(index) = path.find("/v1/data") else {
         return Ok((parsed, None));
     };
-    let decision = path[index + "/v1/data".len()..].trim_matches('/').to_owned();
+    let decision = path[index + "/v1/data".len()..]
+        .trim_matches('/')
+        .to_owned();
     parsed.set_path(&path[..index]);
     Ok((parsed, (!decision.is_empty()).then_some(decision)))
 }
 
 fn redact_userinfo(url: &str) -> String {
     match (url.find("://"), url.find('@')) {
-        (Some(scheme), Some(at)) if at > scheme => format!("{}://<redacted>@{}", &url[..scheme], &url[at + 1..]),
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}://<redacted>@{}", &url[..scheme], &url[at + 1..])
+        }
         _ => url.to_owned(),
     }
 }
@@ -316,14 +334,21 @@ mod tests {
 
     #[test]
     fn seed_url_splits_into_base_and_decision() {
-        let (base, decision) =
-            split_decision_url("https://opa.federation.svc.cluster.local:8181/v1/data/io/k8s/federation/annotations").unwrap();
-        assert_eq!(base.as_str(), "https://opa.federation.svc.cluster.local:8181/");
+        let (base, decision) = split_decision_url(
+            "https://opa.federation.svc.cluster.local:8181/v1/data/io/k8s/federation/annotations",
+        )
+        .unwrap();
+        assert_eq!(
+            base.as_str(),
+            "https://opa.federation.svc.cluster.local:8181/"
+        );
         assert_eq!(decision.as_deref(), Some("io/k8s/federation/annotations"));
         let (base, decision) = split_decision_url("http://127.0.0.1:8181").unwrap();
         assert_eq!(base.as_str(), "http://127.0.0.1:8181/");
         assert_eq!(decision, None);
-        let err = split_decision_url("http://user:secret@[bad").unwrap_err().to_string();
+        let err = split_decision_url("http://user:secret@[bad")
+            .unwrap_err()
+            .to_string();
         assert!(!err.contains("secret"), "{err}");
     }
 
@@ -336,22 +361,46 @@ mod tests {
             r#"{"EnforceSchedulingPolicy": {"url": "http://127.0.0.1:1/v1/data/io/k8s/federation/annotations", "token": "super-secret-token-value"}}"#,
         )
         .unwrap();
-        let cli = Cli::parse_from(["placement-webhook", "review", "--config", path.to_str().unwrap(), "x.yaml"]);
-        let Command::Review(args) = cli.command else { panic!() };
+        let cli = Cli::parse_from([
+            "placement-webhook",
+            "review",
+            "--config",
+            path.to_str().unwrap(),
+            "x.yaml",
+        ]);
+        let Command::Review(args) = cli.command else {
+            panic!()
+        };
         let resolved = args.engine.resolve().unwrap();
         assert_eq!(resolved.decision_path, "io/k8s/federation/annotations");
         assert!(matches!(resolved.kind, EngineKind::Opa { .. }));
         assert!(!format!("{resolved:?}").contains("super-secret"));
 
         let cli = Cli::parse_from([
-            "placement-webhook", "review", "--config", path.to_str().unwrap(), "--decision", "x/y", "x.yaml",
+            "placement-webhook",
+            "review",
+            "--config",
+            path.to_str().unwrap(),
+            "--decision",
+            "x/y",
+            "x.yaml",
         ]);
-        let Command::Review(args) = cli.command else { panic!() };
+        let Command::Review(args) = cli.command else {
+            panic!()
+        };
         assert_eq!(args.engine.resolve().unwrap().decision_path, "x/y");
 
         std::fs::write(&path, r#"{"url": "x"}"#).unwrap();
-        let cli = Cli::parse_from(["placement-webhook", "review", "--config", path.to_str().unwrap(), "x.yaml"]);
-        let Command::Review(args) = cli.command else { panic!() };
+        let cli = Cli::parse_from([
+            "placement-webhook",
+            "review",
+            "--config",
+            path.to_str().unwrap(),
+            "x.yaml",
+        ]);
+        let Command::Review(args) = cli.command else {
+            panic!()
+        };
         let err = args.engine.resolve().unwrap_err().to_string();
         assert!(err.contains("EnforceSchedulingPolicy"), "{err}");
     }
@@ -362,9 +411,20 @@ mod tests {
         let token = dir.path().join("token");
         std::fs::write(&token, "\n").unwrap();
         let cli = Cli::parse_from([
-            "placement-webhook", "review", "--opa-url", "http://127.0.0.1:1", "--opa-token-file", token.to_str().unwrap(), "x",
+            "placement-webhook",
+            "review",
+            "--opa-url",
+            "http://127.0.0.1:1",
+            "--opa-token-file",
+            token.to_str().unwrap(),
+            "x",
         ]);
-        let Command::Review(args) = cli.command else { panic!() };
-        assert!(matches!(args.engine.resolve(), Err(ConfigError::EmptyToken(_))));
+        let Command::Review(args) = cli.command else {
+            panic!()
+        };
+        assert!(matches!(
+            args.engine.resolve(),
+            Err(ConfigError::EmptyToken(_))
+        ));
     }
 }

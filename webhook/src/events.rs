@@ -88,7 +88,11 @@ fn capitalized(op: &str) -> String {
 pub fn object_reference(request: &AdmissionRequest) -> ObjectReference {
     let object = request.object.as_ref().or(request.old_object.as_ref());
     let meta = object.and_then(|o| o.get("metadata"));
-    let field = |name: &str| meta.and_then(|m| m.get(name)).and_then(Value::as_str).map(str::to_owned);
+    let field = |name: &str| {
+        meta.and_then(|m| m.get(name))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
     let api_version = if request.kind.group.is_empty() {
         request.kind.version.clone()
     } else {
@@ -119,8 +123,16 @@ mod tests {
     fn request(object: Value) -> AdmissionRequest {
         AdmissionRequest {
             uid: "u".into(),
-            kind: GroupVersionKind { group: "apps".into(), version: "v1".into(), kind: "ReplicaSet".into() },
-            resource: GroupVersionResource { group: "apps".into(), version: "v1".into(), resource: "replicasets".into() },
+            kind: GroupVersionKind {
+                group: "apps".into(),
+                version: "v1".into(),
+                kind: "ReplicaSet".into(),
+            },
+            resource: GroupVersionResource {
+                group: "apps".into(),
+                version: "v1".into(),
+                resource: "replicasets".into(),
+            },
             sub_resource: None,
             name: None,
             namespace: Some("team-a".into()),

@@ -10,13 +10,19 @@ fn main() -> anyhow::Result<ExitCode> {
     init_logging(cli.log_format);
     // One crypto provider for the whole process (rustls, reqwest, kube).
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => run::serve(args).await.map(|()| ExitCode::SUCCESS),
             Command::Review(args) => run::review(args).await.map(|summary| {
                 // Denials exit 3 so scripts and CI can gate on the policy.
-                if summary.denied > 0 { ExitCode::from(3) } else { ExitCode::SUCCESS }
+                if summary.denied > 0 {
+                    ExitCode::from(3)
+                } else {
+                    ExitCode::SUCCESS
+                }
             }),
             Command::Certs(args) => run::certs(args).map(|()| ExitCode::SUCCESS),
         }
@@ -26,7 +32,9 @@ fn main() -> anyhow::Result<ExitCode> {
 
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),

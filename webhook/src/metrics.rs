@@ -88,7 +88,10 @@ impl Metrics {
             requests.clone(),
         );
         let duration = Family::<OperationLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+            Histogram::new([
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0,
+            ])
         });
         registry.register(
             "admission_duration_seconds",
@@ -132,7 +135,9 @@ impl Metrics {
 
     pub fn engine_error(&self, kind: &str) {
         self.engine_errors
-            .get_or_create(&KindLabels { kind: kind.to_owned() })
+            .get_or_create(&KindLabels {
+                kind: kind.to_owned(),
+            })
             .inc();
     }
 
@@ -161,8 +166,14 @@ mod tests {
         m.engine_error("timeout");
         let text = m.encode();
         assert!(text.contains(r#"placement_webhook_admission_requests_total{operation="CREATE",outcome="patched"} 2"#), "{text}");
-        assert!(text.contains("placement_webhook_admission_duration_seconds_bucket"), "{text}");
-        assert!(text.contains(r#"placement_webhook_engine_errors_total{kind="timeout"} 1"#), "{text}");
+        assert!(
+            text.contains("placement_webhook_admission_duration_seconds_bucket"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"placement_webhook_engine_errors_total{kind="timeout"} 1"#),
+            "{text}"
+        );
         assert!(text.ends_with("# EOF\n"));
     }
 }

@@ -44,7 +44,11 @@ impl PolicyPresence {
 
     /// Watch the ConfigMaps of `namespace` (optionally only those matching
     /// `label_selector`). The reflector runs until the process ends.
-    pub fn watch_config_maps(client: Client, namespace: &str, label_selector: Option<&str>) -> Self {
+    pub fn watch_config_maps(
+        client: Client,
+        namespace: &str,
+        label_selector: Option<&str>,
+    ) -> Self {
         let api: Api<ConfigMap> = Api::namespaced(client, namespace);
         let mut config = watcher::Config::default();
         if let Some(selector) = label_selector {
@@ -54,7 +58,10 @@ impl PolicyPresence {
         let synced = Arc::new(AtomicBool::new(false));
         let ns = namespace.to_owned();
         tokio::spawn(async move {
-            let stream = watcher(api, config).default_backoff().reflect(writer).touched_objects();
+            let stream = watcher(api, config)
+                .default_backoff()
+                .reflect(writer)
+                .touched_objects();
             futures::pin_mut!(stream);
             while let Some(item) = stream.next().await {
                 if let Err(e) = item {
@@ -134,7 +141,11 @@ mod tests {
                 name: Some(name.into()),
                 ..Default::default()
             },
-            data: Some(data.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()),
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).into(), (*v).into()))
+                    .collect(),
+            ),
             ..Default::default()
         }
     }

@@ -190,9 +190,16 @@ pub enum Parsed {
 
 /// Parse a request body.
 pub fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
-    let api_version = value.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
-    let kind = value.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let kind = value
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if api_version != API_VERSION || kind != KIND {
         return Err(ReviewError::UnsupportedVersion {
             api_version: api_version.to_owned(),
@@ -221,7 +228,8 @@ mod tests {
     use serde_json::json;
 
     fn review(request: Value) -> Vec<u8> {
-        serde_json::to_vec(&json!({"apiVersion": API_VERSION, "kind": KIND, "request": request})).unwrap()
+        serde_json::to_vec(&json!({"apiVersion": API_VERSION, "kind": KIND, "request": request}))
+            .unwrap()
     }
 
     #[test]
@@ -236,7 +244,9 @@ mod tests {
             "object": {"metadata": {"name": "rs"}},
             "dryRun": false
         }));
-        let Parsed::Request(req) = parse(&body).unwrap() else { panic!() };
+        let Parsed::Request(req) = parse(&body).unwrap() else {
+            panic!()
+        };
         assert_eq!(req.uid, "u1");
         assert_eq!(req.operation, Operation::Create);
         assert_eq!(req.object.unwrap()["metadata"]["name"], "rs");
@@ -247,8 +257,14 @@ mod tests {
         assert!(matches!(parse(b"{"), Err(ReviewError::NotJson(_))));
         let v1beta1 = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": KIND, "request": {"uid": "x"}})).unwrap();
         let err = parse(&v1beta1).unwrap_err();
-        assert!(err.to_string().contains("admission.k8s.io/v1beta1"), "{err}");
-        assert!(matches!(parse(&review(json!({"operation": "CREATE"}))), Err(ReviewError::MissingUid)));
+        assert!(
+            err.to_string().contains("admission.k8s.io/v1beta1"),
+            "{err}"
+        );
+        assert!(matches!(
+            parse(&review(json!({"operation": "CREATE"}))),
+            Err(ReviewError::MissingUid)
+        ));
     }
 
     #[test]
@@ -257,7 +273,10 @@ mod tests {
         match parse(&body).unwrap() {
             Parsed::Malformed { uid, message } => {
                 assert_eq!(uid, "u2");
-                assert!(message.contains("malformed AdmissionReview request"), "{message}");
+                assert!(
+                    message.contains("malformed AdmissionReview request"),
+                    "{message}"
+                );
             }
             other => panic!("unexpected {other:?}"),
         }
@@ -265,12 +284,18 @@ mod tests {
 
     #[test]
     fn patch_is_base64_on_the_wire() {
-        let patch: json_patch::Patch =
-            serde_json::from_value(json!([{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}])).unwrap();
+        let patch: json_patch::Patch = serde_json::from_value(
+            json!([{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]),
+        )
+        .unwrap();
         let response = AdmissionResponse::allow("u").with_patch(&patch);
         let wire = serde_json::to_value(AdmissionReviewResponse::from(response.clone())).unwrap();
-        let encoded = wire["response"]["patch"].as_str().expect("patch is a string");
-        let decoded = base64::engine::general_purpose::STANDARD.decode(encoded).unwrap();
+        let encoded = wire["response"]["patch"]
+            .as_str()
+            .expect("patch is a string");
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(encoded)
+            .unwrap();
         let ops: Value = serde_json::from_slice(&decoded).unwrap();
         assert_eq!(ops[0]["path"], "/metadata/annotations");
         assert_eq!(wire["response"]["patchType"], "JSONPatch");

@@ -52,7 +52,8 @@ pub enum RunError {
 async fn kube_client(explicit: Option<&Path>, infer: bool) -> Result<Option<Client>, RunError> {
     let config = match explicit {
         Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path).map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
+            let kubeconfig = Kubeconfig::read_from(path)
+                .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
             Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
                 .await
                 .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?
@@ -69,7 +70,9 @@ async fn kube_client(explicit: Option<&Path>, infer: bool) -> Result<Option<Clie
             Err(_) => return Ok(None),
         },
     };
-    Client::try_from(config).map(Some).map_err(|e| RunError::Kube(e.to_string()))
+    Client::try_from(config)
+        .map(Some)
+        .map_err(|e| RunError::Kube(e.to_string()))
 }
 
 /// `placement-webhook serve`.
@@ -81,15 +84,23 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
     let infer = matches!(resolved.kind, EngineKind::Opa { .. });
     let client = kube_client(args.kubeconfig.as_deref(), infer).await?;
     let presence = match (&resolved.kind, &client) {
-        (EngineKind::Embedded { dir, modules }, _) => {
-            PolicyPresence::fixed(*modules > 0, format!("{modules} Rego module(s) in {}", dir.display()))
-        }
-        (EngineKind::Opa { .. }, Some(client)) => {
-            PolicyPresence::watch_config_maps(client.clone(), &args.policy_namespace, args.policy_label.as_deref())
-        }
+        (EngineKind::Embedded { dir, modules }, _) => PolicyPresence::fixed(
+            *modules > 0,
+            format!("{modules} Rego module(s) in {}", dir.display()),
+        ),
+        (EngineKind::Opa { .. }, Some(client)) => PolicyPresence::watch_config_maps(
+            client.clone(),
+            &args.policy_namespace,
+            args.policy_label.as_deref(),
+        ),
         (EngineKind::Opa { .. }, None) => {
-            tracing::warn!("no Kubernetes API access: cannot see policy ConfigMaps, so policies are assumed to exist (fail closed)");
-            PolicyPresence::fixed(true, "no Kubernetes API access; policies assumed to exist".to_owned())
+            tracing::warn!(
+                "no Kubernetes API access: cannot see policy ConfigMaps, so policies are assumed to exist (fail closed)"
+            );
+            PolicyPresence::fixed(
+                true,
+                "no Kubernetes API access; policies assumed to exist".to_owned(),
+            )
         }
     };
     let events = match &client {
@@ -113,7 +124,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
                 Some(dir) => dir.clone(),
                 None => tempfile_dir()?,
             };
-            let names = ["localhost".to_owned(), "127.0.0.1".to_owned(), "::1".to_owned()];
+            let names = [
+                "localhost".to_owned(),
+                "127.0.0.1".to_owned(),
+                "::1".to_owned(),
+            ];
             let paths = placement_certs::generate_to_dir(&dir, &names)?;
             let tls = reloading_tls(paths.cert.clone(), paths.key.clone())?;
             (tls, Some(paths.ca))
@@ -122,7 +137,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
     let listeners = Listeners::bind(args.listen, args.metrics_listen)?;
     let engine_note = match &resolved.kind {
         EngineKind::Opa { url } => format!("OPA at {url}"),
-        EngineKind::Embedded { dir, modules } => format!("embedded, {modules} module(s) from {}", dir.display()),
+        EngineKind::Embedded { dir, modules } => {
+            format!("embedded, {modules} module(s) from {}", dir.display())
+        }
     };
     println!(
         "placement-webhook: admission on https://{}, metrics on http://{}/metrics (engine: {engine_note}; decision: data.{})",
@@ -137,7 +154,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         );
     }
     tracing::info!(admission = %listeners.admission_addr(), metrics = %listeners.metrics_addr(), "serving");
-    serve_http(admission, tls, listeners, args.max_request_bytes, shutdown_signal()).await?;
+    serve_http(
+        admission,
+        tls,
+        listeners,
+        args.max_request_bytes,
+        shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 
@@ -182,10 +206,13 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
     let text = read_input(&args.file)?;
     let resolved = args.engine.resolve()?;
     let presence = match &resolved.kind {
-        EngineKind::Embedded { dir, modules } => {
-            PolicyPresence::fixed(*modules > 0, format!("{modules} Rego module(s) in {}", dir.display()))
+        EngineKind::Embedded { dir, modules } => PolicyPresence::fixed(
+            *modules > 0,
+            format!("{modules} Rego module(s) in {}", dir.display()),
+        ),
+        EngineKind::Opa { .. } => {
+            PolicyPresence::fixed(true, "offline review; policies assumed to exist".to_owned())
         }
-        EngineKind::Opa { .. } => PolicyPresence::fixed(true, "offline review; policies assumed to exist".to_owned()),
     };
     let admission = Admission::new(
         resolved.engine,
@@ -197,7 +224,10 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
         EventSink::disabled(),
         Arc::new(Metrics::new()),
     );
-    let mut summary = ReviewSummary { documents: 0, denied: 0 };
+    let mut summary = ReviewSummary {
+        documents: 0,
+        denied: 0,
+    };
     let mut outputs = Vec::new();
     for (index, document) in yaml_serde::Deserializer::from_str(&text).enumerate() {
         let index = index + 1;
@@ -211,7 +241,11 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
         }
         summary.documents += 1;
         let is_review = value.get("kind").and_then(Value::as_str) == Some("AdmissionReview");
-        let body = if is_review { value.clone() } else { wrap_manifest(&value, index) };
+        let body = if is_review {
+            value.clone()
+        } else {
+            wrap_manifest(&value, index)
+        };
         let bytes = serde_json::to_vec(&body).map_err(|e| RunError::Review {
             path: args.file.clone(),
             index,
@@ -244,13 +278,20 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
     }
     match args.output {
         OutputFormat::Json => {
-            let doc = if outputs.len() == 1 { outputs.remove(0) } else { Value::Array(outputs) };
+            let doc = if outputs.len() == 1 {
+                outputs.remove(0)
+            } else {
+                Value::Array(outputs)
+            };
             println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         }
         OutputFormat::Yaml => {
             for out in outputs {
                 println!("---\n# AdmissionReview response");
-                print!("{}", yaml_serde::to_string(&out["review"]).unwrap_or_default());
+                print!(
+                    "{}",
+                    yaml_serde::to_string(&out["review"]).unwrap_or_default()
+                );
                 if let Some(object) = out.get("object") {
                     println!("---\n# object after the patch");
                     print!("{}", yaml_serde::to_string(object).unwrap_or_default());
@@ -277,8 +318,14 @@ fn read_input(path: &Path) -> Result<String, RunError> {
 
 /// Wrap a manifest as the CREATE AdmissionReview the API server would send.
 pub fn wrap_manifest(object: &Value, index: usize) -> Value {
-    let api_version = object.get("apiVersion").and_then(Value::as_str).unwrap_or("v1");
-    let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
+    let api_version = object
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("v1");
+    let kind = object
+        .get("kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let (group, version) = match api_version.split_once('/') {
         Some((g, v)) => (g, v),
         None => ("", api_version),
@@ -288,7 +335,10 @@ pub fn wrap_manifest(object: &Value, index: usize) -> Value {
         .and_then(|m| m.get("namespace"))
         .and_then(Value::as_str)
         .unwrap_or("default");
-    let name = meta.and_then(|m| m.get("name")).and_then(Value::as_str).unwrap_or_default();
+    let name = meta
+        .and_then(|m| m.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
@@ -311,7 +361,10 @@ fn plural(kind: &str) -> String {
     let lower = kind.to_ascii_lowercase();
     if lower.ends_with('s') || lower.ends_with('x') {
         format!("{lower}es")
-    } else if let Some(stem) = lower.strip_suffix('y').filter(|s| !s.ends_with(['a', 'e', 'o', 'u'])) {
+    } else if let Some(stem) = lower
+        .strip_suffix('y')
+        .filter(|s| !s.ends_with(['a', 'e', 'o', 'u']))
+    {
         format!("{stem}ies")
     } else {
         format!("{lower}s")
@@ -349,7 +402,8 @@ mod tests {
 
     #[test]
     fn manifest_is_wrapped_as_a_create() {
-        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web"}});
+        let rs =
+            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web"}});
         let review = wrap_manifest(&rs, 1);
         assert_eq!(review["request"]["operation"], "CREATE");
         assert_eq!(review["request"]["kind"]["group"], "apps");

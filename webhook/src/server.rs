@@ -85,7 +85,10 @@ async fn answer(state: AppState, body: Result<Bytes, BytesRejection>, mode: Mode
         Err(rejection) => {
             return (
                 rejection.status(),
-                format!("cannot read AdmissionReview body: {}\n", rejection.body_text()),
+                format!(
+                    "cannot read AdmissionReview body: {}\n",
+                    rejection.body_text()
+                ),
             )
                 .into_response();
         }
@@ -136,7 +139,8 @@ pub struct Listeners {
 impl Listeners {
     pub fn bind(admission: SocketAddr, metrics: SocketAddr) -> Result<Self, ServerError> {
         let bind = |addr: SocketAddr| {
-            let listener = std::net::TcpListener::bind(addr).map_err(|source| ServerError::Bind { addr, source })?;
+            let listener = std::net::TcpListener::bind(addr)
+                .map_err(|source| ServerError::Bind { addr, source })?;
             listener
                 .set_nonblocking(true)
                 .map_err(|source| ServerError::Bind { addr, source })?;
@@ -149,11 +153,15 @@ impl Listeners {
     }
 
     pub fn admission_addr(&self) -> SocketAddr {
-        self.admission.local_addr().expect("bound socket has an address")
+        self.admission
+            .local_addr()
+            .expect("bound socket has an address")
     }
 
     pub fn metrics_addr(&self) -> SocketAddr {
-        self.metrics.local_addr().expect("bound socket has an address")
+        self.metrics
+            .local_addr()
+            .expect("bound socket has an address")
     }
 }
 
@@ -205,7 +213,10 @@ pub async fn serve(
 }
 
 /// A rustls config for axum-server that follows certificate file changes.
-pub fn reloading_tls(cert: std::path::PathBuf, key: std::path::PathBuf) -> Result<RustlsConfig, placement_certs::CertError> {
+pub fn reloading_tls(
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+) -> Result<RustlsConfig, placement_certs::CertError> {
     let initial = placement_certs::load_server_config(&cert, &key)?;
     let config = RustlsConfig::from_config(Arc::new(initial));
     let target = config.clone();

@@ -25,14 +25,27 @@ fn up() {
     println!("kube-apiserver: {}", plane.server_url());
     println!("kubeconfig:     {}", kubeconfig.display());
     println!("  export KUBECONFIG={}", kubeconfig.display());
-    println!("  (webhook identity: {})", plane.kubeconfig(Identity::Webhook).display());
-    println!("  (sidecar identity: {})", plane.kubeconfig(Identity::Sidecar).display());
-    println!("OPA:            {} (bearer token in {})", opa.url(), opa.token_file().display());
+    println!(
+        "  (webhook identity: {})",
+        plane.kubeconfig(Identity::Webhook).display()
+    );
+    println!(
+        "  (sidecar identity: {})",
+        plane.kubeconfig(Identity::Sidecar).display()
+    );
+    println!(
+        "OPA:            {} (bearer token in {})",
+        opa.url(),
+        opa.token_file().display()
+    );
     println!("logs:           {}", plane.dir().display());
     println!("Ctrl-C stops everything.");
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
         runtime.block_on(async {
             let _ = tokio::signal::ctrl_c().await;
         });
