@@ -10,7 +10,7 @@ use placement_tests::{
 use policy_client::PolicyEngine;
 use serde_json::{Value, json};
 
-const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+use placement_tests::PREFS;
 const EU: &str = "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required";
 const PCI: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
 
@@ -211,18 +211,8 @@ fn replicaset_manifest(name: &str, annotations: &[(&str, &str)]) -> String {
 }
 
 fn placed_clusters(object: &Value) -> Vec<String> {
-    let raw = object["metadata"]["annotations"][PREFS]
-        .as_str()
-        .unwrap_or_else(|| panic!("no placement annotation on {object}"));
-    let prefs: Value = serde_json::from_str(raw).expect("placement annotation is a JSON string");
-    let mut clusters: Vec<String> = prefs["clusters"]
-        .as_object()
-        .expect("clusters")
-        .keys()
-        .cloned()
-        .collect();
-    clusters.sort();
-    clusters
+    placement_tests::placed_clusters(object)
+        .unwrap_or_else(|| panic!("no placement annotation on {object}"))
 }
 
 fn stderr(out: &std::process::Output) -> String {
@@ -579,5 +569,43 @@ async fn cluster_registry_drives_placement() {
     assert_eq!(
         placed_clusters(&env.get("replicaset", "eu-app-2").unwrap()),
         vec![format!("{set}-eu-a")]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn deploy_manifests_are_accepted_by_the_api_server() {
+    let plane = ControlPlane::shared();
+    let deploy = repo_root().join("deploy");
+    // namespaces, CRD and RBAC are applied for real by the harness; the rest is
+    // checked with a server-side dry run (schema, defaults, admission).
+    let out = plane.kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        &deploy.join("placement.yaml").display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "deploy/placement.yaml: {}",
+        stderr(&out)
+    );
+    let ca = placement_certs::Ca::generate("dry-run").unwrap();
+    let config = std::fs::read_to_string(deploy.join("webhook-configuration.yaml"))
+        .unwrap()
+        .replace("CA_BUNDLE", &placement_certs::ca_bundle(ca.cert_pem()));
+    let out = plane.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &config);
+    assert!(
+        out.status.success(),
+        "deploy/webhook-configuration.yaml: {}",
+        stderr(&out)
+    );
+    let created = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        created.contains("mutatingwebhookconfiguration"),
+        "{created}"
+    );
+    assert!(
+        created.contains("validatingwebhookconfiguration"),
+        "{created}"
     );
 }

@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 
 use placement_tests::control_plane::POLICY_NAMESPACE;
 use placement_tests::{
-    ControlPlane, Identity, OpaServer, Process, free_port, project_bin, scratch_dir, unique_name,
+    ControlPlane, Identity, OpaServer, Process, WebhookProcess, free_port, project_bin,
+    scratch_dir, unique_name,
 };
 use policy_client::{PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
 
-const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+use placement_tests::PREFS;
 const OWNED: &str = "placement-policy.io/policy-owned";
 const STATUS: &str = "placement-policy.io/policy-status";
 const CLUSTERS: &str = "placement-policy.io/v1alpha1/clusters";
@@ -310,9 +311,7 @@ fn annotation(object: &Value, key: &str) -> Option<String> {
 
 /// The clusters named by an object's `replica-set-preferences`.
 fn placed_clusters(object: &Value) -> Option<BTreeSet<String>> {
-    let raw = annotation(object, PREFS)?;
-    let prefs: Value = serde_json::from_str(&raw).ok()?;
-    Some(prefs["clusters"].as_object()?.keys().cloned().collect())
+    placement_tests::placed_clusters(object).map(|clusters| clusters.into_iter().collect())
 }
 
 fn set(names: &[&str]) -> BTreeSet<String> {
@@ -650,6 +649,144 @@ async fn a_fresh_opa_gets_policies_and_data_back_without_a_sidecar_restart_body(
     opa.restart();
     sidecar.wait_ready(Duration::from_secs(30)).await;
     assert!(decide(&client).await.is_some());
+    sidecar.stop();
+}
+
+/// Case 3 through the real webhook, registered with the API server: decisions are
+/// right again after an OPA restart without restarting the sidecar, and while
+/// nothing has loaded the fresh OPA the webhook fails closed (a policy ConfigMap
+/// exists).
+#[test]
+fn admission_through_the_webhook_recovers_after_an_opa_restart() {
+    run(admission_through_the_webhook_recovers_after_an_opa_restart_body());
+}
+
+async fn admission_through_the_webhook_recovers_after_an_opa_restart_body() {
+    let plane = ControlPlane::start();
+    let mut opa = OpaServer::start();
+    cluster(&plane, "eu-a", "europe-west1", "running");
+    cluster(&plane, "eu-b", "europe-west2", "running");
+    policy_configmap(
+        &plane,
+        "placement",
+        &[("placement.rego", &placement_policy(&["running"]))],
+    );
+    let ns = unique_name("sync-admit");
+    plane.create_namespace(&ns);
+    let sync_args = [
+        format!("--replicate-cluster={CLUSTERS}"),
+        "--remediation=off".to_owned(),
+    ];
+    let sync_args: Vec<&str> = sync_args.iter().map(String::as_str).collect();
+    let sidecar = Sidecar::start(&plane, &opa, &sync_args);
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+
+    let webhook = WebhookProcess::start(&[
+        format!("--opa-url={}", opa.url()),
+        format!("--opa-token-file={}", opa.token_file().display()),
+        format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Webhook).display()
+        ),
+        format!("--policy-namespace={POLICY_NAMESPACE}"),
+        "--engine-deadline=5s".to_owned(),
+        "--engine-timeout=1s".to_owned(),
+    ]);
+    plane.register_webhook(
+        &ns,
+        &webhook.url("/mutate"),
+        &webhook.ca_pem,
+        POLICY_NAMESPACE,
+    );
+    let create = |name: &str| {
+        plane.kubectl_stdin(
+            &["create", "-n", &ns, "-f", "-"],
+            &replicaset(&ns, name, &[]),
+        )
+    };
+    let stored = |name: &str| get_json(&plane, &["replicaset", "-n", &ns, name]);
+    let want = set(&["eu-a", "eu-b"]);
+    placement_tests::wait_for(
+        "the API server to call the webhook",
+        Duration::from_secs(30),
+        || {
+            let out = plane.kubectl_stdin(
+                &[
+                    "create",
+                    "-n",
+                    &ns,
+                    "--dry-run=server",
+                    "-o",
+                    "json",
+                    "-f",
+                    "-",
+                ],
+                &replicaset(&ns, "probe", &[]),
+            );
+            String::from_utf8_lossy(&out.stdout)
+                .contains(PREFS)
+                .then_some(())
+        },
+    );
+    let out = create("before");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(placed_clusters(&stored("before")), Some(want.clone()));
+
+    // A fresh OPA: the sidecar reloads it; admission is right again.
+    opa.restart();
+    eventually(
+        "the sidecar to notice the OPA restart",
+        Duration::from_secs(30),
+        || sidecar.log_tail(),
+        || {
+            let sidecar = &sidecar;
+            async move {
+                let restarts = sidecar.metric("placement_sync_engine_restarts_total").await;
+                restarts.is_some_and(|r| r >= 1.0).then_some(())
+            }
+        },
+    )
+    .await;
+    sidecar.wait_ready(Duration::from_secs(30)).await;
+    let out = create("after-restart");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        webhook.log()
+    );
+    assert_eq!(
+        placed_clusters(&stored("after-restart")),
+        Some(want.clone())
+    );
+
+    // Nothing loads the next fresh OPA (sidecar stopped): the webhook fails closed.
+    sidecar.stop();
+    opa.restart();
+    let out = create("unsynced");
+    assert!(!out.status.success(), "admitted while OPA was not in sync");
+    assert!(
+        plane
+            .kubectl(&["get", "replicaset", "-n", &ns, "unsynced"])
+            .status
+            .code()
+            != Some(0)
+    );
+    // The sidecar comes back and loads it: admitted and placed.
+    let sidecar = Sidecar::start(&plane, &opa, &sync_args);
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let out = create("unsynced");
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        webhook.log()
+    );
+    assert_eq!(placed_clusters(&stored("unsynced")), Some(want));
     sidecar.stop();
 }
 
@@ -1034,7 +1171,7 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
 /// Not a pass/fail bar (the README documents the result): run with
 /// `cargo test -p placement-tests --test sync_e2e -- --ignored --nocapture recovery`.
 #[test]
-#[ignore = "measurement; takes minutes"]
+#[ignore = "measurement: 10k objects, CPU-heavy"]
 fn recovery_time_at_10k_replicated_objects() {
     run(recovery_time_at_10k_replicated_objects_body());
 }

@@ -6,7 +6,7 @@ use base64::Engine as _;
 use placement_tests::{OpaServer, WebhookProcess, project_bin, repo_root, scratch_dir};
 use serde_json::{Value, json};
 
-const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+use placement_tests::PREFS;
 const EU: &str = "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required";
 const PCI: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
 
@@ -72,20 +72,8 @@ fn apply_patch(object: &Value, patch: &Value) -> Value {
 }
 
 fn placed_clusters(object: &Value) -> Vec<String> {
-    let prefs: Value = serde_json::from_str(
-        object["metadata"]["annotations"][PREFS]
-            .as_str()
-            .expect("placement annotation"),
-    )
-    .expect("placement is JSON");
-    let mut clusters: Vec<String> = prefs["clusters"]
-        .as_object()
-        .expect("clusters")
-        .keys()
-        .cloned()
-        .collect();
-    clusters.sort();
-    clusters
+    placement_tests::placed_clusters(object)
+        .unwrap_or_else(|| panic!("no placement annotation on {object}"))
 }
 
 /// The admission cases shared by both engines: (name, review).

@@ -161,6 +161,9 @@ impl ControlPlane {
             "--allow-privileged=true".into(),
             "--disable-admission-plugins=ServiceAccount".into(),
             "--enable-priority-and-fairness=false".into(),
+            // No Service network here: don't publish the loopback address as the
+            // `kubernetes` Endpoints (which the API server refuses with an error).
+            "--endpoint-reconciler-type=none".into(),
             "--profiling=false".into(),
             "--v=1".into(),
         ];

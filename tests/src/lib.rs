@@ -99,3 +99,16 @@ pub fn unique_name(prefix: &str) -> String {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{prefix}-{}-{n}", std::process::id())
 }
+
+/// The placement annotation the shipped policy writes.
+pub const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+
+/// The clusters named by an object's placement annotation, sorted; `None` when
+/// the object has no (valid) placement.
+pub fn placed_clusters(object: &serde_json::Value) -> Option<Vec<String>> {
+    let raw = object["metadata"]["annotations"][PREFS].as_str()?;
+    let prefs: serde_json::Value = serde_json::from_str(raw).ok()?;
+    let mut clusters: Vec<String> = prefs["clusters"].as_object()?.keys().cloned().collect();
+    clusters.sort();
+    Some(clusters)
+}

@@ -85,11 +85,11 @@ pub struct EngineArgs {
     #[arg(long, env = "PLACEMENT_DECISION")]
     pub decision: Option<String>,
     /// Limit for one request to OPA.
-    #[arg(long, env = "PLACEMENT_ENGINE_TIMEOUT", value_parser = parse_duration, default_value = "2s")]
+    #[arg(long, env = "PLACEMENT_ENGINE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "2s")]
     pub engine_timeout: Duration,
     /// Total time for the engine, retries included; keep it below the webhook
     /// configuration's timeoutSeconds.
-    #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = parse_duration, default_value = "8s")]
+    #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = humantime::parse_duration, default_value = "8s")]
     pub engine_deadline: Duration,
 }
 
@@ -158,25 +158,6 @@ pub struct CertsArgs {
     /// DNS names and IP addresses of the serving certificate.
     #[arg(long = "name", default_values = ["localhost", "127.0.0.1"])]
     pub names: Vec<String>,
-}
-
-/// Parse `500ms`, `2s`, `1m` or a plain number of seconds.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit() && c != '.') {
-        Some(i) => text.split_at(i),
-        None => (text, "s"),
-    };
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 500ms, 2s or 1m"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ms, s or m)")),
-    };
-    Duration::try_from_secs_f64(seconds).map_err(|e| format!("{text:?}: {e}"))
 }
 
 /// The seed's admission config file.
@@ -321,16 +302,6 @@ fn redact_userinfo(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_duration("2s").unwrap(), Duration::from_secs(2));
-        assert_eq!(parse_duration("1.5").unwrap(), Duration::from_millis(1500));
-        assert_eq!(parse_duration("1m").unwrap(), Duration::from_secs(60));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("3h").is_err());
-    }
 
     #[test]
     fn seed_url_splits_into_base_and_decision() {

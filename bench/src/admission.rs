@@ -1,0 +1,370 @@
+//! Scenario 1: AdmissionReviews over TLS, four contenders side by side.
+//!
+//! (a) the ceiling: `noop-webhook` (same stack, no policy);
+//! (b) placement-webhook with the embedded engine (`--policy-dir policies`);
+//! (c) placement-webhook asking OPA on loopback (plain HTTP, policy + clusters loaded);
+//! (d) OPA answering the AdmissionReview itself (TLS server, `system.main`).
+//!
+//! Every contender runs at once (idle while another is measured); runs are
+//! interleaved (run 1 of every contender, then run 2, ...) so a noisy neighbour
+//! hits all alike. CPU is the servers' utime + stime from /proc (for (c) the
+//! webhook's and OPA's), before and after each load run.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use base64::Engine as _;
+use serde_json::Value;
+
+use crate::common::{Bins, Server, cpu_seconds, median, start_opa, start_webhook, spawn_announced};
+use crate::load::{LoadStats, oha};
+use crate::report::{Report, Status, fmt_ms, fmt_ratio};
+use crate::review::admission_review;
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub duration: Duration,
+    pub warmup: Duration,
+    pub concurrency: Vec<usize>,
+    pub runs: usize,
+}
+
+struct Contender {
+    key: &'static str,
+    label: &'static str,
+    url: String,
+    servers: Vec<Server>,
+}
+
+impl Contender {
+    fn cpu(&self) -> Result<f64> {
+        self.servers.iter().map(|s| cpu_seconds(s.pid())).sum()
+    }
+}
+
+/// One measured run.
+#[derive(Debug, Clone)]
+struct Sample {
+    load: LoadStats,
+    cpu_per_1000: f64,
+}
+
+pub fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
+    let root = placement_tests::repo_root();
+    std::fs::create_dir_all(dir)?;
+    let certs = placement_certs::generate_to_dir(
+        &dir.join("certs"),
+        &["127.0.0.1".into(), "localhost".into()],
+    )?;
+    let review = admission_review()?;
+    let body = serde_json::to_vec(&review)?;
+    let body_path = dir.join("review.json");
+    std::fs::write(&body_path, &body)?;
+    eprintln!("scenario 1: AdmissionReview of {} bytes", body.len());
+
+    // The OPA policy trees: (c) the shipped policy + example clusters; (d) the same
+    // plus the system.main module that answers AdmissionReviews.
+    let tree_c = policy_tree(&dir.join("opa-policy"), &root, false)?;
+    let tree_d = policy_tree(&dir.join("opa-admission"), &root, true)?;
+
+    let (noop, noop_line) = spawn_announced(
+        "noop-webhook",
+        &bins.noop,
+        &[
+            "--listen=127.0.0.1:0".into(),
+            format!("--tls-cert={}", certs.cert.display()),
+            format!("--tls-key={}", certs.key.display()),
+        ],
+        &[],
+        &dir.join("noop-webhook.log"),
+        "admission on https://",
+    )?;
+    let noop_addr = crate::common::addr_after(&noop_line, "admission on https://")?;
+    let policy_dir = root.join("policies");
+    let (embedded, embedded_addr, _) = start_webhook(
+        bins,
+        dir,
+        &certs,
+        &[format!("--policy-dir={}", policy_dir.display())],
+    )?;
+    let (opa_c, opa_c_port) = start_opa(bins, dir, "policy", &[tree_c.display().to_string()])?;
+    let (with_opa, with_opa_addr, _) = start_webhook(
+        bins,
+        dir,
+        &certs,
+        &[format!("--opa-url=http://127.0.0.1:{opa_c_port}")],
+    )?;
+    let (opa_d, opa_d_port) = start_opa(
+        bins,
+        dir,
+        "admission",
+        &[
+            format!("--tls-cert-file={}", certs.cert.display()),
+            format!("--tls-private-key-file={}", certs.key.display()),
+            tree_d.display().to_string(),
+        ],
+    )?;
+    let contenders = vec![
+        Contender {
+            key: "ceiling",
+            label: "(a) ceiling: no-op TLS webhook (axum + rustls)",
+            url: format!("https://{noop_addr}/mutate"),
+            servers: vec![noop],
+        },
+        Contender {
+            key: "embedded",
+            label: "(b) placement-webhook, embedded engine",
+            url: format!("https://{embedded_addr}/mutate"),
+            servers: vec![embedded],
+        },
+        Contender {
+            key: "with-opa",
+            label: "(c) placement-webhook + OPA on loopback",
+            url: format!("https://{with_opa_addr}/mutate"),
+            servers: vec![with_opa, opa_c],
+        },
+        Contender {
+            key: "opa-itself",
+            label: "(d) OPA answering the AdmissionReview itself",
+            url: format!("https://127.0.0.1:{opa_d_port}/"),
+            servers: vec![opa_d],
+        },
+    ];
+
+    let patches = verify(&contenders, &body, &certs.ca)?;
+    report.note(format!(
+        "Scenario 1 check before measuring: every contender answered the {}-byte review with `allowed: true` and its uid; the patch of (d) OPA-itself {} the patch of placement-webhook (b) and (c) ({}).",
+        body.len(),
+        if patches.byte_equal { "is byte for byte" } else { "equals, as JSON (not byte for byte)," },
+        patches.description
+    ));
+
+    // Warm-up: connections, JIT-free but caches and allocators settle.
+    for c in &contenders {
+        oha(&bins.oha, &c.url, &body_path, &certs.ca, 8, settings.warmup)?;
+    }
+
+    let mut samples: BTreeMap<(&str, usize), Vec<Sample>> = BTreeMap::new();
+    for run in 1..=settings.runs {
+        for &concurrency in &settings.concurrency {
+            for c in &contenders {
+                let before = c.cpu()?;
+                let load = oha(&bins.oha, &c.url, &body_path, &certs.ca, concurrency, settings.duration)?;
+                let cpu = c.cpu()? - before;
+                ensure!(
+                    load.ok > 0,
+                    "{}: no successful response at concurrency {concurrency}",
+                    c.label
+                );
+                let cpu_per_1000 = cpu / load.ok as f64 * 1000.0;
+                eprintln!(
+                    "scenario 1 run {run} c={concurrency:>2} {:<11} {:>8.0} req/s  p50 {:>7}  p99 {:>7}  cpu/1k {:.3}s  failed {}",
+                    c.key,
+                    load.rps,
+                    fmt_ms(load.p50_ms),
+                    fmt_ms(load.p99_ms),
+                    cpu_per_1000,
+                    load.failed
+                );
+                samples
+                    .entry((c.key, concurrency))
+                    .or_default()
+                    .push(Sample { load, cpu_per_1000 });
+            }
+        }
+    }
+    write_report(&contenders, &samples, settings, report);
+    Ok(())
+}
+
+/// A directory OPA loads: the shipped policy, the example clusters at
+/// `data.kubernetes.clusters`, and (for (d)) the `system.main` module.
+fn policy_tree(dir: &Path, root: &Path, admission: bool) -> Result<PathBuf> {
+    let clusters = dir.join("kubernetes/clusters");
+    std::fs::create_dir_all(&clusters)?;
+    std::fs::copy(root.join("policies/placement.rego"), dir.join("placement.rego"))?;
+    std::fs::copy(
+        root.join("policies/kubernetes/clusters/data.json"),
+        clusters.join("data.json"),
+    )?;
+    if admission {
+        std::fs::copy(
+            root.join("bench/rego/system_main.rego"),
+            dir.join("system_main.rego"),
+        )?;
+    }
+    Ok(dir.to_owned())
+}
+
+struct PatchCheck {
+    byte_equal: bool,
+    description: String,
+}
+
+/// One review to each contender: allowed, same uid; (b), (c), (d) patch alike.
+fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck> {
+    let ca_pem = std::fs::read(ca)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca_pem)?)
+        .timeout(Duration::from_secs(30))
+        .build()?;
+    let uid = serde_json::from_slice::<Value>(body)?["request"]["uid"].clone();
+    let mut patches: BTreeMap<&str, (String, Value)> = BTreeMap::new();
+    for c in contenders {
+        let (status, text) = rt
+            .block_on(async {
+                let response = client
+                    .post(&c.url)
+                    .header("content-type", "application/json")
+                    .body(body.to_vec())
+                    .send()
+                    .await?;
+                let status = response.status();
+                Ok::<_, reqwest::Error>((status, response.text().await?))
+            })
+            .with_context(|| format!("POST to {}", c.label))?;
+        ensure!(status.is_success(), "{}: HTTP {status}: {text}", c.label);
+        let review: Value = serde_json::from_str(&text).with_context(|| format!("{}: {text}", c.label))?;
+        let r = &review["response"];
+        ensure!(
+            review["apiVersion"] == "admission.k8s.io/v1" && review["kind"] == "AdmissionReview",
+            "{}: not an AdmissionReview: {text}",
+            c.label
+        );
+        ensure!(r["uid"] == uid, "{}: uid not echoed: {text}", c.label);
+        ensure!(r["allowed"] == true, "{}: not allowed: {text}", c.label);
+        if c.key == "ceiling" {
+            continue;
+        }
+        let b64 = r["patch"].as_str().with_context(|| format!("{}: no patch: {text}", c.label))?;
+        ensure!(r["patchType"] == "JSONPatch", "{}: patchType: {text}", c.label);
+        let raw = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64)?)?;
+        let parsed: Value = serde_json::from_str(&raw)?;
+        patches.insert(c.key, (raw, parsed));
+    }
+    let (raw_b, json_b) = &patches["embedded"];
+    for key in ["with-opa", "opa-itself"] {
+        let (_, json) = &patches[key];
+        if json != json_b {
+            bail!(
+                "the patch of {key} differs from the embedded webhook's:\n{}\nvs\n{}",
+                patches[key].0,
+                raw_b
+            );
+        }
+    }
+    let byte_equal = patches.values().all(|(raw, _)| raw == raw_b);
+    let ops: Vec<String> = json_b
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|op| format!("{} {}", op["op"].as_str().unwrap_or("?"), op["path"].as_str().unwrap_or("?")))
+        .collect();
+    Ok(PatchCheck {
+        byte_equal,
+        description: format!("{} ops: {}", ops.len(), ops.join(", ").replace('~', "\\~")),
+    })
+}
+
+fn write_report(
+    contenders: &[Contender],
+    samples: &BTreeMap<(&str, usize), Vec<Sample>>,
+    settings: &Settings,
+    report: &mut Report,
+) {
+    let med = |key: &str, c: usize, f: &dyn Fn(&Sample) -> f64| -> f64 {
+        samples
+            .get(&(key, c))
+            .map(|s| median(&s.iter().map(f).collect::<Vec<_>>()))
+            .unwrap_or(f64::NAN)
+    };
+    let rps = |k: &str, c: usize| med(k, c, &|s| s.load.rps);
+    let p50 = |k: &str, c: usize| med(k, c, &|s| s.load.p50_ms);
+    let p99 = |k: &str, c: usize| med(k, c, &|s| s.load.p99_ms);
+    let cpu = |k: &str, c: usize| med(k, c, &|s| s.cpu_per_1000);
+
+    let mut md = String::new();
+    md.push_str(&format!(
+        "## 1. Admission over TLS\n\n{} s per run, {} runs, medians; HTTP/1.1 keep-alive, the same `oha` for every contender. \
+         Throughput counts HTTP 200 answers only. CPU is the server processes' user+system time per 1,000 reviews \
+         ((c): placement-webhook + OPA). Ratios: throughput as a fraction of the ceiling's and of OPA-itself's; latency as a multiple.\n\n",
+        settings.duration.as_secs_f64(),
+        settings.runs
+    ));
+    md.push_str("| contender | conc. | req/s | p50 | p99 | CPU s / 1k reviews | req/s vs ceiling | req/s vs OPA-itself | p99 vs ceiling | failed |\n");
+    md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for &c in &settings.concurrency {
+        for con in contenders {
+            let failed: u64 = samples
+                .get(&(con.key, c))
+                .map(|s| s.iter().map(|x| x.load.failed).sum())
+                .unwrap_or(0);
+            md.push_str(&format!(
+                "| {} | {c} | {:.0} | {} | {} | {:.3} | {} | {} | {} | {failed} |\n",
+                con.label,
+                rps(con.key, c),
+                fmt_ms(p50(con.key, c)),
+                fmt_ms(p99(con.key, c)),
+                cpu(con.key, c),
+                fmt_ratio(rps(con.key, c) / rps("ceiling", c), "%"),
+                fmt_ratio(rps(con.key, c) / rps("opa-itself", c), "%"),
+                fmt_ratio(p99(con.key, c) / p99("ceiling", c), "x"),
+            ));
+        }
+    }
+    md.push_str("\nPer run (req/s; p99):\n\n");
+    for &c in &settings.concurrency {
+        for con in contenders {
+            if let Some(s) = samples.get(&(con.key, c)) {
+                let runs: Vec<String> = s
+                    .iter()
+                    .map(|x| format!("{:.0}; {}", x.load.rps, fmt_ms(x.load.p99_ms)))
+                    .collect();
+                md.push_str(&format!("- c={c} {}: {}\n", con.key, runs.join(" | ")));
+            }
+        }
+    }
+    report.section(md);
+
+    let top = settings.concurrency.iter().copied().max().unwrap_or(32);
+    let low = settings.concurrency.iter().copied().min().unwrap_or(1);
+    let r = rps("embedded", top) / rps("ceiling", top);
+    report.target(
+        format!("Embedded engine: >= 50% of the ceiling's throughput at concurrency {top}"),
+        format!("{:.0}% ({:.0} vs {:.0} req/s)", r * 100.0, rps("embedded", top), rps("ceiling", top)),
+        Status::from_bool(r >= 0.5),
+    );
+    for c in [low, top] {
+        let p = p99("embedded", c);
+        report.target(
+            format!("Embedded engine: p99 under 2 ms (concurrency {c})"),
+            format!("p99 {}", fmt_ms(p)),
+            Status::from_bool(p < 2.0),
+        );
+        if low == top {
+            break;
+        }
+    }
+    for c in [low, top] {
+        let r = rps("with-opa", c) / rps("opa-itself", c);
+        report.target(
+            format!("With OPA: >= 80% of OPA-answering-itself throughput (concurrency {c})"),
+            format!("{:.0}% ({:.0} vs {:.0} req/s)", r * 100.0, rps("with-opa", c), rps("opa-itself", c)),
+            Status::from_bool(r >= 0.8),
+        );
+        if low == top {
+            break;
+        }
+    }
+    let r = rps("embedded", top) / rps("opa-itself", top);
+    report.target(
+        format!("Embedded >= 3x OPA-answering-itself throughput (concurrency {top})"),
+        format!("{r:.2}x ({:.0} vs {:.0} req/s)", rps("embedded", top), rps("opa-itself", top)),
+        Status::from_bool(r >= 3.0),
+    );
+}

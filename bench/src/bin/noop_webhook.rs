@@ -1,0 +1,127 @@
+//! The ceiling of the admission benchmark: a TLS webhook on the same stack as
+//! `placement-webhook` (axum 0.8, axum-server over rustls with the ring provider,
+//! the same certificate loading from `placement-certs`, a multi-threaded tokio
+//! runtime) that parses the whole AdmissionReview and answers `allowed: true`
+//! with the same `uid`. No policy, no patch: whatever placement-webhook spends
+//! beyond this is the cost of placing.
+//!
+//! ```text
+//! noop-webhook --listen 127.0.0.1:0 --tls-cert tls.crt --tls-key tls.key
+//! ```
+//! prints `noop-webhook: admission on https://ADDR` once it listens.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::post;
+use axum_server::tls_rustls::RustlsConfig;
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+#[derive(Debug, Parser)]
+#[command(about = "No-op TLS admission webhook: the ceiling of the benchmark")]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    #[arg(long)]
+    tls_cert: PathBuf,
+    #[arg(long)]
+    tls_key: PathBuf,
+}
+
+/// The review, parsed in full (the object stays a JSON value, as in
+/// placement-webhook).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Review {
+    api_version: String,
+    kind: String,
+    request: Request,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[allow(dead_code)] // Parsed to do the same work as a real webhook, not read.
+struct Request {
+    uid: String,
+    #[serde(default)]
+    operation: String,
+    #[serde(default)]
+    user_info: Value,
+    #[serde(default)]
+    object: Option<Value>,
+    #[serde(default)]
+    old_object: Option<Value>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ReviewResponse {
+    api_version: &'static str,
+    kind: &'static str,
+    response: Allowed,
+}
+
+#[derive(Debug, Serialize)]
+struct Allowed {
+    uid: String,
+    allowed: bool,
+}
+
+async fn mutate(body: Bytes) -> Response {
+    match serde_json::from_slice::<Review>(&body) {
+        Ok(review)
+            if review.api_version == "admission.k8s.io/v1" && review.kind == "AdmissionReview" =>
+        {
+            Json(ReviewResponse {
+                api_version: "admission.k8s.io/v1",
+                kind: "AdmissionReview",
+                response: Allowed {
+                    uid: review.request.uid,
+                    allowed: true,
+                },
+            })
+            .into_response()
+        }
+        Ok(_) => (
+            StatusCode::BAD_REQUEST,
+            "not an admission.k8s.io/v1 AdmissionReview\n",
+        )
+            .into_response(),
+        Err(e) => (
+            StatusCode::BAD_REQUEST,
+            format!("malformed AdmissionReview: {e}\n"),
+        )
+            .into_response(),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let config = placement_certs::load_server_config(&args.tls_cert, &args.tls_key)?;
+        let tls = RustlsConfig::from_config(Arc::new(config));
+        let listener = std::net::TcpListener::bind(args.listen)?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let app = Router::new()
+            .route("/mutate", post(mutate))
+            .layer(DefaultBodyLimit::max(6 * 1024 * 1024));
+        println!("noop-webhook: admission on https://{addr}");
+        axum_server::from_tcp_rustls(listener, tls)?
+            .serve(app.into_make_service())
+            .await?;
+        Ok(())
+    })
+}

@@ -1,0 +1,393 @@
+//! Shared plumbing: locating binaries, spawning servers, reading /proc, statistics.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use placement_tests::{Process, free_port, port_open};
+
+/// Paths of everything the benchmark runs.
+#[derive(Debug, Clone)]
+pub struct Bins {
+    pub webhook: PathBuf,
+    pub sync: PathBuf,
+    pub noop: PathBuf,
+    pub oha: PathBuf,
+    pub opa: PathBuf,
+}
+
+/// A binary of this workspace's release build (`cargo build --release --bins`).
+pub fn release_bin(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| placement_tests::repo_root().join("target"));
+    target.join("release").join(name)
+}
+
+pub fn require(path: &Path, hint: &str) -> Result<()> {
+    if !path.exists() {
+        bail!("{} is missing: {hint}", path.display());
+    }
+    Ok(())
+}
+
+/// Clock ticks per second of /proc/<pid>/stat's utime and stime.
+fn clock_ticks() -> f64 {
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// User + system CPU seconds a process has used so far (its threads included).
+pub fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .with_context(|| format!("read /proc/{pid}/stat"))?;
+    // Fields after the command name (which may hold spaces) start at field 3.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc/pid/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11).context("no utime")?.parse()?;
+    let stime: f64 = fields.get(12).context("no stime")?.parse()?;
+    Ok((utime + stime) / clock_ticks())
+}
+
+/// A `Vm*` line of /proc/<pid>/status, in KiB (e.g. `VmHWM`, `VmRSS`).
+pub fn vm_kib(pid: u32, field: &str) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("read /proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{field}:")))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Poll `check` until it returns `Some`, or fail after `timeout`.
+pub fn poll<T>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check()? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        std::thread::sleep(every);
+    }
+}
+
+/// A server process whose stdout announces its address.
+pub struct Server {
+    pub process: Process,
+    pub name: String,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.process.pid().unwrap_or(0)
+    }
+}
+
+/// Spawn `bin args`, wait for a log line containing `marker`, return the process
+/// and that line.
+pub fn spawn_announced(
+    name: &str,
+    bin: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+    marker: &str,
+) -> Result<(Server, String)> {
+    let mut process = Process::spawn_with_env(name, bin, args, env, log)
+        .with_context(|| format!("start {}", bin.display()))?;
+    let line = poll(
+        &format!("{name} to listen"),
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            if process.has_exited() {
+                bail!("{name} exited:\n{}", process.log_tail(30));
+            }
+            Ok(process
+                .log()
+                .lines()
+                .find(|l| l.contains(marker))
+                .map(str::to_owned))
+        },
+    )?;
+    Ok((
+        Server {
+            process,
+            name: name.to_owned(),
+        },
+        line,
+    ))
+}
+
+/// The address after `prefix` in `line` (up to `,`, `/` or whitespace).
+pub fn addr_after(line: &str, prefix: &str) -> Result<SocketAddr> {
+    let rest = line
+        .split(prefix)
+        .nth(1)
+        .with_context(|| format!("no {prefix:?} in {line:?}"))?;
+    let end = rest
+        .find(|c: char| c == ',' || c == '/' || c.is_whitespace())
+        .unwrap_or(rest.len());
+    rest[..end]
+        .parse()
+        .with_context(|| format!("address in {line:?}"))
+}
+
+/// `placement-webhook serve` on loopback: (server, admission addr, metrics addr).
+pub fn start_webhook(
+    bins: &Bins,
+    dir: &Path,
+    certs: &placement_certs::CertPaths,
+    extra: &[String],
+) -> Result<(Server, SocketAddr, SocketAddr)> {
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "--listen=127.0.0.1:0".into(),
+        "--metrics-listen=127.0.0.1:0".into(),
+        format!("--tls-cert={}", certs.cert.display()),
+        format!("--tls-key={}", certs.key.display()),
+    ];
+    args.extend(extra.iter().cloned());
+    let (server, line) = spawn_announced(
+        "placement-webhook",
+        &bins.webhook,
+        &args,
+        &[],
+        &dir.join(format!("webhook-{}.log", free_port())),
+        "admission on https://",
+    )?;
+    let admission = addr_after(&line, "admission on https://")?;
+    let metrics = addr_after(&line, "metrics on http://")?;
+    Ok((server, admission, metrics))
+}
+
+/// `opa run --server` on a free loopback port with `args` (TLS flags, files).
+pub fn start_opa(bins: &Bins, dir: &Path, label: &str, args: &[String]) -> Result<(Server, u16)> {
+    let port = free_port();
+    let mut full: Vec<String> = vec![
+        "run".into(),
+        "--server".into(),
+        format!("--addr=127.0.0.1:{port}"),
+        "--log-level=error".into(),
+        "--disable-telemetry".into(),
+    ];
+    full.extend(args.iter().cloned());
+    let mut process = Process::spawn("opa", &bins.opa, &full, &dir.join(format!("opa-{label}.log")))
+        .context("start opa")?;
+    poll(
+        "OPA to listen",
+        Duration::from_secs(60),
+        Duration::from_millis(50),
+        || {
+            if process.has_exited() {
+                bail!("opa exited:\n{}", process.log_tail(30));
+            }
+            Ok(port_open(port).then_some(()))
+        },
+    )?;
+    Ok((
+        Server {
+            process,
+            name: format!("opa ({label})"),
+        },
+        port,
+    ))
+}
+
+pub fn median(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Nearest-rank percentile (`p` in 0..=100) of unsorted samples.
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = ((p / 100.0) * v.len() as f64).ceil() as usize;
+    v[rank.clamp(1, v.len()) - 1]
+}
+
+/// A version line of a tool (`first line of CMD ARGS`), or "unknown".
+pub fn version_of(bin: &Path, args: &[&str]) -> String {
+    std::process::Command::new(bin)
+        .args(args)
+        .output()
+        .ok()
+        .map(|o| {
+            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
+            String::from_utf8_lossy(&text)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        })
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned())
+}
+
+/// A plain-HTTP GET on loopback (`HTTP/1.0`, one connection per request, so no
+/// chunked bodies), with an optional bearer token: (status, body).
+pub fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
+        .with_context(|| format!("connect to 127.0.0.1:{port}"))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}Accept: */*\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("malformed HTTP response from 127.0.0.1:{port}{path}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .with_context(|| format!("no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// The value of one sample of a Prometheus/OpenMetrics text page, `name{labels}`
+/// written exactly as on the page.
+pub fn metric(page: &str, name_and_labels: &str) -> Option<f64> {
+    page.lines()
+        .find(|l| {
+            l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' ')
+        })
+        .and_then(|l| l[name_and_labels.len()..].split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `placement-sync` on loopback, talking to `opa` as `identity`.
+pub struct Sidecar {
+    pub server: Server,
+    pub port: u16,
+}
+
+impl Sidecar {
+    pub fn start(
+        bins: &Bins,
+        dir: &Path,
+        plane: &placement_tests::ControlPlane,
+        identity: placement_tests::Identity,
+        opa: &placement_tests::OpaServer,
+        extra: &[String],
+        label: &str,
+    ) -> Result<Sidecar> {
+        std::fs::create_dir_all(dir)?;
+        let port = free_port();
+        let mut args: Vec<String> = vec![
+            format!("--kubeconfig={}", plane.kubeconfig(identity).display()),
+            format!("--opa-url={}", opa.url()),
+            format!("--opa-token-file={}", opa.token_file().display()),
+            format!("--listen=127.0.0.1:{port}"),
+        ];
+        args.extend(extra.iter().cloned());
+        let env = vec![("RUST_LOG".to_owned(), "info".to_owned())];
+        let process = Process::spawn_with_env(
+            "placement-sync",
+            &bins.sync,
+            &args,
+            &env,
+            &dir.join(format!("placement-sync-{label}.log")),
+        )
+        .context("start placement-sync")?;
+        Ok(Sidecar {
+            server: Server {
+                process,
+                name: "placement-sync".into(),
+            },
+            port,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.server.pid()
+    }
+
+    /// Whether `/readyz` answers 200 (not yet listening: false). Fails when the
+    /// process exited.
+    pub fn ready(&mut self) -> Result<bool> {
+        if self.server.process.has_exited() {
+            bail!("placement-sync exited:\n{}", self.server.process.log_tail(40));
+        }
+        Ok(matches!(http_get(self.port, "/readyz", None), Ok((200, _))))
+    }
+
+    /// Poll `/readyz` every `every` until 200; returns when.
+    pub fn wait_ready(&mut self, timeout: Duration, every: Duration) -> Result<Instant> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.ready()? {
+                return Ok(Instant::now());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "placement-sync not ready after {timeout:?}:\n{}",
+                    self.server.process.log_tail(40)
+                );
+            }
+            std::thread::sleep(every);
+        }
+    }
+
+    pub fn metrics(&self) -> Result<String> {
+        let (status, body) = http_get(self.port, "/metrics", None)?;
+        if status != 200 {
+            bail!("placement-sync /metrics: HTTP {status}");
+        }
+        Ok(body)
+    }
+
+    /// One metric sample (0 when absent).
+    pub fn metric(&self, name_and_labels: &str) -> Result<f64> {
+        Ok(metric(&self.metrics()?, name_and_labels).unwrap_or(0.0))
+    }
+
+    pub fn log_tail(&self) -> String {
+        self.server.process.log_tail(40)
+    }
+
+    pub fn stop(mut self) {
+        self.server.process.terminate(Duration::from_secs(10));
+    }
+}

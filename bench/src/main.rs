@@ -1,0 +1,213 @@
+//! `placement-bench`: placement-policy side by side with the ceiling of its own
+//! stack and with OPA answering admission itself, on this machine, in one run.
+//! `scripts/bench` builds everything and runs it; see BENCHMARKS.md.
+//!
+//! Scenarios (issue 5):
+//! 1. admission over TLS (four contenders, concurrency 1 and 32);
+//! 2. creates through kube-apiserver with and without the webhook;
+//! 3. replication of 10,000 objects into OPA by placement-sync;
+//! 4. remediation of 1,000 ReplicaSets after one policy edit;
+//! 5. recovery after an OPA restart with 10,000 replicated objects.
+
+mod admission;
+mod apiserver;
+mod common;
+mod load;
+mod remediation;
+mod replication;
+mod report;
+mod review;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+
+use crate::common::{Bins, release_bin, require, version_of};
+use crate::report::Report;
+
+#[derive(Debug, Parser)]
+#[command(about = "Benchmarks of placement-policy (issue 5); run through scripts/bench")]
+struct Args {
+    /// Scenarios to run (comma-separated numbers 1-5).
+    #[arg(long, env = "BENCH_SCENARIOS", default_value = "1,2,3,4,5", value_delimiter = ',')]
+    scenarios: Vec<u8>,
+    /// Length of each load run of scenario 1, in seconds.
+    #[arg(long, env = "BENCH_DURATION", default_value_t = 20.0)]
+    duration: f64,
+    /// Runs of every measurement; the report gives medians.
+    #[arg(long, env = "BENCH_RUNS", default_value_t = 3)]
+    runs: usize,
+    /// Concurrency levels of scenario 1.
+    #[arg(long, env = "BENCH_CONCURRENCY", default_value = "1,32", value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// ReplicaSet creates per contender and run in scenario 2.
+    #[arg(long, env = "BENCH_CREATES", default_value_t = 1000)]
+    creates: usize,
+    /// Replicated objects in scenarios 3 and 5.
+    #[arg(long, env = "BENCH_OBJECTS", default_value_t = 10_000)]
+    objects: usize,
+    /// ReplicaSets remediated in scenario 4.
+    #[arg(long, env = "BENCH_WORKLOADS", default_value_t = 1000)]
+    workloads: usize,
+    /// Where the Markdown report goes.
+    #[arg(long, env = "BENCH_OUT", default_value = "BENCHMARKS.md")]
+    out: PathBuf,
+    /// The command line to print in the report (scripts/bench passes its own).
+    #[arg(long, env = "BENCH_COMMAND", default_value = "scripts/bench")]
+    command: String,
+    /// A note put under the report's title (e.g. that this was a short run).
+    #[arg(long, env = "BENCH_NOTE", default_value = "")]
+    note: String,
+    /// The load generator.
+    #[arg(long, env = "BENCH_OHA", default_value = "oha")]
+    oha: PathBuf,
+    /// Scratch directory for logs, certificates and policy trees.
+    #[arg(long, env = "BENCH_DIR")]
+    dir: Option<PathBuf>,
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    placement_tests::install_crypto();
+    let started = Instant::now();
+    let bins = Bins {
+        webhook: release_bin("placement-webhook"),
+        sync: release_bin("placement-sync"),
+        noop: release_bin("noop-webhook"),
+        oha: which(&args.oha),
+        opa: placement_tests::peer("opa"),
+    };
+    let hint = "build with `cargo build --release --bins` (scripts/bench does)";
+    for path in [&bins.webhook, &bins.sync, &bins.noop] {
+        require(path, hint)?;
+    }
+    require(&bins.oha, "scripts/bench installs oha")?;
+    let dir = args.dir.clone().unwrap_or_else(|| {
+        placement_tests::repo_root()
+            .join("target/bench")
+            .join(format!("run-{}", std::process::id()))
+    });
+    std::fs::create_dir_all(&dir)?;
+    eprintln!("placement-bench: logs and files in {}", dir.display());
+
+    let mut report = Report::default();
+    header(&mut report, &args, &bins);
+
+    let duration = Duration::from_secs_f64(args.duration);
+    for scenario in &args.scenarios {
+        let t = Instant::now();
+        eprintln!("\n==> scenario {scenario}");
+        let dir = dir.join(format!("scenario-{scenario}"));
+        match scenario {
+            1 => admission::run(
+                &bins,
+                &dir,
+                &admission::Settings {
+                    duration,
+                    warmup: duration.min(Duration::from_secs(2)),
+                    concurrency: args.concurrency.clone(),
+                    runs: args.runs,
+                },
+                &mut report,
+            )?,
+            2 => apiserver::run(&bins, &dir, args.creates, args.runs, &mut report)?,
+            3 => replication::run(&bins, &dir, args.objects, args.runs, &mut report, args.scenarios.contains(&5))?,
+            // Scenario 5 runs inside 3 (same 10k objects, same sidecar) when both are asked for.
+            5 if args.scenarios.contains(&3) => continue,
+            5 => replication::run(&bins, &dir, args.objects, args.runs, &mut report, true)?,
+            4 => remediation::run(&bins, &dir, args.workloads, args.runs, &mut report)?,
+            other => anyhow::bail!("no scenario {other}"),
+        }
+        eprintln!("scenario {scenario} took {:.0} s", t.elapsed().as_secs_f64());
+    }
+    report.header(format!(
+        "Whole run: {:.0} s. Logs of this run: `{}`.",
+        started.elapsed().as_secs_f64(),
+        dir.strip_prefix(placement_tests::repo_root()).unwrap_or(&dir).display()
+    ));
+    let md = report.render(&args.note);
+    std::fs::write(&args.out, &md).with_context(|| format!("write {}", args.out.display()))?;
+    eprintln!("placement-bench: wrote {}", args.out.display());
+    Ok(())
+}
+
+fn which(program: &std::path::Path) -> PathBuf {
+    if program.components().count() > 1 {
+        return program.to_owned();
+    }
+    std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join(program))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| program.to_owned())
+}
+
+fn header(report: &mut Report, args: &Args, bins: &Bins) {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|s| s.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".to_owned());
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map(|kb| format!("{:.0} GiB", kb / 1024.0 / 1024.0))
+        .unwrap_or_else(|| "unknown".to_owned());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    report.header(format!(
+        "Command: `{}`",
+        args.command
+    ));
+    report.header(format!(
+        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads.",
+        args.scenarios, args.runs, args.duration, args.concurrency, args.creates, args.objects, args.workloads
+    ));
+    report.header(format!(
+        "Machine: {cores} cores ({cpu}), {mem} memory; load average at start: {}. Everything (servers, peers, load generator) shares these cores.",
+        load.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+    ));
+    let assets = placement_tests::assets();
+    report.header(format!(
+        "Peers: {}; {}; {}.",
+        version_of(&assets.join("kube-apiserver"), &["--version"]),
+        version_of(&assets.join("etcd"), &["--version"]),
+        version_of(&bins.opa, &["version"]).replace("Version: ", "OPA "),
+    ));
+    report.header(format!(
+        "Load generator: {}; {}.",
+        version_of(&bins.oha, &["--version"]),
+        version_of(std::path::Path::new("rustc"), &["--version"]),
+    ));
+    report.header(format!(
+        "placement-policy: release build of `{}`{}.",
+        git(&["rev-parse", "--short", "HEAD"]),
+        if git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+            ""
+        } else {
+            " with uncommitted changes"
+        }
+    ));
+}
+
+fn git(args: &[&str]) -> String {
+    std::process::Command::new("git")
+        .args(args)
+        .current_dir(placement_tests::repo_root())
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
