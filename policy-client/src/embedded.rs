@@ -172,7 +172,17 @@ impl Embedded {
         let mut modules = state.modules.clone();
         let mut data = state.data.clone();
         change(&mut modules, &mut data)?;
-        let template = build_engine(&modules, &data)?;
+        let template = if modules == state.modules {
+            // Data only: keep the parsed modules, swap the data document.
+            let mut engine = (*state.template).clone();
+            engine.clear_data();
+            engine
+                .add_data(regorus::Value::from(data.clone()))
+                .map_err(|e| EngineError::Evaluation(format!("loading data: {e}")))?;
+            engine
+        } else {
+            build_engine(&modules, &data)?
+        };
         state.modules = modules;
         state.data = data;
         state.template = Arc::new(template);
@@ -425,6 +435,24 @@ impl PolicyEngine for Embedded {
         })
     }
 
+    async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
+        let segments: Vec<String> = path_segments(path)?.into_iter().map(str::to_owned).collect();
+        let patch = patch.clone();
+        let not_found = |message: String| EngineError::NotFound {
+            path: path.to_owned(),
+            message,
+        };
+        self.update(|_, data| {
+            let mut node = Some(data);
+            for segment in &segments {
+                node = node.and_then(|n| n.get_mut(segment.as_str()));
+            }
+            let document = node.ok_or_else(|| not_found("the document does not exist".to_owned()))?;
+            // json_patch applies all operations or none.
+            json_patch::patch(document, &patch).map_err(|e| not_found(e.to_string()))
+        })
+    }
+
     async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
         let segments: Vec<String> = path_segments(path)?
             .into_iter()
@@ -602,6 +630,25 @@ errors contains msg if {
         engine.delete_policy("p.rego").await.unwrap();
         engine.delete_policy("p.rego").await.unwrap();
         assert!(engine.policy_ids().await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn patches_data_atomically() {
+        let engine = Embedded::new();
+        engine.put_data("regions", &json!({"web": "eu"})).await.unwrap();
+        let patch: json_patch::Patch =
+            serde_json::from_value(json!([{"op": "add", "path": "/api", "value": "us"}])).unwrap();
+        engine.patch_data("regions", &patch).await.unwrap();
+        assert_eq!(engine.read().data, json!({"regions": {"web": "eu", "api": "us"}}));
+        let failing: json_patch::Patch = serde_json::from_value(
+            json!([{"op": "add", "path": "/db", "value": "x"}, {"op": "remove", "path": "/absent"}]),
+        )
+        .unwrap();
+        let err = engine.patch_data("regions", &failing).await.unwrap_err();
+        assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
+        assert_eq!(engine.read().data["regions"], json!({"web": "eu", "api": "us"}), "all or nothing");
+        let err = engine.patch_data("nowhere", &patch).await.unwrap_err();
+        assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
     }
 
     #[test]

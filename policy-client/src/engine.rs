@@ -82,6 +82,8 @@ pub enum EngineError {
     Evaluation(String),
     #[error("policy engine sent a response that is not valid JSON: {0}")]
     InvalidResponse(String),
+    #[error("no document at {path:?} in the policy engine: {message}")]
+    NotFound { path: String, message: String },
     #[error("invalid engine path {path:?}: {reason}")]
     InvalidPath { path: String, reason: String },
     #[error(
@@ -137,6 +139,7 @@ impl EngineError {
             EngineError::Compile(_) => "compile",
             EngineError::Evaluation(_) => "evaluation",
             EngineError::InvalidResponse(_) => "invalid_response",
+            EngineError::NotFound { .. } => "not_found",
             EngineError::InvalidPath { .. } => "invalid_path",
             EngineError::DeadlineExceeded { last, .. } => last.kind(),
             EngineError::Config(_) => "config",
@@ -166,6 +169,11 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
 
     /// Create or replace the data document at `path`.
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError>;
+
+    /// Apply an RFC 6902 patch to the existing data document at `path`.
+    /// A missing document, or an operation on a missing member, is
+    /// [`EngineError::NotFound`]; nothing is changed then.
+    async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError>;
 
     /// Remove the data document at `path`; removing an absent document succeeds.
     async fn delete_data(&self, path: &str) -> Result<(), EngineError>;

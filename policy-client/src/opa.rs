@@ -182,6 +182,9 @@ impl Opa {
         }
         request = match body {
             Some(Body::Json(value)) => request.json(&value),
+            Some(Body::JsonPatch(value)) => request
+                .header(CONTENT_TYPE, "application/json-patch+json")
+                .body(value.to_string()),
             Some(Body::Text(text)) => request.header(CONTENT_TYPE, "text/plain").body(text),
             None => request,
         };
@@ -240,6 +243,8 @@ impl Opa {
 
 enum Body {
     Json(Value),
+    /// An RFC 6902 patch document.
+    JsonPatch(Value),
     Text(String),
 }
 
@@ -339,6 +344,19 @@ impl PolicyEngine for Opa {
         self.send(Method::PUT, url, Some(Body::Json(value.clone())))
             .await
             .map(drop)
+    }
+
+    async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
+        let url = self.url(&["v1", "data"], path)?;
+        let body = serde_json::to_value(patch)
+            .map_err(|e| EngineError::InvalidPath { path: path.to_owned(), reason: e.to_string() })?;
+        match self.send(Method::PATCH, url, Some(Body::JsonPatch(body))).await {
+            Err(EngineError::Http { status: 404, message, .. }) => Err(EngineError::NotFound {
+                path: path.to_owned(),
+                message,
+            }),
+            other => other.map(drop),
+        }
     }
 
     async fn delete_data(&self, path: &str) -> Result<(), EngineError> {

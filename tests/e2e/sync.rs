@@ -15,10 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use placement_tests::control_plane::POLICY_NAMESPACE;
-use placement_tests::{
-    ControlPlane, Identity, OpaServer, Process, WebhookProcess, free_port, project_bin,
-    scratch_dir, unique_name,
-};
+use placement_tests::{ControlPlane, Identity, OpaServer, WebhookProcess, unique_name};
 use policy_client::{PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
 
@@ -46,105 +43,7 @@ fn run(test: impl std::future::Future<Output = ()>) {
 // The sidecar process
 // ---------------------------------------------------------------------------
 
-struct Sidecar {
-    process: Process,
-    port: u16,
-}
-
-impl Sidecar {
-    /// The sidecar as its own service account.
-    fn start(plane: &ControlPlane, opa: &OpaServer, extra: &[&str]) -> Sidecar {
-        Sidecar::start_as(plane, Identity::Sidecar, opa, extra)
-    }
-
-    fn start_as(
-        plane: &ControlPlane,
-        identity: Identity,
-        opa: &OpaServer,
-        extra: &[&str],
-    ) -> Sidecar {
-        let dir = scratch_dir("sync");
-        let port = free_port();
-        let mut args: Vec<String> = vec![
-            format!("--kubeconfig={}", plane.kubeconfig(identity).display()),
-            format!("--opa-url={}", opa.url()),
-            format!("--opa-token-file={}", opa.token_file().display()),
-            format!("--listen=127.0.0.1:{port}"),
-            "--lease-namespace=placement-system".into(),
-            format!("--identity={}", unique_name("sync")),
-            "--engine-check-interval=500ms".into(),
-            "--remediation-debounce=200ms".into(),
-        ];
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let env = vec![(
-            "RUST_LOG".to_owned(),
-            "info,placement_sync=debug".to_owned(),
-        )];
-        let mut process = Process::spawn_with_env(
-            "placement-sync",
-            &project_bin("placement-sync"),
-            &args,
-            &env,
-            &dir.join("placement-sync.log"),
-        )
-        .expect("start placement-sync");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !placement_tests::port_open(port) {
-            assert!(
-                !process.has_exited(),
-                "placement-sync exited:\n{}",
-                process.log()
-            );
-            assert!(
-                Instant::now() < deadline,
-                "placement-sync did not listen:\n{}",
-                process.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Sidecar { process, port }
-    }
-
-    async fn get(&self, path: &str) -> (u16, String) {
-        let response = reqwest::get(format!("http://127.0.0.1:{}{path}", self.port))
-            .await
-            .unwrap_or_else(|e| panic!("GET {path}: {e}"));
-        let status = response.status().as_u16();
-        (status, response.text().await.unwrap_or_default())
-    }
-
-    async fn wait_ready(&self, timeout: Duration) {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let (status, body) = self.get("/readyz").await;
-            if status == 200 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "sidecar not ready after {timeout:?}: {body}\n{}",
-                self.log_tail()
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    async fn metric(&self, name_and_labels: &str) -> Option<f64> {
-        let (_, text) = self.get("/metrics").await;
-        text.lines()
-            .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-    }
-
-    fn log_tail(&self) -> String {
-        self.process.log_tail(60)
-    }
-
-    fn stop(mut self) {
-        self.process.terminate(Duration::from_secs(10));
-    }
-}
+use placement_tests::SidecarProcess as Sidecar;
 
 // ---------------------------------------------------------------------------
 // Helpers
@@ -1156,7 +1055,7 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
         requested_before["metadata"]["resourceVersion"],
         "report mode patched"
     );
-    let log = log_of(sidecar.process.log_path());
+    let log = log_of(sidecar.log_path());
     assert!(
         !log.contains("remediated placement"),
         "report mode patched:\n{log}"

@@ -468,3 +468,33 @@ fn review_command_prints_the_placed_object() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serving_certificate_files_are_reloaded_when_they_change() {
+    let webhook = embedded_webhook(&[]);
+    let old_client = webhook.https_client();
+    assert!(old_client.get(webhook.url("/healthz")).send().await.is_ok());
+
+    // Rotate: a new CA and certificate written over the files the webhook serves.
+    let rotated = placement_certs::generate_to_dir(&webhook.dir.join("certs"), &["127.0.0.1".into()]).unwrap();
+    let new_ca = std::fs::read_to_string(&rotated.ca).unwrap();
+    let new_client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(new_ca.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let mut served_new = false;
+    for _ in 0..100 {
+        if new_client.get(webhook.url("/healthz")).send().await.is_ok() {
+            served_new = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(served_new, "the rotated certificate is served within 10 s:\n{}", webhook.log());
+    // A fresh connection trusting only the old CA no longer verifies.
+    let fresh_old = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(webhook.ca_pem.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    assert!(fresh_old.get(webhook.url("/healthz")).send().await.is_err());
+}

@@ -13,6 +13,7 @@ pub mod control_plane;
 pub mod fault_proxy;
 pub mod opa;
 pub mod process;
+pub mod sidecar;
 pub mod webhook;
 
 use std::path::{Path, PathBuf};
@@ -23,6 +24,7 @@ pub use control_plane::{ControlPlane, Identity, POLICY_NAMESPACE, SYSTEM_NAMESPA
 pub use fault_proxy::FaultProxy;
 pub use opa::OpaServer;
 pub use process::{Process, free_port, port_open, wait_for};
+pub use sidecar::SidecarProcess;
 pub use webhook::WebhookProcess;
 
 /// The repository root.

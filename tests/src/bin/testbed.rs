@@ -1,58 +1,121 @@
-//! `testbed up`: start etcd, kube-apiserver and OPA on loopback in the
-//! foreground, print how to reach them, and stop everything on Ctrl-C.
+//! `testbed up [--bare]`: start etcd, kube-apiserver and OPA on loopback in the
+//! foreground and, unless `--bare`, the whole product on top: the example
+//! Cluster registry, the shipped policy as a ConfigMap, `placement-sync`
+//! replicating into OPA, and `placement-webhook` registered with the API server.
+//! Prints how to reach everything; Ctrl-C stops it all.
 
 use std::time::Duration;
 
-use placement_tests::{ControlPlane, Identity, OpaServer};
+use placement_tests::{
+    ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SidecarProcess, WebhookProcess, repo_root,
+};
+use serde_json::{Value, json};
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    match args.next().as_deref() {
-        Some("up") => up(),
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.first().map(String::as_str) {
+        Some("up") => up(args.iter().any(|a| a == "--bare")),
         _ => {
-            eprintln!("usage: testbed up");
+            eprintln!("usage: testbed up [--bare]");
             std::process::exit(2);
         }
     }
 }
 
-fn up() {
+fn up(bare: bool) {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
     eprintln!("starting etcd and kube-apiserver ...");
     let plane = ControlPlane::start();
     eprintln!("starting OPA ...");
     let opa = OpaServer::start();
+    let mut product = None;
+    if !bare {
+        eprintln!("loading the example clusters and the shipped policy ...");
+        plane.ensure_example_clusters();
+        let policy = repo_root().join("policies/placement.rego");
+        let configmap = plane.kubectl_ok(&[
+            "create",
+            "configmap",
+            "placement",
+            "-n",
+            POLICY_NAMESPACE,
+            &format!("--from-file=placement.rego={}", policy.display()),
+            "--dry-run=client",
+            "-o",
+            "json",
+        ]);
+        let out = plane.kubectl_stdin(&["create", "-f", "-"], &configmap);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        eprintln!("starting placement-sync ...");
+        let sidecar = SidecarProcess::start(
+            &plane,
+            &opa,
+            &["--replicate-cluster=placement-policy.io/v1alpha1/clusters", "--remediation=auto"],
+        );
+        runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+        eprintln!("starting placement-webhook ...");
+        let webhook = WebhookProcess::start(&[
+            format!("--opa-url={}", opa.url()),
+            format!("--opa-token-file={}", opa.token_file().display()),
+            format!("--kubeconfig={}", plane.kubeconfig(Identity::Webhook).display()),
+        ]);
+        register(&plane, &webhook);
+        product = Some((sidecar, webhook));
+    }
+
     let kubeconfig = plane.kubeconfig(Identity::Admin);
-    println!("kube-apiserver: {}", plane.server_url());
-    println!("kubeconfig:     {}", kubeconfig.display());
+    println!();
+    println!("kube-apiserver   {}", plane.server_url());
+    println!("kubeconfig       {}", kubeconfig.display());
+    println!("OPA              {} (bearer token in {})", opa.url(), opa.token_file().display());
+    if let Some((sidecar, webhook)) = &product {
+        println!("placement-sync   http://127.0.0.1:{}/metrics (log: {})", sidecar.port, sidecar.log_path().display());
+        println!("placement-webhook {} (metrics http://{}/metrics)", webhook.url("/mutate"), webhook.metrics_addr);
+    }
+    println!("logs             {}", plane.dir().display());
+    println!();
     println!("  export KUBECONFIG={}", kubeconfig.display());
-    println!(
-        "  (webhook identity: {})",
-        plane.kubeconfig(Identity::Webhook).display()
-    );
-    println!(
-        "  (sidecar identity: {})",
-        plane.kubeconfig(Identity::Sidecar).display()
-    );
-    println!(
-        "OPA:            {} (bearer token in {})",
-        opa.url(),
-        opa.token_file().display()
-    );
-    println!("logs:           {}", plane.dir().display());
+    if product.is_some() {
+        println!("  kubectl get clusters");
+        println!("  kubectl create -f {}", repo_root().join("examples/replicaset-eu-pci.yaml").display());
+        println!("  kubectl get rs nginx-eu -o jsonpath='{{.metadata.annotations}}'");
+        println!("  kubectl create -f {}   # denied", repo_root().join("examples/replicaset-forbidden.yaml").display());
+    }
+    println!();
     println!("Ctrl-C stops everything.");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .expect("runtime");
-        runtime.block_on(async {
-            let _ = tokio::signal::ctrl_c().await;
-        });
-        let _ = tx.send(());
+    runtime.block_on(async {
+        let _ = tokio::signal::ctrl_c().await;
     });
-    while rx.recv_timeout(Duration::from_secs(1)).is_err() {}
     eprintln!("stopping ...");
+    drop(product);
     drop(opa);
     drop(plane);
+}
+
+/// Register the webhook with `deploy/webhook-configuration.yaml`'s mutating
+/// configuration, pointed at the local process by URL.
+fn register(plane: &ControlPlane, webhook: &WebhookProcess) {
+    let text = std::fs::read_to_string(repo_root().join("deploy/webhook-configuration.yaml"))
+        .expect("read deploy/webhook-configuration.yaml");
+    for document in yaml_serde::Deserializer::from_str(&text) {
+        let mut doc: Value = serde::Deserialize::deserialize(document).expect("webhook configuration YAML");
+        if doc["kind"] != "MutatingWebhookConfiguration" {
+            continue;
+        }
+        if let Some(hooks) = doc["webhooks"].as_array_mut() {
+            for hook in hooks {
+                hook["clientConfig"] = json!({
+                    "url": webhook.url("/mutate"),
+                    "caBundle": placement_certs::ca_bundle(&webhook.ca_pem),
+                });
+            }
+        }
+        let out = plane.kubectl_stdin(&["apply", "-f", "-"], &doc.to_string());
+        assert!(out.status.success(), "register the webhook: {}", String::from_utf8_lossy(&out.stderr));
+    }
 }

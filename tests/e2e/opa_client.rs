@@ -1,0 +1,128 @@
+//! policy-client against a real OPA server, and the embedded engine doing the
+//! same operations with the same outcomes.
+
+use std::time::Duration;
+
+use placement_tests::OpaServer;
+use policy_client::{Embedded, EngineError, PolicyEngine, QueryOutcome};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+const GOOD_V1: &str = r#"package probe
+
+answer := {"region": data.config.region, "who": input.who}
+"#;
+
+const GOOD_V2: &str = r#"package probe
+
+answer := {"region": data.config.region, "who": input.who, "version": 2}
+"#;
+
+const BROKEN: &str = "package probe\n\nanswer := {\n";
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(10)
+}
+
+/// The same sequence of operations on any engine; returns what each query saw.
+async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
+    let mut seen = Vec::new();
+    let input = json!({"who": "dev"});
+    let record = |outcome: QueryOutcome| match outcome {
+        QueryOutcome::Defined(v) => v,
+        QueryOutcome::Undefined => json!("<undefined>"),
+    };
+    engine.health().await.expect("healthy");
+    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+
+    engine.put_policy("tests/probe.rego", GOOD_V1).await.expect("good policy");
+    engine.put_data("config", &json!({"region": "eu"})).await.expect("put data");
+    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+
+    let err = engine.put_policy("tests/probe.rego", BROKEN).await.expect_err("broken policy");
+    match &err {
+        EngineError::Compile(errors) => {
+            assert!(!errors.is_empty());
+            assert!(errors[0].file.as_deref().is_some_and(|f| f.contains("probe")), "{errors:?}");
+            assert!(errors[0].row.is_some(), "{errors:?}");
+        }
+        other => panic!("expected a compile error, got {other:?}"),
+    }
+    // The last good version stays in force.
+    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+    engine.put_policy("tests/probe.rego", GOOD_V2).await.expect("fixed policy");
+
+    let patch: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "replace", "path": "/region", "value": "us"}])).unwrap();
+    engine.patch_data("config", &patch).await.expect("patch data");
+    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+
+    let missing: json_patch::Patch =
+        serde_json::from_value(json!([{"op": "remove", "path": "/absent"}])).unwrap();
+    let err = engine.patch_data("config", &missing).await.expect_err("patch of a missing member");
+    assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
+    let err = engine.patch_data("nowhere/at/all", &patch).await.expect_err("patch of a missing document");
+    assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
+
+    engine.delete_data("config").await.expect("delete");
+    engine.delete_data("config").await.expect("deleting an absent document succeeds");
+    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+
+    let ids = engine.policy_ids().await.expect("ids");
+    assert!(ids.iter().any(|id| id == "tests/probe.rego"), "{ids:?}");
+    engine.delete_policy("tests/probe.rego").await.expect("delete policy");
+    engine.delete_policy("tests/probe.rego").await.expect("deleting an absent policy succeeds");
+    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn opa_and_embedded_behave_the_same() {
+    let opa = OpaServer::start();
+    let remote = exercise(&opa.client()).await;
+    let local = exercise(&Embedded::new()).await;
+    assert_eq!(remote, local);
+    assert_eq!(
+        remote,
+        vec![
+            json!("<undefined>"),
+            json!({"region": "eu", "who": "dev"}),
+            json!({"region": "eu", "who": "dev"}),
+            json!({"region": "us", "who": "dev", "version": 2}),
+            json!("<undefined>"),
+            json!("<undefined>"),
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn opa_without_the_token_is_unauthorized() {
+    let opa = OpaServer::start();
+    placement_tests::install_crypto();
+    let anonymous = policy_client::Opa::new(policy_client::OpaConfig::new(opa.url().parse().unwrap())).unwrap();
+    let err = anonymous.put_data("x", &json!(1)).await.unwrap_err();
+    assert!(matches!(err, EngineError::Unauthorized { status: 401 }), "{err:?}");
+    assert!(!err.is_transient());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unreachable_opa_is_retried_until_the_deadline() {
+    let mut opa = OpaServer::start();
+    let client = opa.client();
+    opa.kill();
+    let started = Instant::now();
+    let err = client
+        .query("probe/answer", &json!({}), started + Duration::from_millis(1500))
+        .await
+        .unwrap_err();
+    let elapsed = started.elapsed();
+    match &err {
+        EngineError::DeadlineExceeded { attempts, last, .. } => {
+            assert!(*attempts >= 3, "{attempts} attempts");
+            assert!(matches!(**last, EngineError::Unreachable { .. }), "{last:?}");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(elapsed <= Duration::from_millis(1700), "kept to the deadline: {elapsed:?}");
+    assert!(err.to_string().contains("unreachable"), "{err}");
+}
