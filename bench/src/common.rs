@@ -10,23 +10,23 @@ use placement_tests::{Process, free_port, port_open};
 
 /// Paths of everything the benchmark runs.
 #[derive(Debug, Clone)]
-pub struct Bins {
-    pub webhook: PathBuf,
-    pub sync: PathBuf,
-    pub noop: PathBuf,
-    pub oha: PathBuf,
-    pub opa: PathBuf,
+pub(crate) struct Bins {
+    pub(crate) webhook: PathBuf,
+    pub(crate) sync: PathBuf,
+    pub(crate) noop: PathBuf,
+    pub(crate) oha: PathBuf,
+    pub(crate) opa: PathBuf,
 }
 
 /// A binary of this workspace's release build (`cargo build --release --bins`).
-pub fn release_bin(name: &str) -> PathBuf {
+pub(crate) fn release_bin(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| placement_tests::repo_root().join("target"));
     target.join("release").join(name)
 }
 
-pub fn require(path: &Path, hint: &str) -> Result<()> {
+pub(crate) fn require(path: &Path, hint: &str) -> Result<()> {
     if !path.exists() {
         bail!("{} is missing: {hint}", path.display());
     }
@@ -47,7 +47,7 @@ fn clock_ticks() -> f64 {
 }
 
 /// User + system CPU seconds a process has used so far (its threads included).
-pub fn cpu_seconds(pid: u32) -> Result<f64> {
+pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("read /proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces) start at field 3.
@@ -62,7 +62,7 @@ pub fn cpu_seconds(pid: u32) -> Result<f64> {
 }
 
 /// A `Vm*` line of /proc/<pid>/status, in KiB (e.g. `VmHWM`, `VmRSS`).
-pub fn vm_kib(pid: u32, field: &str) -> Result<u64> {
+pub(crate) fn vm_kib(pid: u32, field: &str) -> Result<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("read /proc/{pid}/status"))?;
     status
@@ -73,7 +73,7 @@ pub fn vm_kib(pid: u32, field: &str) -> Result<u64> {
 }
 
 /// Poll `check` until it returns `Some`, or fail after `timeout`.
-pub fn poll<T>(
+pub(crate) fn poll<T>(
     what: &str,
     timeout: Duration,
     every: Duration,
@@ -92,20 +92,19 @@ pub fn poll<T>(
 }
 
 /// A server process whose stdout announces its address.
-pub struct Server {
-    pub process: Process,
-    pub name: String,
+pub(crate) struct Server {
+    pub(crate) process: Process,
 }
 
 impl Server {
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.process.pid().unwrap_or(0)
     }
 }
 
 /// Spawn `bin args`, wait for a log line containing `marker`, return the process
 /// and that line.
-pub fn spawn_announced(
+pub(crate) fn spawn_announced(
     name: &str,
     bin: &Path,
     args: &[String],
@@ -130,17 +129,11 @@ pub fn spawn_announced(
                 .map(str::to_owned))
         },
     )?;
-    Ok((
-        Server {
-            process,
-            name: name.to_owned(),
-        },
-        line,
-    ))
+    Ok((Server { process }, line))
 }
 
 /// The address after `prefix` in `line` (up to `,`, `/` or whitespace).
-pub fn addr_after(line: &str, prefix: &str) -> Result<SocketAddr> {
+pub(crate) fn addr_after(line: &str, prefix: &str) -> Result<SocketAddr> {
     let rest = line
         .split(prefix)
         .nth(1)
@@ -154,7 +147,7 @@ pub fn addr_after(line: &str, prefix: &str) -> Result<SocketAddr> {
 }
 
 /// `placement-webhook serve` on loopback: (server, admission addr, metrics addr).
-pub fn start_webhook(
+pub(crate) fn start_webhook(
     bins: &Bins,
     dir: &Path,
     certs: &placement_certs::CertPaths,
@@ -182,18 +175,28 @@ pub fn start_webhook(
 }
 
 /// `opa run --server` on a free loopback port with `args` (TLS flags, files).
-pub fn start_opa(bins: &Bins, dir: &Path, label: &str, args: &[String]) -> Result<(Server, u16)> {
+pub(crate) fn start_opa(
+    bins: &Bins,
+    dir: &Path,
+    label: &str,
+    args: &[String],
+) -> Result<(Server, u16)> {
     let port = free_port();
     let mut full: Vec<String> = vec![
         "run".into(),
         "--server".into(),
         format!("--addr=127.0.0.1:{port}"),
         "--log-level=error".into(),
-        "--disable-telemetry".into(),
+        "--skip-version-check".into(),
     ];
     full.extend(args.iter().cloned());
-    let mut process = Process::spawn("opa", &bins.opa, &full, &dir.join(format!("opa-{label}.log")))
-        .context("start opa")?;
+    let mut process = Process::spawn(
+        "opa",
+        &bins.opa,
+        &full,
+        &dir.join(format!("opa-{label}.log")),
+    )
+    .context("start opa")?;
     poll(
         "OPA to listen",
         Duration::from_secs(60),
@@ -205,16 +208,10 @@ pub fn start_opa(bins: &Bins, dir: &Path, label: &str, args: &[String]) -> Resul
             Ok(port_open(port).then_some(()))
         },
     )?;
-    Ok((
-        Server {
-            process,
-            name: format!("opa ({label})"),
-        },
-        port,
-    ))
+    Ok((Server { process }, port))
 }
 
-pub fn median(values: &[f64]) -> f64 {
+pub(crate) fn median(values: &[f64]) -> f64 {
     if values.is_empty() {
         return f64::NAN;
     }
@@ -229,7 +226,7 @@ pub fn median(values: &[f64]) -> f64 {
 }
 
 /// Nearest-rank percentile (`p` in 0..=100) of unsorted samples.
-pub fn percentile(values: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(values: &[f64], p: f64) -> f64 {
     if values.is_empty() {
         return f64::NAN;
     }
@@ -240,13 +237,17 @@ pub fn percentile(values: &[f64], p: f64) -> f64 {
 }
 
 /// A version line of a tool (`first line of CMD ARGS`), or "unknown".
-pub fn version_of(bin: &Path, args: &[&str]) -> String {
+pub(crate) fn version_of(bin: &Path, args: &[&str]) -> String {
     std::process::Command::new(bin)
         .args(args)
         .output()
         .ok()
         .map(|o| {
-            let text = if o.stdout.is_empty() { o.stderr } else { o.stdout };
+            let text = if o.stdout.is_empty() {
+                o.stderr
+            } else {
+                o.stdout
+            };
             String::from_utf8_lossy(&text)
                 .lines()
                 .next()
@@ -260,7 +261,7 @@ pub fn version_of(bin: &Path, args: &[&str]) -> String {
 
 /// A plain-HTTP GET on loopback (`HTTP/1.0`, one connection per request, so no
 /// chunked bodies), with an optional bearer token: (status, body).
-pub fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+pub(crate) fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connect to 127.0.0.1:{port}"))?;
@@ -288,23 +289,21 @@ pub fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, Stri
 
 /// The value of one sample of a Prometheus/OpenMetrics text page, `name{labels}`
 /// written exactly as on the page.
-pub fn metric(page: &str, name_and_labels: &str) -> Option<f64> {
+pub(crate) fn metric(page: &str, name_and_labels: &str) -> Option<f64> {
     page.lines()
-        .find(|l| {
-            l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' ')
-        })
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
         .and_then(|l| l[name_and_labels.len()..].split_whitespace().next())
         .and_then(|v| v.parse().ok())
 }
 
 /// `placement-sync` on loopback, talking to `opa` as `identity`.
-pub struct Sidecar {
-    pub server: Server,
-    pub port: u16,
+pub(crate) struct Sidecar {
+    pub(crate) server: Server,
+    pub(crate) port: u16,
 }
 
 impl Sidecar {
-    pub fn start(
+    pub(crate) fn start(
         bins: &Bins,
         dir: &Path,
         plane: &placement_tests::ControlPlane,
@@ -332,29 +331,29 @@ impl Sidecar {
         )
         .context("start placement-sync")?;
         Ok(Sidecar {
-            server: Server {
-                process,
-                name: "placement-sync".into(),
-            },
+            server: Server { process },
             port,
         })
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.server.pid()
     }
 
     /// Whether `/readyz` answers 200 (not yet listening: false). Fails when the
     /// process exited.
-    pub fn ready(&mut self) -> Result<bool> {
+    pub(crate) fn ready(&mut self) -> Result<bool> {
         if self.server.process.has_exited() {
-            bail!("placement-sync exited:\n{}", self.server.process.log_tail(40));
+            bail!(
+                "placement-sync exited:\n{}",
+                self.server.process.log_tail(40)
+            );
         }
         Ok(matches!(http_get(self.port, "/readyz", None), Ok((200, _))))
     }
 
     /// Poll `/readyz` every `every` until 200; returns when.
-    pub fn wait_ready(&mut self, timeout: Duration, every: Duration) -> Result<Instant> {
+    pub(crate) fn wait_ready(&mut self, timeout: Duration, every: Duration) -> Result<Instant> {
         let deadline = Instant::now() + timeout;
         loop {
             if self.ready()? {
@@ -370,7 +369,7 @@ impl Sidecar {
         }
     }
 
-    pub fn metrics(&self) -> Result<String> {
+    pub(crate) fn metrics(&self) -> Result<String> {
         let (status, body) = http_get(self.port, "/metrics", None)?;
         if status != 200 {
             bail!("placement-sync /metrics: HTTP {status}");
@@ -379,15 +378,40 @@ impl Sidecar {
     }
 
     /// One metric sample (0 when absent).
-    pub fn metric(&self, name_and_labels: &str) -> Result<f64> {
+    pub(crate) fn metric(&self, name_and_labels: &str) -> Result<f64> {
         Ok(metric(&self.metrics()?, name_and_labels).unwrap_or(0.0))
     }
 
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         self.server.process.log_tail(40)
     }
 
-    pub fn stop(mut self) {
+    pub(crate) fn stop(mut self) {
         self.server.process.terminate(Duration::from_secs(10));
     }
+}
+
+/// The ceiling, `noop-webhook`: (server, admission addr, stats addr).
+pub(crate) fn start_noop(
+    bins: &Bins,
+    dir: &Path,
+    certs: &placement_certs::CertPaths,
+) -> Result<(Server, SocketAddr, SocketAddr)> {
+    let (server, line) = spawn_announced(
+        "noop-webhook",
+        &bins.noop,
+        &[
+            "--listen=127.0.0.1:0".into(),
+            format!("--tls-cert={}", certs.cert.display()),
+            format!("--tls-key={}", certs.key.display()),
+        ],
+        &[],
+        &dir.join(format!("noop-webhook-{}.log", free_port())),
+        "admission on https://",
+    )?;
+    Ok((
+        server,
+        addr_after(&line, "admission on https://")?,
+        addr_after(&line, "stats on http://")?,
+    ))
 }

@@ -9,20 +9,19 @@ use serde_json::Value;
 
 /// What one load run measured.
 #[derive(Debug, Clone, Default)]
-pub struct LoadStats {
+pub(crate) struct LoadStats {
     /// Responses with status 200 per second of the run.
-    pub rps: f64,
-    pub p50_ms: f64,
-    pub p99_ms: f64,
+    pub(crate) rps: f64,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
     /// Responses with status 200.
-    pub ok: u64,
+    pub(crate) ok: u64,
     /// Any other status, or a connection error.
-    pub failed: u64,
-    pub seconds: f64,
+    pub(crate) failed: u64,
 }
 
 /// POST `body` to `url` for `duration` with `concurrency` connections.
-pub fn oha(
+pub(crate) fn oha(
     oha: &Path,
     url: &str,
     body: &Path,
@@ -105,6 +104,5 @@ fn parse(report: &Value) -> Result<LoadStats> {
         p99_ms: pct("p99")?,
         ok,
         failed,
-        seconds,
     })
 }

@@ -31,7 +31,12 @@ use crate::report::Report;
 #[command(about = "Benchmarks of placement-policy (issue 5); run through scripts/bench")]
 struct Args {
     /// Scenarios to run (comma-separated numbers 1-5).
-    #[arg(long, env = "BENCH_SCENARIOS", default_value = "1,2,3,4,5", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "BENCH_SCENARIOS",
+        default_value = "1,2,3,4,5",
+        value_delimiter = ','
+    )]
     scenarios: Vec<u8>,
     /// Length of each load run of scenario 1, in seconds.
     #[arg(long, env = "BENCH_DURATION", default_value_t = 20.0)]
@@ -40,7 +45,12 @@ struct Args {
     #[arg(long, env = "BENCH_RUNS", default_value_t = 3)]
     runs: usize,
     /// Concurrency levels of scenario 1.
-    #[arg(long, env = "BENCH_CONCURRENCY", default_value = "1,32", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "BENCH_CONCURRENCY",
+        default_value = "1,32",
+        value_delimiter = ','
+    )]
     concurrency: Vec<usize>,
     /// ReplicaSet creates per contender and run in scenario 2.
     #[arg(long, env = "BENCH_CREATES", default_value_t = 1000)]
@@ -97,6 +107,10 @@ fn main() -> Result<()> {
 
     let duration = Duration::from_secs_f64(args.duration);
     for scenario in &args.scenarios {
+        if *scenario == 5 && args.scenarios.contains(&3) {
+            // Runs inside scenario 3: same 10k objects, same sidecar.
+            continue;
+        }
         let t = Instant::now();
         eprintln!("\n==> scenario {scenario}");
         let dir = dir.join(format!("scenario-{scenario}"));
@@ -113,19 +127,29 @@ fn main() -> Result<()> {
                 &mut report,
             )?,
             2 => apiserver::run(&bins, &dir, args.creates, args.runs, &mut report)?,
-            3 => replication::run(&bins, &dir, args.objects, args.runs, &mut report, args.scenarios.contains(&5))?,
-            // Scenario 5 runs inside 3 (same 10k objects, same sidecar) when both are asked for.
-            5 if args.scenarios.contains(&3) => continue,
+            3 => replication::run(
+                &bins,
+                &dir,
+                args.objects,
+                args.runs,
+                &mut report,
+                args.scenarios.contains(&5),
+            )?,
             5 => replication::run(&bins, &dir, args.objects, args.runs, &mut report, true)?,
             4 => remediation::run(&bins, &dir, args.workloads, args.runs, &mut report)?,
             other => anyhow::bail!("no scenario {other}"),
         }
-        eprintln!("scenario {scenario} took {:.0} s", t.elapsed().as_secs_f64());
+        eprintln!(
+            "scenario {scenario} took {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
     }
     report.header(format!(
         "Whole run: {:.0} s. Logs of this run: `{}`.",
         started.elapsed().as_secs_f64(),
-        dir.strip_prefix(placement_tests::repo_root()).unwrap_or(&dir).display()
+        dir.strip_prefix(placement_tests::repo_root())
+            .unwrap_or(&dir)
+            .display()
     ));
     let md = report.render(&args.note);
     std::fs::write(&args.out, &md).with_context(|| format!("write {}", args.out.display()))?;
@@ -155,7 +179,9 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
                 .map(|s| s.trim().to_owned())
         })
         .unwrap_or_else(|| "unknown CPU".to_owned());
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
     let mem = std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|t| {
@@ -167,10 +193,7 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
         .map(|kb| format!("{:.0} GiB", kb / 1024.0 / 1024.0))
         .unwrap_or_else(|| "unknown".to_owned());
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    report.header(format!(
-        "Command: `{}`",
-        args.command
-    ));
+    report.header(format!("Command: `{}`", args.command));
     report.header(format!(
         "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads.",
         args.scenarios, args.runs, args.duration, args.concurrency, args.creates, args.objects, args.workloads

@@ -46,7 +46,7 @@ struct Recovery {
     resync_metric_s: f64,
 }
 
-pub fn run(
+pub(crate) fn run(
     bins: &Bins,
     dir: &Path,
     objects: usize,
@@ -58,7 +58,7 @@ pub fn run(
     eprintln!("scenario 3: starting etcd and kube-apiserver");
     let plane = ControlPlane::start();
     plane.ensure_example_clusters();
-    policy_configmap(&plane, "placement", &shipped_policy()?)?;
+    policy_configmap(&plane, "placement", &shipped_modules()?)?;
     plane.create_namespace(NS);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -98,7 +98,10 @@ pub fn run(
             ..Run::default()
         };
         let count = opa_count(&opa)?;
-        ensure!(count == objects, "OPA holds {count} of {objects} ConfigMaps after the first sync");
+        ensure!(
+            count == objects,
+            "OPA holds {count} of {objects} ConfigMaps after the first sync"
+        );
 
         // One update at a time, to OPA.
         for _ in 0..UPDATES_PER_RUN {
@@ -143,8 +146,10 @@ pub fn run(
                 Duration::from_secs(60),
                 Duration::from_millis(10),
                 || {
-                    Ok((sidecar.metric("placement_sync_engine_restarts_total")? > restarts)
-                        .then(Instant::now))
+                    Ok(
+                        (sidecar.metric("placement_sync_engine_restarts_total")? > restarts)
+                            .then(Instant::now),
+                    )
                 },
             )?;
             let ready = sidecar.wait_ready(Duration::from_secs(600), Duration::from_millis(10))?;
@@ -154,10 +159,13 @@ pub fn run(
                 resync_metric_s: sidecar.metric("placement_sync_resync_duration_seconds")?,
             };
             let count = opa_count(&opa)?;
-            ensure!(count == objects, "OPA holds {count} of {objects} ConfigMaps after the recovery");
+            ensure!(
+                count == objects,
+                "OPA holds {count} of {objects} ConfigMaps after the recovery"
+            );
             let policy = http_get(opa.port, "/v1/policies", Some(opa.token()))?.1;
             ensure!(
-                policy.contains("io.k8s.federation.admission"),
+                policy.contains("package io.k8s.federation.admission"),
                 "the shipped policy is not back in OPA after the recovery"
             );
             eprintln!(
@@ -193,9 +201,18 @@ pub fn run(
         "Per run (first sync; peak RSS at sync / at end): {}\n\n",
         results
             .iter()
-            .map(|r| format!("{:.2} s; {:.1} / {:.1} MiB", r.first_sync_s, r.hwm_mib_synced, r.hwm_mib))
+            .map(|r| format!(
+                "{:.2} s; {:.1} / {:.1} MiB",
+                r.first_sync_s, r.hwm_mib_synced, r.hwm_mib
+            ))
             .collect::<Vec<_>>()
             .join(" | ")
+    ));
+    md.push_str(&format!(
+        "Memory: {hwm:.1} MiB at its peak is about {:.1} KiB of the sidecar's memory per replicated object (an upper bound: the process's own \
+         baseline is included), for objects of about 0.5 KB as JSON: the reflector caches (`DynamicObject`, JSON values) and the one-document first \
+         write of each type dominate, and the allocator keeps the peak.\n\n",
+        hwm * 1024.0 / objects as f64
     ));
     md.push_str(KUBE_MGMT);
     report.section(md);
@@ -212,7 +229,8 @@ pub fn run(
 
     if with_recovery {
         let recs: Vec<&Recovery> = results.iter().filter_map(|r| r.recovery.as_ref()).collect();
-        let m = |f: &dyn Fn(&Recovery) -> f64| median(&recs.iter().map(|r| f(r)).collect::<Vec<_>>());
+        let m =
+            |f: &dyn Fn(&Recovery) -> f64| median(&recs.iter().map(|r| f(r)).collect::<Vec<_>>());
         let ready = m(&|r| r.ready_s);
         let md = format!(
             "## 5. Recovery after an OPA restart\n\nOPA killed (SIGKILL) and started again, empty, on the same port, while the sidecar of scenario 3 holds {objects} ConfigMaps, \
@@ -225,12 +243,18 @@ pub fn run(
             m(&|r| r.detected_s),
             ready,
             m(&|r| r.resync_metric_s),
-            recs.iter().map(|r| format!("{:.2} s", r.ready_s)).collect::<Vec<_>>().join(" | "),
+            recs.iter()
+                .map(|r| format!("{:.2} s", r.ready_s))
+                .collect::<Vec<_>>()
+                .join(" | "),
         );
         report.section(md);
         report.target(
             format!("Recovery: in sync within 5 s at {objects} objects"),
-            format!("{ready:.2} s (of which {:.2} s to notice)", m(&|r| r.detected_s)),
+            format!(
+                "{ready:.2} s (of which {:.2} s to notice)",
+                m(&|r| r.detected_s)
+            ),
             Status::from_bool(ready < 5.0),
         );
     }
@@ -242,30 +266,64 @@ source is the Go module proxy, and it answers \"This module version is not avail
 source is reachable. So the kube-mgmt column, and with it the two replication targets (half of kube-mgmt's time and memory), cannot be evaluated here; \
 placement-sync's own figures are above.\n";
 
-/// The shipped policy (`policies/placement.rego`).
-pub fn shipped_policy() -> Result<String> {
-    let path = placement_tests::repo_root().join("policies/placement.rego");
-    std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+/// The shipped policy modules: every `policies/*.rego` except `*_test.rego`,
+/// as (file name, source), sorted by name.
+pub(crate) fn shipped_modules() -> Result<Vec<(String, String)>> {
+    let dir = placement_tests::repo_root().join("policies");
+    let mut modules = Vec::new();
+    for entry in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        if name.ends_with(".rego") && !name.ends_with("_test.rego") {
+            let source = std::fs::read_to_string(&path)
+                .with_context(|| format!("read {}", path.display()))?;
+            modules.push((name, source));
+        }
+    }
+    modules.sort();
+    if modules.is_empty() {
+        bail!("no policy module in {}", dir.display());
+    }
+    Ok(modules)
 }
 
-/// A policy ConfigMap in the policy namespace with one module, `placement.rego`.
-pub fn policy_configmap(plane: &ControlPlane, name: &str, source: &str) -> Result<()> {
+/// A policy ConfigMap in the policy namespace with one key per module.
+pub(crate) fn policy_configmap(
+    plane: &ControlPlane,
+    name: &str,
+    modules: &[(String, String)],
+) -> Result<()> {
+    let data: serde_json::Map<String, Value> = modules
+        .iter()
+        .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+        .collect();
     let manifest = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": name, "namespace": POLICY_NAMESPACE},
-        "data": {"placement.rego": source},
+        "data": data,
     });
     let out = plane.kubectl_stdin(&["apply", "-f", "-"], &manifest.to_string());
     if !out.status.success() {
-        bail!("apply policy ConfigMap: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "apply policy ConfigMap: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     Ok(())
 }
 
 /// How many ConfigMaps of the benchmark namespace OPA holds.
 fn opa_count(opa: &OpaServer) -> Result<usize> {
-    let (status, body) = http_get(opa.port, &format!("/v1/data/kubernetes/configmaps/{NS}"), Some(opa.token()))?;
+    let (status, body) = http_get(
+        opa.port,
+        &format!("/v1/data/kubernetes/configmaps/{NS}"),
+        Some(opa.token()),
+    )?;
     ensure!(status == 200, "OPA: HTTP {status}: {body}");
     let doc: Value = serde_json::from_str(&body)?;
     Ok(doc["result"].as_object().map(|m| m.len()).unwrap_or(0))

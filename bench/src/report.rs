@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Status {
+pub(crate) enum Status {
     Met,
     Missed,
     /// Could not be measured here (the reason is in the figure).
@@ -11,7 +11,7 @@ pub enum Status {
 }
 
 impl Status {
-    pub fn from_bool(met: bool) -> Status {
+    pub(crate) fn from_bool(met: bool) -> Status {
         if met { Status::Met } else { Status::Missed }
     }
 
@@ -32,7 +32,7 @@ struct Target {
 }
 
 #[derive(Debug, Default)]
-pub struct Report {
+pub(crate) struct Report {
     header: Vec<String>,
     sections: Vec<String>,
     targets: Vec<Target>,
@@ -41,16 +41,21 @@ pub struct Report {
 
 impl Report {
     /// A line of the header (machine, versions, command).
-    pub fn header(&mut self, line: impl Into<String>) {
+    pub(crate) fn header(&mut self, line: impl Into<String>) {
         self.header.push(line.into());
     }
 
-    pub fn section(&mut self, markdown: String) {
+    pub(crate) fn section(&mut self, markdown: String) {
         println!("{markdown}");
         self.sections.push(markdown);
     }
 
-    pub fn target(&mut self, what: impl Into<String>, figure: impl Into<String>, status: Status) {
+    pub(crate) fn target(
+        &mut self,
+        what: impl Into<String>,
+        figure: impl Into<String>,
+        status: Status,
+    ) {
         let t = Target {
             what: what.into(),
             figure: figure.into(),
@@ -60,14 +65,16 @@ impl Report {
         self.targets.push(t);
     }
 
-    pub fn note(&mut self, note: impl Into<String>) {
+    pub(crate) fn note(&mut self, note: impl Into<String>) {
         self.notes.push(note.into());
     }
 
-    pub fn render(&self, title_note: &str) -> String {
+    pub(crate) fn render(&self, title_note: &str) -> String {
         let mut md = String::new();
         md.push_str("# Benchmarks\n\n");
-        md.push_str("Written by `scripts/bench` (crate `bench/`); do not edit by hand, run it again.\n\n");
+        md.push_str(
+            "Written by `scripts/bench` (crate `bench/`); do not edit by hand, run it again.\n\n",
+        );
         if !title_note.is_empty() {
             let _ = writeln!(md, "{title_note}\n");
         }
@@ -94,7 +101,7 @@ impl Report {
 }
 
 /// Milliseconds with a precision that suits the value.
-pub fn fmt_ms(ms: f64) -> String {
+pub(crate) fn fmt_ms(ms: f64) -> String {
     if ms.is_nan() {
         "n/a".to_owned()
     } else if ms < 10.0 {
@@ -107,7 +114,7 @@ pub fn fmt_ms(ms: f64) -> String {
 }
 
 /// A ratio as a percentage (`"%"`) or a multiple (`"x"`).
-pub fn fmt_ratio(r: f64, unit: &str) -> String {
+pub(crate) fn fmt_ratio(r: f64, unit: &str) -> String {
     if r.is_nan() || r.is_infinite() {
         return "n/a".to_owned();
     }

@@ -5,12 +5,13 @@
 use anyhow::{Context, Result};
 use serde_json::{Value, json};
 
-pub const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+pub(crate) const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
 
 /// The example ReplicaSet, fleshed out to the size of a real workload.
-pub fn replicaset(name: &str, namespace: &str) -> Result<Value> {
+pub(crate) fn replicaset(name: &str, namespace: &str) -> Result<Value> {
     let path = placement_tests::repo_root().join("examples/replicaset-eu-pci.yaml");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
     let mut rs: Value = yaml_serde::from_str(&text).context("examples/replicaset-eu-pci.yaml")?;
     rs["metadata"]["name"] = json!(name);
     rs["metadata"]["namespace"] = json!(namespace);
@@ -97,7 +98,7 @@ fn admitted_object(name: &str, namespace: &str) -> Result<Value> {
 }
 
 /// The AdmissionReview request body for a CREATE of the benchmark ReplicaSet.
-pub fn admission_review() -> Result<Value> {
+pub(crate) fn admission_review() -> Result<Value> {
     let gvk = json!({"group": "apps", "version": "v1", "kind": "ReplicaSet"});
     let gvr = json!({"group": "apps", "version": "v1", "resource": "replicasets"});
     Ok(json!({

@@ -143,22 +143,20 @@ impl Env {
             .collect()
     }
 
+    /// The shipped policy as a ConfigMap in this test's policy namespace (the
+    /// webhook only counts it; the test loads OPA itself).
     fn create_policy_configmap(&self) {
-        let policy = std::fs::read_to_string(repo_root().join("policies/placement.rego"))
-            .expect("read policy");
+        let policies = repo_root().join("policies");
         let out = self.plane.kubectl(&[
             "create",
             "configmap",
             "placement",
             "-n",
             &self.policy_ns,
-            &format!("--from-literal=placement.rego={policy}"),
+            &format!("--from-file={}", policies.join("placement.rego").display()),
+            &format!("--from-file={}", policies.join("placement_rules.rego").display()),
         ]);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }
 
     fn delete_policy_configmap(&self) {

@@ -8,18 +8,21 @@
 //! ```text
 //! noop-webhook --listen 127.0.0.1:0 --tls-cert tls.crt --tls-key tls.key
 //! ```
-//! prints `noop-webhook: admission on https://ADDR` once it listens.
+//! prints `noop-webhook: admission on https://ADDR, stats on http://ADDR/count`
+//! once it listens; `/count` (plain HTTP) answers how many reviews it answered,
+//! so the benchmark can tell when the API server calls it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum_server::tls_rustls::RustlsConfig;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
@@ -75,7 +78,14 @@ struct Allowed {
     allowed: bool,
 }
 
+static REVIEWS: AtomicU64 = AtomicU64::new(0);
+
+async fn count() -> String {
+    format!("{}\n", REVIEWS.load(Ordering::Relaxed))
+}
+
 async fn mutate(body: Bytes) -> Response {
+    REVIEWS.fetch_add(1, Ordering::Relaxed);
     match serde_json::from_slice::<Review>(&body) {
         Ok(review)
             if review.api_version == "admission.k8s.io/v1" && review.kind == "AdmissionReview" =>
@@ -118,10 +128,16 @@ fn main() -> anyhow::Result<()> {
         let app = Router::new()
             .route("/mutate", post(mutate))
             .layer(DefaultBodyLimit::max(6 * 1024 * 1024));
-        println!("noop-webhook: admission on https://{addr}");
-        axum_server::from_tcp_rustls(listener, tls)?
-            .serve(app.into_make_service())
-            .await?;
+        let stats = std::net::TcpListener::bind((args.listen.ip(), 0))?;
+        stats.set_nonblocking(true)?;
+        let stats_addr = stats.local_addr()?;
+        let stats_app = Router::new().route("/count", get(count));
+        println!("noop-webhook: admission on https://{addr}, stats on http://{stats_addr}/count");
+        let admission = axum_server::from_tcp_rustls(listener, tls)?.serve(app.into_make_service());
+        let stats = axum_server::from_tcp(stats)?.serve(stats_app.into_make_service());
+        let (a, b) = tokio::join!(admission, stats);
+        a?;
+        b?;
         Ok(())
     })
 }

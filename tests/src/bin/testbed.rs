@@ -37,14 +37,15 @@ fn up(bare: bool) {
     if !bare {
         eprintln!("loading the example clusters and the shipped policy ...");
         plane.ensure_example_clusters();
-        let policy = repo_root().join("policies/placement.rego");
+        let policies = repo_root().join("policies");
         let configmap = plane.kubectl_ok(&[
             "create",
             "configmap",
             "placement",
             "-n",
             POLICY_NAMESPACE,
-            &format!("--from-file=placement.rego={}", policy.display()),
+            &format!("--from-file={}", policies.join("placement.rego").display()),
+            &format!("--from-file={}", policies.join("placement_rules.rego").display()),
             "--dry-run=client",
             "-o",
             "json",
