@@ -355,17 +355,15 @@ fn write_report(
          OPA answering itself; even with every core given to the server, the embedded webhook could not exceed about {:.0} req/s, and reaching 50% of the ceiling \
          needs at most about {:.3} ms per review, i.e. the placement must cost about as little as TLS + HTTP + JSON. TLS, HTTP and JSON parsing are the same \
          stack as the ceiling, so the difference ({:.3} ms per review) is policy evaluation and the work around it.\n\n\
-         A profile of placement-webhook (embedded) under load (`perf record --call-graph dwarf -p PID` during `oha -c 4`, during development) attributes \
-         **about 62% of its CPU to regorus's interpreter evaluating the shipped policy** (profiled during development against the single-module `policies/placement.rego` of commit b4c4908; rerun the profile after policy changes), and within that: about 19% of all samples compile regular expressions \
-         (`regorus::builtins::regex::compile_regex_for_builtin` builds a full `regex` DFA on every `regex.match` call; the shipped policy calls `regex.match` \
-         through `non_negative_integer` for the workload's PCI level and for every cluster's label, and through functions of the whole input such as \
-         `pci_ok(obj, cluster)` -> `pci_min(obj)` that are evaluated again per cluster), about 20% path bookkeeping of the interpreter \
-         (`regorus::utils::get_path_string`, `append_path_component`), about 13% `Interpreter::set_current_module` on function calls, and about 25% in \
-         malloc/free; hyper/axum/TLS together about 15%. OPA itself (`opa bench`) evaluates the same decision in about 0.7 ms, and `system.main` with the \
-         patch in about 1 ms, which is why OPA-answering-itself is not faster than the ceiling either. Improving it is product work, not benchmark work: \
-         evaluate per-input values once (rules over `input` instead of functions of `obj`), avoid `regex.match` in per-cluster paths or cache compiled \
-         patterns in the embedded engine, and bound concurrent evaluations to the core count (`spawn_blocking` lets {top} evaluations time-slice, which \
-         shows in p99).\n",
+         History: at commit b4c4908 (before c2070f9 restructured the policy into a library package and added a regex cache and mimalloc), a profile \
+         of placement-webhook (embedded) under load (`perf record --call-graph dwarf -p PID` during `oha -c 4`) attributed about 62% of its CPU to \
+         regorus's interpreter evaluating the policy: about 19% of all samples compiling regular expressions (`regex.match` compiled a full DFA on every \
+         call, and the policy called it per cluster through functions of the whole input), about 20% interpreter path bookkeeping \
+         (`regorus::utils::get_path_string`, `append_path_component`), about 13% `Interpreter::set_current_module`, about 25% malloc/free; \
+         hyper/axum/TLS together about 15%. Profile again after changes: `perf` works on this machine. OPA itself (`opa bench`) evaluated that \
+         decision in about 0.7 ms and `system.main` with the patch in about 1 ms, so OPA answering itself is also far below the ceiling: the policy, not the server stack, sets the pace. What is left to gain is \
+         in the interpreter's per-call overhead and allocations, and in bounding concurrent evaluations to the core count (`spawn_blocking` lets {top} \
+         evaluations time-slice, which shows in p99).\n",
         ms("ceiling"),
         ms("embedded"),
         ms("with-opa"),

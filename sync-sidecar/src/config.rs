@@ -117,7 +117,7 @@ pub struct Args {
     pub remediate: Vec<Gvr>,
 
     /// Maximum remediation patches per second (0 = unlimited).
-    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 20.0)]
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
     pub remediation_rate: f64,
 
     /// Quiet time that coalesces remediation triggers, e.g. `500ms`.

@@ -156,6 +156,25 @@ pub struct PassReport {
     pub aborted: bool,
 }
 
+/// Objects evaluated and patched at once in a pass.
+const PASS_CONCURRENCY: usize = 16;
+
+/// What happened to one object in a pass.
+enum Step {
+    /// Leadership or the engine's sync was lost, or the sidecar is stopping.
+    Aborted,
+    /// Patched already; the watch cache has not caught up.
+    InFlight,
+    Failed,
+    Placed,
+    Undefined,
+    Unplaceable,
+    Stale {
+        patched: bool,
+        failed: bool,
+    },
+}
+
 struct Target {
     resource: ApiResource,
     api: Api<DynamicObject>,
@@ -344,98 +363,38 @@ impl Remediator {
             .flat_map(|(i, t)| t.store.state().into_iter().map(move |o| (i, o)))
             .collect();
         self.forget_caught_up();
-        let evaluations = futures::stream::iter(objects)
-            .map(|(i, object)| async move {
-                let value = object_value(&object, &self.targets[i].resource);
-                let input = developer_view(&value);
-                let deadline = Instant::now() + self.ctx.query_timeout;
-                let outcome = self
-                    .ctx
-                    .engine
-                    .query(&self.ctx.decision, &input, deadline)
-                    .await;
-                (i, object, value, outcome)
-            })
-            .buffer_unordered(8);
-        let mut evaluations = std::pin::pin!(evaluations);
-        while let Some((i, object, value, outcome)) = evaluations.next().await {
-            if cancel.is_cancelled() || !self.may_act() {
-                report.aborted = true;
-                break;
-            }
-            report.evaluated += 1;
-            let outcome = match outcome {
-                Ok(o) => o,
-                Err(e) => {
-                    tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "placement query failed");
-                    report.failed += 1;
-                    continue;
+        // Objects are evaluated and patched concurrently (PATCH round trips, which
+        // also pass through the admission webhook, dominate a pass); the rate
+        // limiter still spaces the PATCHes.
+        let steps = futures::stream::iter(objects)
+            .map(|(i, object)| self.remediate_one(i, object, cancel))
+            .buffer_unordered(PASS_CONCURRENCY);
+        let mut steps = std::pin::pin!(steps);
+        while let Some(step) = steps.next().await {
+            match step {
+                Step::Aborted => {
+                    report.aborted = true;
+                    break;
                 }
-            };
-            match assess(&value, &outcome) {
-                Assessment::Placed => {}
-                Assessment::Undefined => report.undefined += 1,
-                Assessment::Invalid(reason) => {
+                Step::InFlight => {}
+                Step::Failed => {
+                    report.evaluated += 1;
                     report.failed += 1;
-                    tracing::warn!(object = %describe(&object, &self.targets[i].resource), %reason, "cannot remediate");
                 }
-                Assessment::Unplaceable(errors) => {
+                Step::Placed => report.evaluated += 1,
+                Step::Undefined => {
+                    report.evaluated += 1;
+                    report.undefined += 1;
+                }
+                Step::Unplaceable => {
+                    report.evaluated += 1;
                     report.unplaceable += 1;
-                    let note = format!(
-                        "the placement policy reports errors for this object, so it cannot be placed: {}",
-                        errors.join("; ")
-                    );
-                    self.event(i, &object, EventType::Warning, "PlacementRejected", note)
-                        .await;
                 }
-                Assessment::Stale { patch, changed } => {
-                    if self.ctx.mode == RemediationMode::Auto && self.is_in_flight(i, &object) {
-                        // Patched already; the cache has not seen the result yet.
-                        continue;
-                    }
+                Step::Stale { patched, failed } => {
+                    report.evaluated += 1;
                     report.stale += 1;
-                    match self.ctx.mode {
-                        RemediationMode::Report => {
-                            let note = format!(
-                                "{} {}: placement is stale; policy-owned annotations differ from the current decision: {}",
-                                self.targets[i].resource.kind,
-                                describe(&object, &self.targets[i].resource),
-                                changed.join(", ")
-                            );
-                            self.event(i, &object, EventType::Warning, "PlacementStale", note)
-                                .await;
-                        }
-                        RemediationMode::Auto => {
-                            self.limiter.acquire().await;
-                            if !self.may_act() {
-                                report.aborted = true;
-                                break;
-                            }
-                            match self.patch(i, &object, &patch).await {
-                                Ok(true) => {
-                                    report.patched += 1;
-                                    let note = format!(
-                                        "updated placement annotations: {}",
-                                        changed.join(", ")
-                                    );
-                                    self.event(
-                                        i,
-                                        &object,
-                                        EventType::Normal,
-                                        "PlacementRemediated",
-                                        note,
-                                    )
-                                    .await;
-                                }
-                                Ok(false) => {}
-                                Err(e) => {
-                                    report.failed += 1;
-                                    tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "remediation patch failed; will retry");
-                                }
-                            }
-                        }
-                        RemediationMode::Off => {}
-                    }
+                    report.patched += usize::from(patched);
+                    report.failed += usize::from(failed);
                 }
             }
         }
@@ -451,6 +410,106 @@ impl Remediator {
                 .set(report.unplaceable as i64);
         }
         report
+    }
+
+    /// Evaluate one object and act on the result.
+    async fn remediate_one(
+        &self,
+        i: usize,
+        object: Arc<DynamicObject>,
+        cancel: &CancellationToken,
+    ) -> Step {
+        if cancel.is_cancelled() || !self.may_act() {
+            return Step::Aborted;
+        }
+        let value = object_value(&object, &self.targets[i].resource);
+        let input = developer_view(&value);
+        let deadline = Instant::now() + self.ctx.query_timeout;
+        let outcome = match self
+            .ctx
+            .engine
+            .query(&self.ctx.decision, &input, deadline)
+            .await
+        {
+            Ok(o) => o,
+            Err(e) => {
+                tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "placement query failed");
+                return Step::Failed;
+            }
+        };
+        if cancel.is_cancelled() || !self.may_act() {
+            return Step::Aborted;
+        }
+        match assess(&value, &outcome) {
+            Assessment::Placed => Step::Placed,
+            Assessment::Undefined => Step::Undefined,
+            Assessment::Invalid(reason) => {
+                tracing::warn!(object = %describe(&object, &self.targets[i].resource), %reason, "cannot remediate");
+                Step::Failed
+            }
+            Assessment::Unplaceable(errors) => {
+                let note = format!(
+                    "the placement policy reports errors for this object, so it cannot be placed: {}",
+                    errors.join("; ")
+                );
+                self.event(i, &object, EventType::Warning, "PlacementRejected", note)
+                    .await;
+                Step::Unplaceable
+            }
+            Assessment::Stale { patch, changed } => match self.ctx.mode {
+                RemediationMode::Auto if self.is_in_flight(i, &object) => {
+                    // Patched already; the cache has not seen the result yet.
+                    Step::InFlight
+                }
+                RemediationMode::Report => {
+                    let note = format!(
+                        "{} {}: placement is stale; policy-owned annotations differ from the current decision: {}",
+                        self.targets[i].resource.kind,
+                        describe(&object, &self.targets[i].resource),
+                        changed.join(", ")
+                    );
+                    self.event(i, &object, EventType::Warning, "PlacementStale", note)
+                        .await;
+                    Step::Stale {
+                        patched: false,
+                        failed: false,
+                    }
+                }
+                RemediationMode::Auto => {
+                    self.limiter.acquire().await;
+                    if cancel.is_cancelled() || !self.may_act() {
+                        return Step::Aborted;
+                    }
+                    match self.patch(i, &object, &patch).await {
+                        Ok(true) => {
+                            let note =
+                                format!("updated placement annotations: {}", changed.join(", "));
+                            self.event(i, &object, EventType::Normal, "PlacementRemediated", note)
+                                .await;
+                            Step::Stale {
+                                patched: true,
+                                failed: false,
+                            }
+                        }
+                        Ok(false) => Step::Stale {
+                            patched: false,
+                            failed: false,
+                        },
+                        Err(e) => {
+                            tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "remediation patch failed; will retry");
+                            Step::Stale {
+                                patched: false,
+                                failed: true,
+                            }
+                        }
+                    }
+                }
+                RemediationMode::Off => Step::Stale {
+                    patched: false,
+                    failed: false,
+                },
+            },
+        }
     }
 
     /// PATCH one object; `Ok(false)` when it is gone.
