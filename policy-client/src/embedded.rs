@@ -436,7 +436,10 @@ impl PolicyEngine for Embedded {
     }
 
     async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
-        let segments: Vec<String> = path_segments(path)?.into_iter().map(str::to_owned).collect();
+        let segments: Vec<String> = path_segments(path)?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
         let patch = patch.clone();
         let not_found = |message: String| EngineError::NotFound {
             path: path.to_owned(),
@@ -447,7 +450,8 @@ impl PolicyEngine for Embedded {
             for segment in &segments {
                 node = node.and_then(|n| n.get_mut(segment.as_str()));
             }
-            let document = node.ok_or_else(|| not_found("the document does not exist".to_owned()))?;
+            let document =
+                node.ok_or_else(|| not_found("the document does not exist".to_owned()))?;
             // json_patch applies all operations or none.
             json_patch::patch(document, &patch).map_err(|e| not_found(e.to_string()))
         })
@@ -635,18 +639,28 @@ errors contains msg if {
     #[tokio::test]
     async fn patches_data_atomically() {
         let engine = Embedded::new();
-        engine.put_data("regions", &json!({"web": "eu"})).await.unwrap();
+        engine
+            .put_data("regions", &json!({"web": "eu"}))
+            .await
+            .unwrap();
         let patch: json_patch::Patch =
             serde_json::from_value(json!([{"op": "add", "path": "/api", "value": "us"}])).unwrap();
         engine.patch_data("regions", &patch).await.unwrap();
-        assert_eq!(engine.read().data, json!({"regions": {"web": "eu", "api": "us"}}));
+        assert_eq!(
+            engine.read().data,
+            json!({"regions": {"web": "eu", "api": "us"}})
+        );
         let failing: json_patch::Patch = serde_json::from_value(
             json!([{"op": "add", "path": "/db", "value": "x"}, {"op": "remove", "path": "/absent"}]),
         )
         .unwrap();
         let err = engine.patch_data("regions", &failing).await.unwrap_err();
         assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
-        assert_eq!(engine.read().data["regions"], json!({"web": "eu", "api": "us"}), "all or nothing");
+        assert_eq!(
+            engine.read().data["regions"],
+            json!({"web": "eu", "api": "us"}),
+            "all or nothing"
+        );
         let err = engine.patch_data("nowhere", &patch).await.unwrap_err();
         assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
     }

@@ -348,10 +348,19 @@ impl PolicyEngine for Opa {
 
     async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
         let url = self.url(&["v1", "data"], path)?;
-        let body = serde_json::to_value(patch)
-            .map_err(|e| EngineError::InvalidPath { path: path.to_owned(), reason: e.to_string() })?;
-        match self.send(Method::PATCH, url, Some(Body::JsonPatch(body))).await {
-            Err(EngineError::Http { status: 404, message, .. }) => Err(EngineError::NotFound {
+        let body = serde_json::to_value(patch).map_err(|e| EngineError::InvalidPath {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        match self
+            .send(Method::PATCH, url, Some(Body::JsonPatch(body)))
+            .await
+        {
+            Err(EngineError::Http {
+                status: 404,
+                message,
+                ..
+            }) => Err(EngineError::NotFound {
                 path: path.to_owned(),
                 message,
             }),

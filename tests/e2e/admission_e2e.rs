@@ -154,9 +154,16 @@ impl Env {
             "-n",
             &self.policy_ns,
             &format!("--from-file={}", policies.join("placement.rego").display()),
-            &format!("--from-file={}", policies.join("placement_rules.rego").display()),
+            &format!(
+                "--from-file={}",
+                policies.join("placement_rules.rego").display()
+            ),
         ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     fn delete_policy_configmap(&self) {

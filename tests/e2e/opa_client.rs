@@ -33,46 +33,113 @@ async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
         QueryOutcome::Undefined => json!("<undefined>"),
     };
     engine.health().await.expect("healthy");
-    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+    seen.push(record(
+        engine
+            .query("probe/answer", &input, soon())
+            .await
+            .expect("query"),
+    ));
 
-    engine.put_policy("tests/probe.rego", GOOD_V1).await.expect("good policy");
-    engine.put_data("config", &json!({"region": "eu"})).await.expect("put data");
-    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+    engine
+        .put_policy("tests/probe.rego", GOOD_V1)
+        .await
+        .expect("good policy");
+    engine
+        .put_data("config", &json!({"region": "eu"}))
+        .await
+        .expect("put data");
+    seen.push(record(
+        engine
+            .query("probe/answer", &input, soon())
+            .await
+            .expect("query"),
+    ));
 
-    let err = engine.put_policy("tests/probe.rego", BROKEN).await.expect_err("broken policy");
+    let err = engine
+        .put_policy("tests/probe.rego", BROKEN)
+        .await
+        .expect_err("broken policy");
     match &err {
         EngineError::Compile(errors) => {
             assert!(!errors.is_empty());
-            assert!(errors[0].file.as_deref().is_some_and(|f| f.contains("probe")), "{errors:?}");
+            assert!(
+                errors[0]
+                    .file
+                    .as_deref()
+                    .is_some_and(|f| f.contains("probe")),
+                "{errors:?}"
+            );
             assert!(errors[0].row.is_some(), "{errors:?}");
         }
         other => panic!("expected a compile error, got {other:?}"),
     }
     // The last good version stays in force.
-    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
-    engine.put_policy("tests/probe.rego", GOOD_V2).await.expect("fixed policy");
+    seen.push(record(
+        engine
+            .query("probe/answer", &input, soon())
+            .await
+            .expect("query"),
+    ));
+    engine
+        .put_policy("tests/probe.rego", GOOD_V2)
+        .await
+        .expect("fixed policy");
 
     let patch: json_patch::Patch =
-        serde_json::from_value(json!([{"op": "replace", "path": "/region", "value": "us"}])).unwrap();
-    engine.patch_data("config", &patch).await.expect("patch data");
-    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+        serde_json::from_value(json!([{"op": "replace", "path": "/region", "value": "us"}]))
+            .unwrap();
+    engine
+        .patch_data("config", &patch)
+        .await
+        .expect("patch data");
+    seen.push(record(
+        engine
+            .query("probe/answer", &input, soon())
+            .await
+            .expect("query"),
+    ));
 
     let missing: json_patch::Patch =
         serde_json::from_value(json!([{"op": "remove", "path": "/absent"}])).unwrap();
-    let err = engine.patch_data("config", &missing).await.expect_err("patch of a missing member");
+    let err = engine
+        .patch_data("config", &missing)
+        .await
+        .expect_err("patch of a missing member");
     assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
-    let err = engine.patch_data("nowhere/at/all", &patch).await.expect_err("patch of a missing document");
+    let err = engine
+        .patch_data("nowhere/at/all", &patch)
+        .await
+        .expect_err("patch of a missing document");
     assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
 
     engine.delete_data("config").await.expect("delete");
-    engine.delete_data("config").await.expect("deleting an absent document succeeds");
-    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+    engine
+        .delete_data("config")
+        .await
+        .expect("deleting an absent document succeeds");
+    seen.push(record(
+        engine
+            .query("probe/answer", &input, soon())
+            .await
+            .expect("query"),
+    ));
 
     let ids = engine.policy_ids().await.expect("ids");
     assert!(ids.iter().any(|id| id == "tests/probe.rego"), "{ids:?}");
-    engine.delete_policy("tests/probe.rego").await.expect("delete policy");
-    engine.delete_policy("tests/probe.rego").await.expect("deleting an absent policy succeeds");
-    seen.push(record(engine.query("probe/answer", &input, soon()).await.expect("query")));
+    engine
+        .delete_policy("tests/probe.rego")
+        .await
+        .expect("delete policy");
+    engine
+        .delete_policy("tests/probe.rego")
+        .await
+        .expect("deleting an absent policy succeeds");
+    seen.push(record(
+        engine
+            .query("probe/answer", &input, soon())
+            .await
+            .expect("query"),
+    ));
     seen
 }
 
@@ -99,9 +166,13 @@ async fn opa_and_embedded_behave_the_same() {
 async fn opa_without_the_token_is_unauthorized() {
     let opa = OpaServer::start();
     placement_tests::install_crypto();
-    let anonymous = policy_client::Opa::new(policy_client::OpaConfig::new(opa.url().parse().unwrap())).unwrap();
+    let anonymous =
+        policy_client::Opa::new(policy_client::OpaConfig::new(opa.url().parse().unwrap())).unwrap();
     let err = anonymous.put_data("x", &json!(1)).await.unwrap_err();
-    assert!(matches!(err, EngineError::Unauthorized { status: 401 }), "{err:?}");
+    assert!(
+        matches!(err, EngineError::Unauthorized { status: 401 }),
+        "{err:?}"
+    );
     assert!(!err.is_transient());
 }
 
@@ -112,17 +183,27 @@ async fn unreachable_opa_is_retried_until_the_deadline() {
     opa.kill();
     let started = Instant::now();
     let err = client
-        .query("probe/answer", &json!({}), started + Duration::from_millis(1500))
+        .query(
+            "probe/answer",
+            &json!({}),
+            started + Duration::from_millis(1500),
+        )
         .await
         .unwrap_err();
     let elapsed = started.elapsed();
     match &err {
         EngineError::DeadlineExceeded { attempts, last, .. } => {
             assert!(*attempts >= 3, "{attempts} attempts");
-            assert!(matches!(**last, EngineError::Unreachable { .. }), "{last:?}");
+            assert!(
+                matches!(**last, EngineError::Unreachable { .. }),
+                "{last:?}"
+            );
         }
         other => panic!("unexpected {other:?}"),
     }
-    assert!(elapsed <= Duration::from_millis(1700), "kept to the deadline: {elapsed:?}");
+    assert!(
+        elapsed <= Duration::from_millis(1700),
+        "kept to the deadline: {elapsed:?}"
+    );
     assert!(err.to_string().contains("unreachable"), "{err}");
 }

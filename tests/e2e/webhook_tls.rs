@@ -476,7 +476,9 @@ async fn serving_certificate_files_are_reloaded_when_they_change() {
     assert!(old_client.get(webhook.url("/healthz")).send().await.is_ok());
 
     // Rotate: a new CA and certificate written over the files the webhook serves.
-    let rotated = placement_certs::generate_to_dir(&webhook.dir.join("certs"), &["127.0.0.1".into()]).unwrap();
+    let rotated =
+        placement_certs::generate_to_dir(&webhook.dir.join("certs"), &["127.0.0.1".into()])
+            .unwrap();
     let new_ca = std::fs::read_to_string(&rotated.ca).unwrap();
     let new_client = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(new_ca.as_bytes()).unwrap())
@@ -490,7 +492,11 @@ async fn serving_certificate_files_are_reloaded_when_they_change() {
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    assert!(served_new, "the rotated certificate is served within 10 s:\n{}", webhook.log());
+    assert!(
+        served_new,
+        "the rotated certificate is served within 10 s:\n{}",
+        webhook.log()
+    );
     // A fresh connection trusting only the old CA no longer verifies.
     let fresh_old = reqwest::Client::builder()
         .add_root_certificate(reqwest::Certificate::from_pem(webhook.ca_pem.as_bytes()).unwrap())

@@ -47,7 +47,7 @@ impl OpaServer {
             "--authentication=token".into(),
             "--authorization=basic".into(),
             "--log-level=error".into(),
-            "--disable-telemetry".into(),
+            "--skip-version-check".into(),
             self.dir.join("authz.rego").display().to_string(),
         ];
         let log = self.dir.join(format!("opa-{}.log", self.restarts));

@@ -45,25 +45,38 @@ fn up(bare: bool) {
             "-n",
             POLICY_NAMESPACE,
             &format!("--from-file={}", policies.join("placement.rego").display()),
-            &format!("--from-file={}", policies.join("placement_rules.rego").display()),
+            &format!(
+                "--from-file={}",
+                policies.join("placement_rules.rego").display()
+            ),
             "--dry-run=client",
             "-o",
             "json",
         ]);
         let out = plane.kubectl_stdin(&["create", "-f", "-"], &configmap);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         eprintln!("starting placement-sync ...");
         let sidecar = SidecarProcess::start(
             &plane,
             &opa,
-            &["--replicate-cluster=placement-policy.io/v1alpha1/clusters", "--remediation=auto"],
+            &[
+                "--replicate-cluster=placement-policy.io/v1alpha1/clusters",
+                "--remediation=auto",
+            ],
         );
         runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
         eprintln!("starting placement-webhook ...");
         let webhook = WebhookProcess::start(&[
             format!("--opa-url={}", opa.url()),
             format!("--opa-token-file={}", opa.token_file().display()),
-            format!("--kubeconfig={}", plane.kubeconfig(Identity::Webhook).display()),
+            format!(
+                "--kubeconfig={}",
+                plane.kubeconfig(Identity::Webhook).display()
+            ),
         ]);
         register(&plane, &webhook);
         product = Some((sidecar, webhook));
@@ -73,19 +86,41 @@ fn up(bare: bool) {
     println!();
     println!("kube-apiserver   {}", plane.server_url());
     println!("kubeconfig       {}", kubeconfig.display());
-    println!("OPA              {} (bearer token in {})", opa.url(), opa.token_file().display());
+    println!(
+        "OPA              {} (bearer token in {})",
+        opa.url(),
+        opa.token_file().display()
+    );
     if let Some((sidecar, webhook)) = &product {
-        println!("placement-sync   http://127.0.0.1:{}/metrics (log: {})", sidecar.port, sidecar.log_path().display());
-        println!("placement-webhook {} (metrics http://{}/metrics)", webhook.url("/mutate"), webhook.metrics_addr);
+        println!(
+            "placement-sync   http://127.0.0.1:{}/metrics (log: {})",
+            sidecar.port,
+            sidecar.log_path().display()
+        );
+        println!(
+            "placement-webhook {} (metrics http://{}/metrics)",
+            webhook.url("/mutate"),
+            webhook.metrics_addr
+        );
     }
     println!("logs             {}", plane.dir().display());
     println!();
     println!("  export KUBECONFIG={}", kubeconfig.display());
     if product.is_some() {
         println!("  kubectl get clusters");
-        println!("  kubectl create -f {}", repo_root().join("examples/replicaset-eu-pci.yaml").display());
+        println!(
+            "  kubectl create -f {}",
+            repo_root()
+                .join("examples/replicaset-eu-pci.yaml")
+                .display()
+        );
         println!("  kubectl get rs nginx-eu -o jsonpath='{{.metadata.annotations}}'");
-        println!("  kubectl create -f {}   # denied", repo_root().join("examples/replicaset-forbidden.yaml").display());
+        println!(
+            "  kubectl create -f {}   # denied",
+            repo_root()
+                .join("examples/replicaset-forbidden.yaml")
+                .display()
+        );
     }
     println!();
     println!("Ctrl-C stops everything.");
@@ -104,7 +139,8 @@ fn register(plane: &ControlPlane, webhook: &WebhookProcess) {
     let text = std::fs::read_to_string(repo_root().join("deploy/webhook-configuration.yaml"))
         .expect("read deploy/webhook-configuration.yaml");
     for document in yaml_serde::Deserializer::from_str(&text) {
-        let mut doc: Value = serde::Deserialize::deserialize(document).expect("webhook configuration YAML");
+        let mut doc: Value =
+            serde::Deserialize::deserialize(document).expect("webhook configuration YAML");
         if doc["kind"] != "MutatingWebhookConfiguration" {
             continue;
         }
@@ -117,6 +153,10 @@ fn register(plane: &ControlPlane, webhook: &WebhookProcess) {
             }
         }
         let out = plane.kubectl_stdin(&["apply", "-f", "-"], &doc.to_string());
-        assert!(out.status.success(), "register the webhook: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "register the webhook: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
