@@ -17,7 +17,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Result, bail, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use placement_tests::{ControlPlane, Identity, OpaServer, POLICY_NAMESPACE};
@@ -266,29 +266,9 @@ source is the Go module proxy, and it answers \"This module version is not avail
 source is reachable. So the kube-mgmt column, and with it the two replication targets (half of kube-mgmt's time and memory), cannot be evaluated here; \
 placement-sync's own figures are above.\n";
 
-/// The shipped policy modules: every `policies/*.rego` except `*_test.rego`,
-/// as (file name, source), sorted by name.
+/// The shipped policy modules, as (file name, source).
 pub(crate) fn shipped_modules() -> Result<Vec<(String, String)>> {
-    let dir = placement_tests::repo_root().join("policies");
-    let mut modules = Vec::new();
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default()
-            .to_owned();
-        if name.ends_with(".rego") && !name.ends_with("_test.rego") {
-            let source = std::fs::read_to_string(&path)
-                .with_context(|| format!("read {}", path.display()))?;
-            modules.push((name, source));
-        }
-    }
-    modules.sort();
-    if modules.is_empty() {
-        bail!("no policy module in {}", dir.display());
-    }
-    Ok(modules)
+    Ok(placement_tests::shipped_policy_modules())
 }
 
 /// A policy ConfigMap in the policy namespace with one key per module.

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
@@ -182,6 +182,9 @@ impl Opa {
         }
         request = match body {
             Some(Body::Json(value)) => request.json(&value),
+            Some(Body::Encoded(bytes)) => {
+                request.header(CONTENT_TYPE, "application/json").body(bytes)
+            }
             Some(Body::JsonPatch(value)) => request
                 .header(CONTENT_TYPE, "application/json-patch+json")
                 .body(value.to_string()),
@@ -228,9 +231,13 @@ impl Opa {
         }
     }
 
-    async fn query_once(&self, url: &Url, body: &Value) -> Result<QueryOutcome, EngineError> {
+    async fn query_once(
+        &self,
+        url: &Url,
+        body: &bytes::Bytes,
+    ) -> Result<QueryOutcome, EngineError> {
         let (_, bytes) = self
-            .send(Method::POST, url.clone(), Some(Body::Json(body.clone())))
+            .send(Method::POST, url.clone(), Some(Body::Encoded(body.clone())))
             .await?;
         let mut parsed: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
             .map_err(|e| EngineError::InvalidResponse(format!("decision response: {e}")))?;
@@ -241,8 +248,16 @@ impl Opa {
     }
 }
 
+/// `{"input": ...}` without copying the input.
+#[derive(serde::Serialize)]
+struct QueryBody<'a> {
+    input: &'a Value,
+}
+
 enum Body {
     Json(Value),
+    /// JSON already serialized.
+    Encoded(bytes::Bytes),
     /// An RFC 6902 patch document.
     JsonPatch(Value),
     Text(String),
@@ -331,7 +346,10 @@ impl PolicyEngine for Opa {
         deadline: Instant,
     ) -> Result<QueryOutcome, EngineError> {
         let url = self.url(&["v1", "data"], path)?;
-        let body = json!({ "input": input });
+        // Serialized once: retries resend the same bytes (a cheap `Bytes` clone).
+        let body = serde_json::to_vec(&QueryBody { input })
+            .map(bytes::Bytes::from)
+            .map_err(|e| EngineError::InvalidResponse(format!("input is not JSON: {e}")))?;
         let endpoint = format!("POST {}", url.path());
         retry_until(self.retry, deadline, &endpoint, || {
             self.query_once(&url, &body)

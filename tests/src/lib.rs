@@ -90,6 +90,26 @@ pub fn scratch_dir(label: &str) -> PathBuf {
     dir
 }
 
+/// The shipped policy modules: every `policies/*.rego` except `*_test.rego`, as
+/// (file name, source), sorted by name.
+pub fn shipped_policy_modules() -> Vec<(String, String)> {
+    let dir = repo_root().join("policies");
+    let mut modules: Vec<(String, String)> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .filter_map(|entry| {
+            let path = entry.expect("dir entry").path();
+            let name = path.file_name()?.to_str()?.to_owned();
+            (name.ends_with(".rego") && !name.ends_with("_test.rego")).then(|| {
+                let source = std::fs::read_to_string(&path)
+                    .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+                (name, source)
+            })
+        })
+        .collect();
+    modules.sort();
+    modules
+}
+
 /// Install the process-wide rustls provider (ring), as the binaries do.
 pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -109,26 +109,18 @@ impl OpaServer {
     pub async fn load_shipped_policies(&self, with_example_clusters: bool) {
         use policy_client::PolicyEngine;
         let client = self.client();
-        let dir = crate::repo_root().join("policies");
-        for entry in std::fs::read_dir(&dir).expect("read policies/") {
-            let path = entry.expect("dir entry").path();
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_owned();
-            if name.ends_with(".rego") && !name.ends_with("_test.rego") {
-                let source = std::fs::read_to_string(&path).expect("read policy");
-                client
-                    .put_policy(&format!("shipped/{name}"), &source)
-                    .await
-                    .expect("load policy into OPA");
-            }
+        for (name, source) in crate::shipped_policy_modules() {
+            client
+                .put_policy(&format!("shipped/{name}"), &source)
+                .await
+                .expect("load policy into OPA");
         }
         if with_example_clusters {
             let data: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(dir.join("kubernetes/clusters/data.json"))
-                    .expect("read example clusters"),
+                &std::fs::read_to_string(
+                    crate::repo_root().join("policies/kubernetes/clusters/data.json"),
+                )
+                .expect("read example clusters"),
             )
             .expect("example clusters JSON");
             client

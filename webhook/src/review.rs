@@ -190,7 +190,7 @@ pub enum Parsed {
 
 /// Parse a request body.
 pub fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
-    let value: Value =
+    let mut value: Value =
         serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
     let api_version = value
         .get("apiVersion")
@@ -206,7 +206,10 @@ pub fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
             kind: kind.to_owned(),
         });
     }
-    let request = value.get("request").cloned().unwrap_or(Value::Null);
+    let request = value
+        .get_mut("request")
+        .map(Value::take)
+        .unwrap_or(Value::Null);
     let uid = request
         .get("uid")
         .and_then(Value::as_str)
