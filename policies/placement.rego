@@ -16,8 +16,9 @@
 #
 # Only the two rules `annotations` and `errors` are values of this package; the
 # rules they are computed from live in package io.k8s.federation.placement
-# (placement_rules.rego, deployed with this file), where each is evaluated once
-# per query and none appears in the decision document.
+# (placement_rules.rego, deployed with this file), where each is evaluated at most
+# once per query and none appears in the decision document. Those rules are only
+# consulted for workloads.
 #
 # Data: the replicated Cluster objects (CRD placement-policy.io/v1alpha1, kind
 # Cluster) at data.kubernetes.clusters[<name>]. A cluster is
@@ -75,4 +76,7 @@ annotations["federation.kubernetes.io/replica-set-preferences"] := placement.pre
 }
 
 # Rules 2-4 and 6: every reason the workload cannot be placed.
-errors contains msg if some msg in placement.errors
+errors contains msg if {
+	placement.workload
+	some msg in placement.errors
+}

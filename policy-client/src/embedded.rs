@@ -1,19 +1,27 @@
 //! The embedded Rego engine (`regorus`), for running without OPA and for offline
 //! evaluation.
 //!
-//! Evaluation runs on Tokio's blocking pool. Each blocking thread keeps its own
-//! copy of the prepared engine and reuses it until policies or data change, so
-//! concurrent reviews do not contend on a lock or re-prepare the policy.
+//! Evaluation runs on Tokio's blocking pool, at most one evaluation per core at a
+//! time: evaluation is pure CPU, so more in parallel only time-slices them and
+//! stretches every one (the tail latency under load); the others wait their turn
+//! in order. Each blocking thread keeps its own copy of the prepared engine and
+//! reuses it until policies or data change, so concurrent reviews do not contend
+//! on a lock or re-prepare the policy.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
 use async_trait::async_trait;
+use regorus::utils::limits::ExecutionTimerConfig;
+use serde::Deserialize;
 use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
@@ -30,6 +38,8 @@ thread_local! {
 pub struct Embedded {
     instance: u64,
     state: RwLock<State>,
+    /// One permit per core: the evaluations allowed to run at once.
+    evaluators: Arc<Semaphore>,
 }
 
 struct State {
@@ -79,6 +89,7 @@ impl Embedded {
     pub fn new() -> Self {
         Embedded {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            evaluators: evaluators(),
             state: RwLock::new(State {
                 modules: BTreeMap::new(),
                 data: Value::Object(Map::new()),
@@ -141,6 +152,7 @@ impl Embedded {
         let template = build_engine(&modules, &data)?;
         Ok(Embedded {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
+            evaluators: evaluators(),
             state: RwLock::new(State {
                 modules,
                 data,
@@ -189,6 +201,11 @@ impl Embedded {
         state.generation += 1;
         Ok(())
     }
+}
+
+fn evaluators() -> Arc<Semaphore> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Arc::new(Semaphore::new(cores))
 }
 
 fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
@@ -337,12 +354,16 @@ fn rego_query(path: &str) -> Result<String, EngineError> {
     Ok(query)
 }
 
+/// Checks of the time limit happen every this many interpreter steps.
+const TIMER_CHECK_INTERVAL: NonZeroU32 = NonZeroU32::new(64).unwrap();
+
 fn evaluate(
     instance: u64,
     generation: u64,
     template: &regorus::Engine,
     query: String,
     input: regorus::Value,
+    limit: Duration,
 ) -> Result<QueryOutcome, EngineError> {
     PREPARED.with(|cell| {
         let mut cached = cell.borrow_mut();
@@ -353,10 +374,22 @@ fn evaluate(
         let Some((_, _, engine)) = cached.as_mut() else {
             unreachable!("cache filled above")
         };
+        // The deadline also bounds the evaluation itself: a runaway policy stops
+        // here instead of burning a core after its caller has given up.
+        engine.set_execution_timer_config(ExecutionTimerConfig {
+            limit,
+            check_interval: TIMER_CHECK_INTERVAL,
+        });
         engine.set_input(input);
-        let results = engine
-            .eval_query(query, false)
-            .map_err(|e| EngineError::Evaluation(e.to_string()))?;
+        let results = engine.eval_query(query, false).map_err(|e| {
+            match e.downcast_ref::<regorus::LimitError>() {
+                Some(regorus::LimitError::TimeLimitExceeded { .. }) => EngineError::Timeout {
+                    endpoint: "embedded".to_owned(),
+                    timeout: limit,
+                },
+                _ => EngineError::Evaluation(e.to_string()),
+            }
+        })?;
         let Some(first) = results.result.into_iter().next() else {
             return Ok(QueryOutcome::Undefined);
         };
@@ -384,25 +417,39 @@ impl PolicyEngine for Embedded {
         input: &Value,
         deadline: Instant,
     ) -> Result<QueryOutcome, EngineError> {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let timeout = || EngineError::Timeout {
+            endpoint: "embedded".to_owned(),
+            timeout: budget,
+        };
         let query = rego_query(path)?;
         let (template, generation) = {
             let state = self.read();
             (Arc::clone(&state.template), state.generation)
         };
         let instance = self.instance;
-        let input = regorus::Value::from(input.clone());
+        // Straight from the borrowed JSON: no copy of the input in between.
+        let input = regorus::Value::deserialize(input)
+            .map_err(|e| EngineError::Evaluation(format!("the input is not a Rego value: {e}")))?;
+        let permit =
+            tokio::time::timeout_at(deadline, Arc::clone(&self.evaluators).acquire_owned())
+                .await
+                .map_err(|_| timeout())?
+                .map_err(|_| EngineError::Evaluation("the evaluator pool is closed".to_owned()))?;
+        let limit = deadline.saturating_duration_since(Instant::now());
+        // The permit moves into the task, so it is held for as long as the
+        // evaluation runs, even when this query stops waiting for it.
         let task = tokio::task::spawn_blocking(move || {
-            evaluate(instance, generation, &template, query, input)
+            let outcome = evaluate(instance, generation, &template, query, input, limit);
+            drop(permit);
+            outcome
         });
         match tokio::time::timeout_at(deadline, task).await {
             Ok(Ok(outcome)) => outcome,
             Ok(Err(join)) => Err(EngineError::Evaluation(format!(
                 "evaluation task failed: {join}"
             ))),
-            Err(_) => Err(EngineError::Timeout {
-                endpoint: "embedded".to_owned(),
-                timeout: deadline.saturating_duration_since(Instant::now()),
-            }),
+            Err(_) => Err(timeout()),
         }
     }
 
@@ -565,6 +612,47 @@ errors contains msg if {
             out,
             QueryOutcome::Defined(json!({"annotations": {}, "errors": ["app forbidden"]}))
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn deadline_stops_a_runaway_evaluation() {
+        let engine = Embedded::new();
+        engine
+            .put_policy(
+                "slow.rego",
+                "package slow\n\npairs := count([a | some a in numbers.range(1, 4000); some b in numbers.range(1, 4000); a == b])\n",
+            )
+            .await
+            .unwrap();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // More runaway queries than cores: each must give up at its deadline.
+        let empty = json!({});
+        let runaway = (0..cores + 1).map(|_| {
+            engine.query(
+                "slow/pairs",
+                &empty,
+                Instant::now() + Duration::from_millis(200),
+            )
+        });
+        for outcome in futures::future::join_all(runaway).await {
+            assert!(
+                matches!(outcome, Err(EngineError::Timeout { .. })),
+                "{outcome:?}"
+            );
+        }
+        // The evaluations themselves stopped at the deadline and gave their cores
+        // back; otherwise this query would wait behind them (16 M steps) and miss
+        // its own deadline.
+        engine.put_policy("p.rego", POLICY).await.unwrap();
+        let out = engine
+            .query(
+                "io/k8s/federation/admission/errors",
+                &json!({"metadata": {"labels": {"app": "forbidden"}}}),
+                Instant::now() + Duration::from_secs(5),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out, QueryOutcome::Defined(json!(["app forbidden"])));
     }
 
     #[tokio::test]
