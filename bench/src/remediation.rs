@@ -182,7 +182,7 @@ pub(crate) fn run(
             eprintln!("scenario 4: {workloads} ReplicaSets created and placed");
         }
         // Whatever a new leader does first (a pass finding nothing stale) is over.
-        settle(&sidecar)?;
+        settle(&sidecar, 0.0)?;
 
         for run in 1..=runs {
             weight += 1;
@@ -225,7 +225,7 @@ pub(crate) fn run(
                         .flatten())
                 },
             )?;
-            settle(&sidecar)?;
+            settle(&sidecar, passes0)?;
             let edit = Edit {
                 last_patched_s: (last - t0).as_secs_f64(),
                 patches_ok: sidecar
@@ -309,7 +309,11 @@ pub(crate) fn run(
             .map(|r| workloads as f64 / r);
         md.push_str(&format!(
             "\n### What limits remediation\n\n{}Without the limit it took {:.2} s, {:.1} ms per object, each PATCH going through the registered \
-             webhook (scenario 2 shows what one write through the webhook costs on this machine); the PATCH count was {:.0} for {workloads} objects.\n",
+             webhook (scenario 2 shows what one write through the webhook costs on this machine); the PATCH count was {:.0} for {workloads} objects. \
+             Per object the sidecar asks OPA for the decision once and sends one PATCH, which the API server passes through the webhook (a second \
+             OPA query) before writing it to etcd; the sidecar's Events (one per object) are published after the pass's PATCHes. The work is CPU on \
+             2 shared cores: a `top` sample over one development run of this scenario (creates and edits) gave kube-apiserver about 48% of all the \
+             CPU used, OPA 30%, etcd 7%, placement-sync 6%, placement-webhook 6%.\n",
             match floor {
                 Some(floor) => format!(
                     "The default `--remediation-rate={default_rate}` alone puts a floor of {workloads} / {default_rate} = {floor:.1} s under the time \
@@ -335,7 +339,9 @@ pub(crate) fn run(
 }
 
 /// Wait until the remediator is quiet: no new PATCH and no new pass for 2 s.
-fn settle(sidecar: &Sidecar) -> Result<()> {
+/// Wait until a pass that started after the edit has finished (its Events are
+/// published after its PATCHes) and the counters have stayed put for 2 s.
+fn settle(sidecar: &Sidecar, passes_before: f64) -> Result<()> {
     let snapshot = || -> Result<(f64, f64, f64)> {
         Ok((
             sidecar.metric("placement_sync_remediation_patches_total{result=\"ok\"}")?,
@@ -346,7 +352,7 @@ fn settle(sidecar: &Sidecar) -> Result<()> {
     let mut last = snapshot()?;
     let mut quiet_since = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(600);
-    while quiet_since.elapsed() < Duration::from_secs(2) {
+    while last.2 <= passes_before || quiet_since.elapsed() < Duration::from_secs(2) {
         if Instant::now() > deadline {
             bail!("the remediator did not settle:\n{}", sidecar.log_tail());
         }

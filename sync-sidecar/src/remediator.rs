@@ -159,6 +159,9 @@ pub struct PassReport {
 /// Objects evaluated and patched at once in a pass.
 const PASS_CONCURRENCY: usize = 16;
 
+/// Events published at once at the end of a pass.
+const EVENT_CONCURRENCY: usize = 8;
+
 /// What happened to one object in a pass.
 enum Step {
     /// Leadership or the engine's sync was lost, or the sidecar is stopping.
@@ -206,6 +209,8 @@ struct Remediator {
     /// Objects patched from a resourceVersion the cache still shows: skipped until
     /// the cache catches up, so the same patch is not sent twice.
     in_flight: std::sync::Mutex<HashMap<(usize, ObjectKey), String>>,
+    /// Events of the running pass, published once its PATCHes are done.
+    pass_events: std::sync::Mutex<Vec<(ObjectReference, Event)>>,
 }
 
 /// Watch the workload types and remediate until `cancel`.
@@ -263,6 +268,7 @@ pub(crate) async fn run(
         ctx,
         targets,
         in_flight: std::sync::Mutex::new(HashMap::new()),
+        pass_events: std::sync::Mutex::new(Vec::new()),
     };
     remediator.run(cancel).await;
     for w in watchers {
@@ -398,6 +404,7 @@ impl Remediator {
                 }
             }
         }
+        self.publish_pass_events(cancel).await;
         if !report.aborted {
             let unresolved = match self.ctx.mode {
                 RemediationMode::Auto => report.stale.saturating_sub(report.patched),
@@ -452,8 +459,7 @@ impl Remediator {
                     "the placement policy reports errors for this object, so it cannot be placed: {}",
                     errors.join("; ")
                 );
-                self.event(i, &object, EventType::Warning, "PlacementRejected", note)
-                    .await;
+                self.event(i, &object, EventType::Warning, "PlacementRejected", note);
                 Step::Unplaceable
             }
             Assessment::Stale { patch, changed } => match self.ctx.mode {
@@ -468,8 +474,7 @@ impl Remediator {
                         describe(&object, &self.targets[i].resource),
                         changed.join(", ")
                     );
-                    self.event(i, &object, EventType::Warning, "PlacementStale", note)
-                        .await;
+                    self.event(i, &object, EventType::Warning, "PlacementStale", note);
                     Step::Stale {
                         patched: false,
                         failed: false,
@@ -484,8 +489,7 @@ impl Remediator {
                         Ok(true) => {
                             let note =
                                 format!("updated placement annotations: {}", changed.join(", "));
-                            self.event(i, &object, EventType::Normal, "PlacementRemediated", note)
-                                .await;
+                            self.event(i, &object, EventType::Normal, "PlacementRemediated", note);
                             Step::Stale {
                                 patched: true,
                                 failed: false,
@@ -584,7 +588,9 @@ impl Remediator {
             });
     }
 
-    async fn event(
+    /// Queue an Event about `object` for the end of the pass: each Event is a
+    /// write to the API server, and the PATCHes that re-place workloads go first.
+    fn event(
         &self,
         i: usize,
         object: &DynamicObject,
@@ -600,8 +606,27 @@ impl Remediator {
             action: "Remediate".to_owned(),
             secondary: None,
         };
-        if let Err(e) = self.ctx.recorder.publish(&event, &reference).await {
-            tracing::warn!(object = %describe(object, &self.targets[i].resource), error = %e, "cannot publish event");
+        self.pass_events
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((reference, event));
+    }
+
+    async fn publish_pass_events(&self, cancel: &CancellationToken) {
+        let events =
+            std::mem::take(&mut *self.pass_events.lock().unwrap_or_else(|e| e.into_inner()));
+        let publish = futures::stream::iter(events).for_each_concurrent(
+            EVENT_CONCURRENCY,
+            |(reference, event)| async move {
+                if let Err(e) = self.ctx.recorder.publish(&event, &reference).await {
+                    let name = reference.name.as_deref().unwrap_or_default();
+                    tracing::warn!(object = %name, reason = %event.reason, error = %e, "cannot publish event");
+                }
+            },
+        );
+        tokio::select! {
+            _ = publish => {}
+            _ = cancel.cancelled() => {}
         }
     }
 }
