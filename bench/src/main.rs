@@ -106,12 +106,15 @@ fn main() -> Result<()> {
     header(&mut report, &args, &bins);
 
     let duration = Duration::from_secs_f64(args.duration);
+    let run_counters = cpu_counters();
+    let mut steal_per_scenario = Vec::new();
     for scenario in &args.scenarios {
         if *scenario == 5 && args.scenarios.contains(&3) {
             // Runs inside scenario 3: same 10k objects, same sidecar.
             continue;
         }
         let t = Instant::now();
+        let counters = cpu_counters();
         eprintln!("\n==> scenario {scenario}");
         let dir = dir.join(format!("scenario-{scenario}"));
         match scenario {
@@ -143,6 +146,17 @@ fn main() -> Result<()> {
             "scenario {scenario} took {:.0} s",
             t.elapsed().as_secs_f64()
         );
+        if let Some(steal) = steal_since(counters) {
+            steal_per_scenario.push(format!("scenario {scenario} {:.0}%", steal * 100.0));
+        }
+    }
+    if let Some(steal) = steal_since(run_counters) {
+        report.header(format!(
+            "CPU time taken by the hypervisor from this virtual machine (steal, `/proc/stat`) during the run: {:.0}% ({}). \
+             Steal slows every contender, unevenly over time; the ratios within a scenario are steadier than the absolute figures.",
+            steal * 100.0,
+            steal_per_scenario.join(", ")
+        ));
     }
     report.header(format!(
         "Whole run: {:.0} s. Logs of this run: `{}`.",
@@ -155,6 +169,28 @@ fn main() -> Result<()> {
     std::fs::write(&args.out, &md).with_context(|| format!("write {}", args.out.display()))?;
     eprintln!("placement-bench: wrote {}", args.out.display());
     Ok(())
+}
+
+/// (steal, total) jiffies of all CPUs, from the first line of `/proc/stat`.
+fn cpu_counters() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .map(|f| f.parse().ok())
+        .collect::<Option<_>>()?;
+    (fields.len() == 8).then(|| (fields[7], fields.iter().sum()))
+}
+
+/// The share of CPU time stolen since `before`.
+fn steal_since(before: Option<(u64, u64)>) -> Option<f64> {
+    let (steal0, total0) = before?;
+    let (steal1, total1) = cpu_counters()?;
+    let total = total1.checked_sub(total0)?;
+    (total > 0).then(|| steal1.saturating_sub(steal0) as f64 / total as f64)
 }
 
 fn which(program: &std::path::Path) -> PathBuf {
