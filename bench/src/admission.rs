@@ -69,7 +69,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     let tree_c = policy_tree(&dir.join("opa-policy"), &root, false)?;
     let tree_d = policy_tree(&dir.join("opa-admission"), &root, true)?;
 
-    let (noop, noop_addr, _) = start_noop(bins, dir, &certs)?;
+    let (noop, noop_addr, _) = start_noop(bins, dir, &certs, &[])?;
     let policy_dir = root.join("policies");
     let (embedded, embedded_addr, _) = start_webhook(
         bins,

@@ -396,15 +396,18 @@ pub(crate) fn start_noop(
     bins: &Bins,
     dir: &Path,
     certs: &placement_certs::CertPaths,
+    extra: &[String],
 ) -> Result<(Server, SocketAddr, SocketAddr)> {
+    let mut args = vec![
+        "--listen=127.0.0.1:0".into(),
+        format!("--tls-cert={}", certs.cert.display()),
+        format!("--tls-key={}", certs.key.display()),
+    ];
+    args.extend_from_slice(extra);
     let (server, line) = spawn_announced(
         "noop-webhook",
         &bins.noop,
-        &[
-            "--listen=127.0.0.1:0".into(),
-            format!("--tls-cert={}", certs.cert.display()),
-            format!("--tls-key={}", certs.key.display()),
-        ],
+        &args,
         &[],
         &dir.join(format!("noop-webhook-{}.log", free_port())),
         "admission on https://",

@@ -5,8 +5,12 @@
 //! with the same `uid`. No policy, no patch: whatever placement-webhook spends
 //! beyond this is the cost of placing.
 //!
+//! With `--patch-file`, every answer also carries that fixed JSON patch: through
+//! the API server, this separates what applying a mutation costs the API server
+//! from what computing it costs the webhook.
+//!
 //! ```text
-//! noop-webhook --listen 127.0.0.1:0 --tls-cert tls.crt --tls-key tls.key
+//! noop-webhook --listen 127.0.0.1:0 --tls-cert tls.crt --tls-key tls.key [--patch-file patch.json]
 //! ```
 //! prints `noop-webhook: admission on https://ADDR, stats on http://ADDR/count`
 //! once it listens; `/count` (plain HTTP) answers how many reviews it answered,
@@ -19,11 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use axum_server::tls_rustls::RustlsConfig;
+use base64::Engine as _;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -37,6 +42,9 @@ struct Args {
     tls_cert: PathBuf,
     #[arg(long)]
     tls_key: PathBuf,
+    /// A JSON patch (RFC 6902 array) to answer every review with.
+    #[arg(long)]
+    patch_file: Option<PathBuf>,
 }
 
 /// The review, parsed in full (the object stays a JSON value, as in
@@ -73,9 +81,15 @@ struct ReviewResponse {
 }
 
 #[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Allowed {
     uid: String,
     allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch_type: Option<&'static str>,
+    /// Base64 of the patch file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    patch: Option<Arc<str>>,
 }
 
 static REVIEWS: AtomicU64 = AtomicU64::new(0);
@@ -84,7 +98,7 @@ async fn count() -> String {
     format!("{}\n", REVIEWS.load(Ordering::Relaxed))
 }
 
-async fn mutate(body: Bytes) -> Response {
+async fn mutate(State(patch): State<Option<Arc<str>>>, body: Bytes) -> Response {
     REVIEWS.fetch_add(1, Ordering::Relaxed);
     match serde_json::from_slice::<Review>(&body) {
         Ok(review)
@@ -96,6 +110,8 @@ async fn mutate(body: Bytes) -> Response {
                 response: Allowed {
                     uid: review.request.uid,
                     allowed: true,
+                    patch_type: patch.is_some().then_some("JSONPatch"),
+                    patch,
                 },
             })
             .into_response()
@@ -115,6 +131,18 @@ async fn mutate(body: Bytes) -> Response {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let patch: Option<Arc<str>> = match &args.patch_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)?;
+            let ops: Vec<Value> = serde_json::from_str(&text)?;
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode(serde_json::to_vec(&ops)?)
+                    .into(),
+            )
+        }
+        None => None,
+    };
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -127,7 +155,8 @@ fn main() -> anyhow::Result<()> {
         let addr = listener.local_addr()?;
         let app = Router::new()
             .route("/mutate", post(mutate))
-            .layer(DefaultBodyLimit::max(6 * 1024 * 1024));
+            .layer(DefaultBodyLimit::max(6 * 1024 * 1024))
+            .with_state(patch);
         let stats = std::net::TcpListener::bind((args.listen.ip(), 0))?;
         stats.set_nonblocking(true)?;
         let stats_addr = stats.local_addr()?;
