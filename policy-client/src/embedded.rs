@@ -381,15 +381,21 @@ fn evaluate(
             check_interval: TIMER_CHECK_INTERVAL,
         });
         engine.set_input(input);
-        let results = engine.eval_query(query, false).map_err(|e| {
-            match e.downcast_ref::<regorus::LimitError>() {
-                Some(regorus::LimitError::TimeLimitExceeded { .. }) => EngineError::Timeout {
-                    endpoint: "embedded".to_owned(),
-                    timeout: limit,
-                },
-                _ => EngineError::Evaluation(e.to_string()),
+        let results = match engine.eval_query(query, false) {
+            Ok(results) => results,
+            Err(e) => {
+                // An evaluation cut short may leave state behind: the next one
+                // starts from a fresh copy.
+                *cached = None;
+                return Err(match e.downcast_ref::<regorus::LimitError>() {
+                    Some(regorus::LimitError::TimeLimitExceeded { .. }) => EngineError::Timeout {
+                        endpoint: "embedded".to_owned(),
+                        timeout: limit,
+                    },
+                    _ => EngineError::Evaluation(e.to_string()),
+                });
             }
-        })?;
+        };
         let Some(first) = results.result.into_iter().next() else {
             return Ok(QueryOutcome::Undefined);
         };
