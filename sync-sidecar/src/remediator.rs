@@ -620,7 +620,8 @@ impl Remediator {
             |(reference, event)| async move {
                 if let Err(e) = self.ctx.recorder.publish(&event, &reference).await {
                     let name = reference.name.as_deref().unwrap_or_default();
-                    tracing::warn!(object = %name, reason = %event.reason, error = %e, "cannot publish event");
+                    let namespace = reference.namespace.as_deref().unwrap_or_default();
+                    tracing::warn!(%namespace, object = %name, reason = %event.reason, error = %e, "cannot publish event");
                 }
             },
         );
