@@ -15,10 +15,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use base64::Engine as _;
 use serde_json::Value;
 
-use crate::common::{Bins, Server, cpu_seconds, median, start_noop, start_opa, start_webhook};
+use crate::common::{
+    Bins, Server, cpu_seconds, median, post_review, start_noop, start_opa, start_webhook,
+};
 use crate::load::{LoadStats, oha};
 use crate::report::{Report, Status, fmt_ms, fmt_ratio};
 use crate::review::admission_review;
@@ -213,41 +214,21 @@ fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck
     let uid = serde_json::from_slice::<Value>(body)?["request"]["uid"].clone();
     let mut patches: BTreeMap<&str, (String, Value)> = BTreeMap::new();
     for c in contenders {
-        let (status, text) = rt
-            .block_on(async {
-                let response = client
-                    .post(&c.url)
-                    .header("content-type", "application/json")
-                    .body(body.to_vec())
-                    .send()
-                    .await?;
-                let status = response.status();
-                Ok::<_, reqwest::Error>((status, response.text().await?))
-            })
-            .with_context(|| format!("POST to {}", c.label))?;
-        ensure!(status.is_success(), "{}: HTTP {status}: {text}", c.label);
-        let review: Value =
-            serde_json::from_str(&text).with_context(|| format!("{}: {text}", c.label))?;
+        let (review, patch) = rt
+            .block_on(post_review(&client, &c.url, body.to_vec()))
+            .with_context(|| c.label.to_owned())?;
         let r = &review["response"];
         ensure!(
             review["apiVersion"] == "admission.k8s.io/v1" && review["kind"] == "AdmissionReview",
-            "{}: not an AdmissionReview: {text}",
+            "{}: not an AdmissionReview: {review}",
             c.label
         );
-        ensure!(r["uid"] == uid, "{}: uid not echoed: {text}", c.label);
-        ensure!(r["allowed"] == true, "{}: not allowed: {text}", c.label);
+        ensure!(r["uid"] == uid, "{}: uid not echoed: {review}", c.label);
+        ensure!(r["allowed"] == true, "{}: not allowed: {review}", c.label);
         if c.key == "ceiling" {
             continue;
         }
-        let b64 = r["patch"]
-            .as_str()
-            .with_context(|| format!("{}: no patch: {text}", c.label))?;
-        ensure!(
-            r["patchType"] == "JSONPatch",
-            "{}: patchType: {text}",
-            c.label
-        );
-        let raw = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64)?)?;
+        let raw = patch.with_context(|| format!("{}: no patch: {review}", c.label))?;
         let parsed: Value = serde_json::from_str(&raw)?;
         patches.insert(c.key, (raw, parsed));
     }

@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use base64::Engine as _;
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use kube::api::{Api, PostParams};
 use placement_tests::{ControlPlane, Identity, POLICY_NAMESPACE};
 
-use crate::common::{Bins, median, percentile, start_noop, start_opa, start_webhook};
+use crate::common::{Bins, median, percentile, post_review, start_noop, start_opa, start_webhook};
 use crate::report::{Report, Status, fmt_ms};
 use crate::review::{PREFS, replicaset};
 
@@ -264,25 +263,12 @@ fn placement_patch(url: &str, ca_pem: &str) -> Result<String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    rt.block_on(async {
-        let client = reqwest::Client::builder()
-            .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
-            .build()?;
-        let answer: serde_json::Value = client
-            .post(url)
-            .json(&crate::review::admission_review()?)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
-            .await?;
-        let b64 = answer["response"]["patch"]
-            .as_str()
-            .with_context(|| format!("placement-webhook answered no patch: {answer}"))?;
-        Ok(String::from_utf8(
-            base64::engine::general_purpose::STANDARD.decode(b64)?,
-        )?)
-    })
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes())?)
+        .build()?;
+    let body = serde_json::to_vec(&crate::review::admission_review()?)?;
+    let (review, patch) = rt.block_on(post_review(&client, url, body))?;
+    patch.with_context(|| format!("placement-webhook answered no patch: {review}"))
 }
 
 /// The API server picks up a new webhook configuration asynchronously: dry-run

@@ -8,6 +8,37 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use placement_tests::{Process, free_port, port_open};
 
+/// POST an AdmissionReview to the webhook at `url`: the answered review, and its
+/// JSON patch decoded from base64 (checked to be of `patchType: JSONPatch`).
+pub(crate) async fn post_review(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+) -> Result<(serde_json::Value, Option<String>)> {
+    use base64::Engine as _;
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .with_context(|| format!("POST to {url}"))?;
+    let status = response.status();
+    let text = response.text().await?;
+    anyhow::ensure!(status.is_success(), "{url}: HTTP {status}: {text}");
+    let review: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("{url}: {text}"))?;
+    let Some(b64) = review["response"]["patch"].as_str() else {
+        return Ok((review, None));
+    };
+    anyhow::ensure!(
+        review["response"]["patchType"] == "JSONPatch",
+        "{url}: patchType: {text}"
+    );
+    let patch = String::from_utf8(base64::engine::general_purpose::STANDARD.decode(b64)?)?;
+    Ok((review, Some(patch)))
+}
+
 /// Paths of everything the benchmark runs.
 #[derive(Debug, Clone)]
 pub(crate) struct Bins {

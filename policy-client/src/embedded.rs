@@ -441,7 +441,7 @@ impl PolicyEngine for Embedded {
             tokio::time::timeout_at(deadline, Arc::clone(&self.evaluators).acquire_owned())
                 .await
                 .map_err(|_| timeout())?
-                .map_err(|_| EngineError::Evaluation("the evaluator pool is closed".to_owned()))?;
+                .expect("the evaluator semaphore is never closed");
         let limit = deadline.saturating_duration_since(Instant::now());
         // The permit moves into the task, so it is held for as long as the
         // evaluation runs, even when this query stops waiting for it.

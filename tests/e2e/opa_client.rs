@@ -24,21 +24,23 @@ fn soon() -> Instant {
     Instant::now() + Duration::from_secs(10)
 }
 
+/// What `probe/answer` is now, `"<undefined>"` when undefined.
+async fn answer(engine: &dyn PolicyEngine) -> Value {
+    match engine
+        .query("probe/answer", &json!({"who": "dev"}), soon())
+        .await
+        .expect("query")
+    {
+        QueryOutcome::Defined(v) => v,
+        QueryOutcome::Undefined => json!("<undefined>"),
+    }
+}
+
 /// The same sequence of operations on any engine; returns what each query saw.
 async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
     let mut seen = Vec::new();
-    let input = json!({"who": "dev"});
-    let record = |outcome: QueryOutcome| match outcome {
-        QueryOutcome::Defined(v) => v,
-        QueryOutcome::Undefined => json!("<undefined>"),
-    };
     engine.health().await.expect("healthy");
-    seen.push(record(
-        engine
-            .query("probe/answer", &input, soon())
-            .await
-            .expect("query"),
-    ));
+    seen.push(answer(engine).await);
 
     engine
         .put_policy("tests/probe.rego", GOOD_V1)
@@ -48,12 +50,7 @@ async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
         .put_data("config", &json!({"region": "eu"}))
         .await
         .expect("put data");
-    seen.push(record(
-        engine
-            .query("probe/answer", &input, soon())
-            .await
-            .expect("query"),
-    ));
+    seen.push(answer(engine).await);
 
     let err = engine
         .put_policy("tests/probe.rego", BROKEN)
@@ -74,12 +71,7 @@ async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
         other => panic!("expected a compile error, got {other:?}"),
     }
     // The last good version stays in force.
-    seen.push(record(
-        engine
-            .query("probe/answer", &input, soon())
-            .await
-            .expect("query"),
-    ));
+    seen.push(answer(engine).await);
     engine
         .put_policy("tests/probe.rego", GOOD_V2)
         .await
@@ -92,12 +84,7 @@ async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
         .patch_data("config", &patch)
         .await
         .expect("patch data");
-    seen.push(record(
-        engine
-            .query("probe/answer", &input, soon())
-            .await
-            .expect("query"),
-    ));
+    seen.push(answer(engine).await);
 
     let missing: json_patch::Patch =
         serde_json::from_value(json!([{"op": "remove", "path": "/absent"}])).unwrap();
@@ -117,12 +104,7 @@ async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
         .delete_data("config")
         .await
         .expect("deleting an absent document succeeds");
-    seen.push(record(
-        engine
-            .query("probe/answer", &input, soon())
-            .await
-            .expect("query"),
-    ));
+    seen.push(answer(engine).await);
 
     let ids = engine.policy_ids().await.expect("ids");
     assert!(ids.iter().any(|id| id == "tests/probe.rego"), "{ids:?}");
@@ -134,12 +116,7 @@ async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
         .delete_policy("tests/probe.rego")
         .await
         .expect("deleting an absent policy succeeds");
-    seen.push(record(
-        engine
-            .query("probe/answer", &input, soon())
-            .await
-            .expect("query"),
-    ));
+    seen.push(answer(engine).await);
     seen
 }
 
