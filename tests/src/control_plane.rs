@@ -233,51 +233,17 @@ impl ControlPlane {
     }
 
     pub fn kubectl_as(&self, identity: Identity, args: &[&str]) -> Output {
-        std::process::Command::new("kubectl")
-            .arg(format!(
-                "--kubeconfig={}",
-                self.kubeconfig(identity).display()
-            ))
-            .arg("--request-timeout=30s")
-            .args(args)
-            .output()
-            .expect("run kubectl")
+        crate::kubectl::kubectl(&self.kubeconfig(identity), args)
     }
 
     /// Run kubectl as the admin, feeding `stdin`.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        use std::io::Write;
-        let mut child = std::process::Command::new("kubectl")
-            .arg(format!(
-                "--kubeconfig={}",
-                self.kubeconfig(Identity::Admin).display()
-            ))
-            .arg("--request-timeout=30s")
-            .args(args)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("run kubectl");
-        child
-            .stdin
-            .take()
-            .expect("stdin")
-            .write_all(stdin.as_bytes())
-            .expect("write kubectl stdin");
-        child.wait_with_output().expect("kubectl output")
+        crate::kubectl::kubectl_stdin(&self.kubeconfig(Identity::Admin), args, stdin)
     }
 
     /// kubectl that must succeed; returns stdout.
     pub fn kubectl_ok(&self, args: &[&str]) -> String {
-        let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        crate::kubectl::kubectl_ok(&self.kubeconfig(Identity::Admin), args)
     }
 
     fn wait_ready(&self) {
@@ -404,23 +370,7 @@ impl ControlPlane {
         if *done {
             return;
         }
-        let file = repo_root().join("examples/clusters.yaml");
-        self.kubectl_ok(&["apply", "-f", &file.display().to_string()]);
-        let text = std::fs::read_to_string(&file).expect("read examples/clusters.yaml");
-        for document in yaml_serde::Deserializer::from_str(&text) {
-            let doc: serde_json::Value =
-                serde::Deserialize::deserialize(document).expect("clusters.yaml is YAML");
-            let name = doc["metadata"]["name"].as_str().expect("cluster name");
-            let status = serde_json::json!({"status": doc["status"]}).to_string();
-            self.kubectl_ok(&[
-                "patch",
-                &format!("clusters.placement-policy.io/{name}"),
-                "--subresource=status",
-                "--type=merge",
-                "-p",
-                &status,
-            ]);
-        }
+        crate::kubectl::apply_example_clusters(&self.kubeconfig(Identity::Admin));
         *done = true;
     }
 

@@ -9,8 +9,10 @@
 //! Every peer is a [`Process`]: killed on drop and, through `PR_SET_PDEATHSIG`,
 //! when the test process dies, so nothing outlives a failed test.
 
+pub mod cluster;
 pub mod control_plane;
 pub mod fault_proxy;
+pub mod kubectl;
 pub mod opa;
 pub mod process;
 pub mod sidecar;
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+pub use cluster::Cluster;
 pub use control_plane::{ControlPlane, Identity, POLICY_NAMESPACE, SYSTEM_NAMESPACE};
 pub use fault_proxy::FaultProxy;
 pub use opa::OpaServer;

@@ -37,27 +37,9 @@ fn up(bare: bool) {
     if !bare {
         eprintln!("loading the example clusters and the shipped policy ...");
         plane.ensure_example_clusters();
-        let policies = repo_root().join("policies");
-        let configmap = plane.kubectl_ok(&[
-            "create",
-            "configmap",
-            "placement",
-            "-n",
+        placement_tests::kubectl::create_shipped_policy_configmap(
+            &plane.kubeconfig(Identity::Admin),
             POLICY_NAMESPACE,
-            &format!("--from-file={}", policies.join("placement.rego").display()),
-            &format!(
-                "--from-file={}",
-                policies.join("placement_rules.rego").display()
-            ),
-            "--dry-run=client",
-            "-o",
-            "json",
-        ]);
-        let out = plane.kubectl_stdin(&["create", "-f", "-"], &configmap);
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
         );
         eprintln!("starting placement-sync ...");
         let sidecar = SidecarProcess::start(

@@ -1,0 +1,96 @@
+//! kubectl, run as users run it, against any of the test bed's API servers.
+
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use crate::repo_root;
+
+/// Run kubectl with `kubeconfig`.
+pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--request-timeout=30s")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run kubectl")
+}
+
+/// kubectl that must succeed; returns stdout.
+pub fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> String {
+    let out = kubectl(kubeconfig, args);
+    assert!(
+        out.status.success(),
+        "kubectl {args:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Run kubectl with `kubeconfig`, feeding `stdin`.
+pub fn kubectl_stdin(kubeconfig: &Path, args: &[&str], stdin: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .arg("--request-timeout=30s")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin.as_bytes())
+        .expect("write kubectl stdin");
+    child.wait_with_output().expect("kubectl output")
+}
+
+/// The Cluster objects of `examples/clusters.yaml`, with their status (the
+/// CRD must be installed).
+pub fn apply_example_clusters(kubeconfig: &Path) {
+    let file = repo_root().join("examples/clusters.yaml");
+    kubectl_ok(kubeconfig, &["apply", "-f", &file.display().to_string()]);
+    let text = std::fs::read_to_string(&file).expect("read examples/clusters.yaml");
+    for document in yaml_serde::Deserializer::from_str(&text) {
+        let doc: serde_json::Value =
+            serde::Deserialize::deserialize(document).expect("clusters.yaml is YAML");
+        let name = doc["metadata"]["name"].as_str().expect("cluster name");
+        let status = serde_json::json!({"status": doc["status"]}).to_string();
+        kubectl_ok(
+            kubeconfig,
+            &[
+                "patch",
+                &format!("clusters.placement-policy.io/{name}"),
+                "--subresource=status",
+                "--type=merge",
+                "-p",
+                &status,
+            ],
+        );
+    }
+}
+
+/// The shipped policy (`policies/*.rego`, tests excluded) as the ConfigMap
+/// `placement` in `namespace`.
+pub fn create_shipped_policy_configmap(kubeconfig: &Path, namespace: &str) {
+    let data: serde_json::Map<String, serde_json::Value> = crate::shipped_policy_modules()
+        .into_iter()
+        .map(|(name, source)| (name, serde_json::Value::String(source)))
+        .collect();
+    let configmap = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "placement", "namespace": namespace},
+        "data": data,
+    });
+    let out = kubectl_stdin(kubeconfig, &["create", "-f", "-"], &configmap.to_string());
+    assert!(
+        out.status.success(),
+        "create the policy ConfigMap: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
