@@ -42,7 +42,8 @@ pub struct OpaConfig {
     /// Limit for one HTTP request.
     pub request_timeout: Duration,
     pub retry: RetryPolicy,
-    /// Extra CA (PEM) to trust for an `https` OPA.
+    /// CA (PEM) to trust for an `https` OPA: the only one trusted when given;
+    /// without it, the system's CA certificates are.
     pub ca_pem: Option<Vec<u8>>,
 }
 
@@ -111,14 +112,27 @@ impl Opa {
             .connect_timeout(config.request_timeout)
             .pool_idle_timeout(Duration::from_secs(60))
             .tcp_nodelay(true);
+        // Images carry no system CA store: a plain-HTTP OPA (the usual one, on
+        // the pod's loopback) must not need one, and a given CA is all we trust.
+        let https = config.url.scheme() == "https";
         if let Some(pem) = &config.ca_pem {
             let cert = reqwest::Certificate::from_pem(pem)
                 .map_err(|e| EngineError::Config(format!("OPA CA certificate: {e}")))?;
-            builder = builder.add_root_certificate(cert);
+            builder = builder.tls_certs_only([cert]);
+        } else if !https {
+            builder = builder.tls_certs_only([]);
         }
-        let http = builder
-            .build()
-            .map_err(|e| EngineError::Config(format!("HTTP client: {}", e.without_url())))?;
+        let http = builder.build().map_err(|e| {
+            let hint = if https && config.ca_pem.is_none() {
+                " (an https OPA URL without a CA file needs the system's CA certificates; give the OPA's CA file instead)"
+            } else {
+                ""
+            };
+            EngineError::Config(format!(
+                "HTTP client: {}{hint}",
+                error_chain(&e.without_url())
+            ))
+        })?;
         let auth = match &config.token {
             Some(token) => {
                 let mut value = HeaderValue::from_str(&format!("Bearer {}", token.expose()))

@@ -42,7 +42,8 @@ fn deploy_places_replicasets_created_by_users_and_by_the_deployment_controller()
 
     // A user's `kubectl create` returns the object with its placement.
     let example = repo_root().join("examples/replicaset-eu-pci.yaml");
-    let created = cluster.kubectl_ok(&["create", "-f", &example.display().to_string(), "-o", "json"]);
+    let created =
+        cluster.kubectl_ok(&["create", "-f", &example.display().to_string(), "-o", "json"]);
     let created: serde_json::Value = serde_json::from_str(&created).expect("created object JSON");
     assert_eq!(
         placed_clusters(&created),
@@ -87,7 +88,14 @@ fn deploy_places_replicasets_created_by_users_and_by_the_deployment_controller()
         Duration::from_secs(60),
         || {
             let list = cluster.kubectl_ok(&[
-                "get", "replicasets", "-n", "default", "-l", "app=web-eu", "-o", "json",
+                "get",
+                "replicasets",
+                "-n",
+                "default",
+                "-l",
+                "app=web-eu",
+                "-o",
+                "json",
             ]);
             let list: serde_json::Value = serde_json::from_str(&list).expect("list JSON");
             list["items"].as_array()?.first().cloned()
@@ -112,4 +120,106 @@ fn deploy_places_replicasets_created_by_users_and_by_the_deployment_controller()
         "default",
         "--timeout=120s",
     ]);
+}
+
+/// A test bed killed without warning (a crashed or cancelled test run) leaves
+/// no process, mount, network device or iptables rule on the host, and the next
+/// start removes its empty cgroup folders.
+#[test]
+fn a_killed_cluster_leaves_nothing_behind() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+
+    let iptables_before = host_iptables();
+    let mut testbed = Command::new(placement_tests::project_bin("testbed"))
+        .args(["up", "--cluster", "--bare"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start testbed up --cluster");
+    let stdout = BufReader::new(testbed.stdout.take().expect("stdout"));
+    let mut init_pid = None;
+    for line in stdout.lines() {
+        let line = line.expect("testbed output");
+        if let Some(rest) = line.split("namespaces of PID ").nth(1) {
+            init_pid = rest
+                .split(',')
+                .next()
+                .and_then(|pid| pid.trim().parse::<u32>().ok());
+        }
+        if line.contains("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    let init_pid = init_pid.expect("testbed printed the node's PID");
+    let pid_ns =
+        std::fs::read_link(format!("/proc/{init_pid}/ns/pid")).expect("node PID namespace");
+    let mount_ns =
+        std::fs::read_link(format!("/proc/{init_pid}/ns/mnt")).expect("node mount namespace");
+    let interface = format!("pptb{init_pid}");
+    assert!(
+        link_exists(&interface),
+        "the running node has its host link"
+    );
+    let in_namespace = || {
+        std::fs::read_dir("/proc")
+            .expect("read /proc")
+            .filter_map(|e| e.ok())
+            .filter(|e| std::fs::read_link(e.path().join("ns/pid")).is_ok_and(|ns| ns == pid_ns))
+            .count()
+    };
+    assert!(in_namespace() > 5, "the node runs its components");
+
+    testbed.kill().expect("kill the test bed");
+    testbed.wait().expect("reap the test bed");
+    wait_for(
+        "the node's processes to die",
+        Duration::from_secs(30),
+        || (in_namespace() == 0).then_some(()),
+    );
+    wait_for(
+        "the node's host link to go",
+        Duration::from_secs(30),
+        || (!link_exists(&interface)).then_some(()),
+    );
+    let mount_ns_alive = std::fs::read_dir("/proc")
+        .expect("read /proc")
+        .filter_map(|e| e.ok())
+        .any(|e| std::fs::read_link(e.path().join("ns/mnt")).is_ok_and(|ns| ns == mount_ns));
+    assert!(
+        !mount_ns_alive,
+        "the node's mount namespace (its mounts) is gone"
+    );
+    let host_mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !host_mounts.contains("placement-testbed"),
+        "no test-bed mount on the host:\n{host_mounts}"
+    );
+    assert_eq!(
+        host_iptables(),
+        iptables_before,
+        "the host's iptables rules are unchanged"
+    );
+
+    placement_tests::cluster::sweep_cgroups();
+    for hierarchy in placement_tests::cluster::cgroup_hierarchies() {
+        let leftover = hierarchy.join(format!("placement-testbed-{init_pid}"));
+        assert!(!leftover.exists(), "{} was swept", leftover.display());
+    }
+}
+
+fn link_exists(name: &str) -> bool {
+    std::path::Path::new("/sys/class/net").join(name).exists()
+}
+
+/// The host's iptables rules, counters left out.
+fn host_iptables() -> String {
+    let out = std::process::Command::new("iptables-save")
+        .output()
+        .expect("run iptables-save");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.starts_with(':'))
+        .collect::<Vec<_>>()
+        .join("\n")
 }

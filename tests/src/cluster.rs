@@ -190,11 +190,7 @@ impl std::fmt::Debug for Cluster {
 /// Identities of the cluster's components (static tokens).
 const IDENTITIES: [(&str, &str, &str); 5] = [
     ("admin", "admin", "system:masters"),
-    (
-        "controller-manager",
-        "system:kube-controller-manager",
-        "",
-    ),
+    ("controller-manager", "system:kube-controller-manager", ""),
     ("scheduler", "system:kube-scheduler", ""),
     ("kubelet", "system:node:testbed-node", "system:nodes"),
     ("kube-proxy", "system:kube-proxy", ""),
@@ -246,6 +242,17 @@ impl Cluster {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// PID (in the host's view) of the node's PID 1: its namespaces are those
+    /// of `/proc/<pid>/ns/*`.
+    pub fn init_pid(&self) -> u32 {
+        self.namespaces.init_pid
+    }
+
+    /// Name of the host's end of the link to the node.
+    pub fn host_interface(&self) -> String {
+        host_interface(self.namespaces.init_pid)
     }
 
     pub fn server_url(&self) -> String {
@@ -337,8 +344,7 @@ echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
         );
         self.node_exec_ok(&host_tool("sh"), &["-c", &script]);
 
-        // The host's end of the link gets a name unique to this node.
-        let host_if = format!("pptb{}", self.namespaces.init_pid);
+        let host_if = self.host_interface();
         let ip = host_tool("ip");
         run_ok(
             &ip,
@@ -357,7 +363,13 @@ echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
         );
         run_ok(
             &ip,
-            &["addr", "add", &format!("{}/30", self.host_ip), "dev", &host_if],
+            &[
+                "addr",
+                "add",
+                &format!("{}/30", self.host_ip),
+                "dev",
+                &host_if,
+            ],
         );
         run_ok(&ip, &["link", "set", &host_if, "up"]);
         let script = format!(
@@ -832,6 +844,11 @@ impl Drop for Cluster {
     }
 }
 
+/// The host's end of the link gets a name unique to the node.
+fn host_interface(init_pid: u32) -> String {
+    format!("pptb{init_pid}")
+}
+
 /// Addresses of the host/node link, a /30 in 10.253.0.0/16 derived from a PID
 /// so that nodes started at the same time differ.
 fn link_addresses(pid: u32) -> (Ipv4Addr, Ipv4Addr) {
@@ -841,7 +858,7 @@ fn link_addresses(pid: u32) -> (Ipv4Addr, Ipv4Addr) {
 }
 
 /// Mount points of the cgroup v1 hierarchies (or the one v2 hierarchy).
-fn cgroup_hierarchies() -> Vec<PathBuf> {
+pub fn cgroup_hierarchies() -> Vec<PathBuf> {
     let root = Path::new("/sys/fs/cgroup");
     if root.join("cgroup.controllers").exists() {
         return vec![root.to_owned()];
@@ -883,8 +900,10 @@ fn remove_cgroup(name: &str) {
     }
 }
 
-/// Cgroup folders of earlier nodes whose PID 1 is gone (a killed test run).
-fn sweep_cgroups() {
+/// Remove what nodes whose PID 1 is gone (a killed run) left on the host: only
+/// their cgroup folders, everything else went with their namespaces. Every
+/// [`Cluster::start`] does this first.
+pub fn sweep_cgroups() {
     let mut stale = std::collections::BTreeSet::new();
     for hierarchy in cgroup_hierarchies() {
         let Ok(entries) = std::fs::read_dir(&hierarchy) else {

@@ -7,16 +7,20 @@
 use std::time::Duration;
 
 use placement_tests::{
-    ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SidecarProcess, WebhookProcess, repo_root,
+    Cluster, ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SidecarProcess, WebhookProcess,
+    cluster, repo_root,
 };
 use serde_json::{Value, json};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
+        Some("up") if args.iter().any(|a| a == "--cluster") => {
+            up_cluster(args.iter().any(|a| a == "--bare"))
+        }
         Some("up") => up(args.iter().any(|a| a == "--bare")),
         _ => {
-            eprintln!("usage: testbed up [--bare]");
+            eprintln!("usage: testbed up [--bare] [--cluster]");
             std::process::exit(2);
         }
     }
@@ -113,6 +117,53 @@ fn up(bare: bool) {
     drop(product);
     drop(opa);
     drop(plane);
+}
+
+/// `up --cluster [--bare]`: the single-node cluster and, unless `--bare`, the
+/// product installed from the project's images.
+fn up_cluster(bare: bool) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    eprintln!("starting the single-node cluster ...");
+    let cluster = Cluster::start();
+    if !bare {
+        eprintln!("importing the images and installing deploy/ ...");
+        cluster.import_project_images();
+        cluster.install_deploy();
+        let kubeconfig = cluster.kubeconfig();
+        placement_tests::kubectl::apply_example_clusters(&kubeconfig);
+        placement_tests::kubectl::create_shipped_policy_configmap(&kubeconfig, POLICY_NAMESPACE);
+    }
+    println!();
+    println!(
+        "node             {} ({}; namespaces of PID {}, host link {})",
+        cluster::NODE_NAME,
+        cluster.node_ip,
+        cluster.init_pid(),
+        cluster.host_interface()
+    );
+    println!("kube-apiserver   {}", cluster.server_url());
+    println!("logs             {}", cluster.dir().display());
+    println!();
+    println!("  export KUBECONFIG={}", cluster.kubeconfig().display());
+    println!("  kubectl get nodes,pods -A");
+    if !bare {
+        println!(
+            "  kubectl create -f {}",
+            repo_root()
+                .join("examples/replicaset-eu-pci.yaml")
+                .display()
+        );
+    }
+    println!();
+    println!("Ctrl-C stops everything.");
+    runtime.block_on(async {
+        let _ = tokio::signal::ctrl_c().await;
+    });
+    eprintln!("stopping ...");
+    drop(cluster);
 }
 
 /// Register the webhook with `deploy/webhook-configuration.yaml`'s mutating
