@@ -77,7 +77,7 @@ pub(crate) fn run(
         let mut opa = OpaServer::start();
         let started = Instant::now();
         // As the admin: the sidecar's own service account may read ConfigMaps
-        // only in the policy namespace (deploy/rbac.yaml).
+        // only in the policy namespace (the chart's RBAC).
         let mut sidecar = Sidecar::start(
             bins,
             dir,

@@ -1,12 +1,15 @@
 //! Certificates for the placement webhook: a CA and serving certificates (rcgen),
 //! the `caBundle` for webhook configurations, rustls server configs from PEM
-//! files, and reloading those files when they change.
+//! files, reloading those files when they change, and the renewal plan of
+//! self-managed certificates ([`rotation`]).
+
+pub mod rotation;
 
 use std::fmt;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
 use rcgen::{
@@ -74,6 +77,30 @@ impl fmt::Debug for Issued {
 impl Ca {
     /// A new self-signed CA valid for ten years.
     pub fn generate(common_name: &str) -> Result<Self, CertError> {
+        let not_before = rcgen::date_time_ymd(2025, 1, 1);
+        Self::generate_between(
+            common_name,
+            not_before,
+            not_before + Duration::from_secs(10 * 365 * 24 * 3600),
+        )
+    }
+
+    /// A new self-signed CA valid for `lifetime` from `now` (backdated a few
+    /// minutes for clock skew).
+    pub fn generate_at(
+        common_name: &str,
+        now: SystemTime,
+        lifetime: Duration,
+    ) -> Result<Self, CertError> {
+        let now = date_time(now);
+        Self::generate_between(common_name, now - CLOCK_SKEW, now + lifetime)
+    }
+
+    fn generate_between(
+        common_name: &str,
+        not_before: time::OffsetDateTime,
+        not_after: time::OffsetDateTime,
+    ) -> Result<Self, CertError> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, common_name);
@@ -84,8 +111,8 @@ impl Ca {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        params.not_before = rcgen::date_time_ymd(2025, 1, 1);
-        params.not_after = params.not_before + Duration::from_secs(10 * 365 * 24 * 3600);
+        params.not_before = not_before;
+        params.not_after = not_after;
         let key = KeyPair::generate()?;
         let cert = params.self_signed(&key)?;
         Ok(Ca {
@@ -98,8 +125,43 @@ impl Ca {
         &self.cert_pem
     }
 
+    /// The CA's private key (PEM), for keeping it in a Secret.
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     /// Issue a serving certificate for `names`: DNS names or IP addresses.
     pub fn issue_serving(&self, names: &[String]) -> Result<Issued, CertError> {
+        let not_before = rcgen::date_time_ymd(2025, 1, 1);
+        self.issue_serving_between(
+            names,
+            not_before,
+            not_before + Duration::from_secs(5 * 365 * 24 * 3600),
+        )
+    }
+
+    /// Issue a serving certificate valid for `lifetime` from `now`, but never
+    /// beyond the CA's own end.
+    pub fn issue_serving_at(
+        &self,
+        names: &[String],
+        now: SystemTime,
+        lifetime: Duration,
+    ) -> Result<Issued, CertError> {
+        let mut end = now + lifetime;
+        if let Some(ca_end) = rotation::not_after(&self.cert_pem) {
+            end = end.min(ca_end);
+        }
+        let now = date_time(now);
+        self.issue_serving_between(names, now - CLOCK_SKEW, date_time(end))
+    }
+
+    fn issue_serving_between(
+        &self,
+        names: &[String],
+        not_before: time::OffsetDateTime,
+        not_after: time::OffsetDateTime,
+    ) -> Result<Issued, CertError> {
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         let mut dn = DistinguishedName::new();
         dn.push(
@@ -119,8 +181,8 @@ impl Ca {
             KeyUsagePurpose::KeyEncipherment,
         ];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.not_before = rcgen::date_time_ymd(2025, 1, 1);
-        params.not_after = params.not_before + Duration::from_secs(5 * 365 * 24 * 3600);
+        params.not_before = not_before;
+        params.not_after = not_after;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(Issued {
@@ -128,6 +190,14 @@ impl Ca {
             key_pem: key.serialize_pem(),
         })
     }
+}
+
+/// How far new certificates are backdated, for clocks a little behind ours.
+const CLOCK_SKEW: Duration = Duration::from_secs(300);
+
+/// `SystemTime` as rcgen's date type.
+fn date_time(at: SystemTime) -> time::OffsetDateTime {
+    time::OffsetDateTime::from(at)
 }
 
 fn san(name: &str) -> Result<SanType, CertError> {

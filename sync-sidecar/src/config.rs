@@ -18,7 +18,7 @@ pub const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
 /// Default engine document the sidecar uses to notice engine restarts.
 pub const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
 /// Default Lease name for remediation leader election.
-pub const DEFAULT_LEASE_NAME: &str = "placement-sync-remediator";
+pub const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
 
 /// What the remediator does with objects whose placement is stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -1,10 +1,10 @@
 //! The product as users run it: the project's own images in a real single-node
-//! cluster (kubelet, containerd, controllers, kube-proxy), installed from
-//! `deploy/`, reached by the API server through its Service.
+//! cluster (kubelet, containerd, controllers, kube-proxy), installed with
+//! `kubectl apply -f deploy/`, reached by the API server through its Service.
 
 use std::time::Duration;
 
-use placement_tests::kubectl::{apply_example_clusters, create_shipped_policy_configmap};
+use placement_tests::kubectl::apply_example_clusters;
 use placement_tests::{Cluster, POLICY_NAMESPACE, placed_clusters, repo_root, wait_for};
 
 /// Where the shipped policy places the EU/PCI example.
@@ -15,8 +15,8 @@ fn installed() -> &'static Cluster {
     cluster.import_project_images();
     cluster.install_deploy();
     apply_example_clusters(&cluster.kubeconfig());
-    create_shipped_policy_configmap(&cluster.kubeconfig(), POLICY_NAMESPACE);
-    // The sidecar reports the load on the ConfigMap once OPA has it.
+    // deploy/ holds the shipped policy; the sidecars report its load on the
+    // ConfigMap once their OPA has it.
     wait_for(
         "the policy ConfigMap's status to be ok",
         Duration::from_secs(120),

@@ -742,68 +742,62 @@ conntrack:
         crate::kubectl::kubectl_stdin(&self.kubeconfig(), args, stdin)
     }
 
-    /// Install the product from `deploy/` as its comments say a user does: a
-    /// serving certificate for the webhook's Service in the Secret
-    /// `placement-webhook-tls`, its CA as the `caBundle`; then wait until the
-    /// Deployment has rolled out. The images must have been imported.
+    /// Install the product as `kubectl apply -f deploy/` does (the chart's
+    /// defaults, rendered), and wait until its Deployments have rolled out. The
+    /// images must have been imported.
     pub fn install_deploy(&self) {
-        let deploy = repo_root().join("deploy");
-        let file = |name: &str| deploy.join(name).display().to_string();
-        for name in ["namespaces.yaml", "crd-cluster.yaml", "rbac.yaml"] {
-            self.kubectl_ok(&["apply", "-f", &file(name)]);
+        let deploy = repo_root().join("deploy/placement-policy.yaml");
+        self.kubectl_ok(&["apply", "-f", &deploy.display().to_string()]);
+        for deployment in ["placement-policy-webhook", "placement-policy-remediator"] {
+            self.wait_rollout("placement-system", deployment);
         }
-        self.kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/clusters.placement-policy.io",
-        ]);
-        let ca = placement_certs::Ca::generate("placement-webhook-ca").expect("webhook CA");
-        let serving = ca
-            .issue_serving(&[
-                "placement-webhook.placement-system.svc".into(),
-                "placement-webhook.placement-system.svc.cluster.local".into(),
-            ])
-            .expect("webhook serving certificate");
-        let certs = self.dir.join("webhook-certs");
-        std::fs::create_dir_all(&certs).expect("create webhook-certs");
-        write(&certs.join("tls.crt"), &serving.cert_pem);
-        write(&certs.join("tls.key"), &serving.key_pem);
-        self.kubectl_ok(&[
-            "create",
-            "secret",
-            "tls",
-            "placement-webhook-tls",
-            "-n",
-            "placement-system",
-            &format!("--cert={}", certs.join("tls.crt").display()),
-            &format!("--key={}", certs.join("tls.key").display()),
-        ]);
-        self.kubectl_ok(&["apply", "-f", &file("placement.yaml")]);
-        let registration = std::fs::read_to_string(file("webhook-configuration.yaml"))
-            .expect("read webhook-configuration.yaml")
-            .replace("CA_BUNDLE", &placement_certs::ca_bundle(ca.cert_pem()));
-        let out = self.kubectl_stdin(&["apply", "-f", "-"], &registration);
-        assert!(
-            out.status.success(),
-            "register the webhook: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    }
+
+    /// Wait until a Deployment has rolled out (every replica updated and Ready).
+    pub fn wait_rollout(&self, namespace: &str, deployment: &str) {
         let out = self.kubectl(&[
             "rollout",
             "status",
-            "deployment/placement-policy",
+            &format!("deployment/{deployment}"),
             "-n",
-            "placement-system",
+            namespace,
             "--timeout=300s",
         ]);
         assert!(
             out.status.success(),
-            "placement-policy did not roll out: {}{}\n{}",
+            "{deployment} did not roll out: {}{}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
             self.diagnostics()
         );
+    }
+
+    /// Run the test bed's helm against this cluster.
+    pub fn helm(&self, args: &[&str]) -> Output {
+        Command::new(node_bin("helm"))
+            .args(args)
+            .env("KUBECONFIG", self.kubeconfig())
+            // helm's own state (plugins, repositories, cache) stays in the node's folder.
+            .env("HELM_CACHE_HOME", self.dir.join("helm/cache"))
+            .env("HELM_CONFIG_HOME", self.dir.join("helm/config"))
+            .env("HELM_DATA_HOME", self.dir.join("helm/data"))
+            .current_dir(repo_root())
+            .stdin(Stdio::null())
+            .output()
+            .expect("run helm")
+    }
+
+    /// helm that must succeed; returns stdout.
+    pub fn helm_ok(&self, args: &[&str]) -> String {
+        let out = self.helm(args);
+        assert!(
+            out.status.success(),
+            "helm {args:?} failed: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.diagnostics()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// The logs of the node's components and of every pod, for a failing test.

@@ -1,6 +1,7 @@
 //! A real control plane: etcd and kube-apiserver on loopback, configured the way
 //! envtest does it, with static-token identities for the admin, the webhook and
-//! the sync sidecar (the latter two get only what `deploy/rbac.yaml` grants).
+//! the sync sidecar (the latter two get only what the chart's RBAC grants their
+//! service accounts, as rendered in `deploy/placement-policy.yaml`).
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::process::{Process, free_port, port_open, wait_for};
-use crate::{peer, repo_root, scratch_dir};
+use crate::{peer, scratch_dir};
 
 /// Namespace the project's components run in (see `deploy/`).
 pub const SYSTEM_NAMESPACE: &str = "placement-system";
@@ -22,9 +23,10 @@ pub const POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
 pub enum Identity {
     /// `system:masters`: the developer/administrator driving the tests.
     Admin,
-    /// The webhook's service account, bound by `deploy/rbac.yaml`.
+    /// The webhook's service account (`placement-policy-webhook`).
     Webhook,
-    /// The sync sidecar's service account, bound by `deploy/rbac.yaml`.
+    /// The sync sidecar's: the remediator's service account
+    /// (`placement-policy-remediator`), which may do all a sidecar does.
     Sidecar,
 }
 
@@ -47,8 +49,8 @@ impl Identity {
             Identity::Admin => format!("{token},admin,admin-uid,\"system:masters\""),
             Identity::Webhook | Identity::Sidecar => {
                 let sa = match self {
-                    Identity::Webhook => "placement-webhook",
-                    _ => "placement-sync",
+                    Identity::Webhook => "placement-policy-webhook",
+                    _ => "placement-policy-remediator",
                 };
                 format!(
                     "{token},system:serviceaccount:{SYSTEM_NAMESPACE}:{sa},{sa}-uid,\"system:serviceaccounts,system:serviceaccounts:{SYSTEM_NAMESPACE}\""
@@ -262,18 +264,27 @@ impl ControlPlane {
         });
     }
 
-    /// Namespaces, the Cluster CRD and RBAC from `deploy/`.
+    /// Namespaces, the Cluster CRD, RBAC and the remediator's Lease from
+    /// `deploy/placement-policy.yaml` (not the policy: tests add their own).
     fn install_base(&self) {
-        let deploy = repo_root().join("deploy");
-        for file in ["namespaces.yaml", "crd-cluster.yaml", "rbac.yaml"] {
-            self.kubectl_ok(&["apply", "-f", &deploy.join(file).display().to_string()]);
-        }
+        let kubeconfig = self.kubeconfig(Identity::Admin);
+        let kinds = ["Namespace", "CustomResourceDefinition"];
+        crate::kubectl::apply_documents(&kubeconfig, crate::kubectl::deploy_documents(&kinds));
         self.kubectl_ok(&[
             "wait",
             "--for=condition=Established",
             "--timeout=60s",
             "crd/clusters.placement-policy.io",
         ]);
+        let kinds = [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Lease",
+        ];
+        crate::kubectl::apply_documents(&kubeconfig, crate::kubectl::deploy_documents(&kinds));
     }
 
     /// Stop the API server (SIGTERM), then start it again with the same flags
@@ -324,7 +335,7 @@ impl ControlPlane {
 
 impl ControlPlane {
     /// A policy namespace of one's own (so tests don't see each other's policy
-    /// ConfigMaps), with the Roles and RoleBindings `deploy/rbac.yaml` grants in
+    /// ConfigMaps), with the Roles and RoleBindings the chart grants in
     /// the real policy namespace.
     pub fn create_policy_namespace(&self, name: &str) {
         let manifest = format!("apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n");
@@ -334,22 +345,16 @@ impl ControlPlane {
             "create namespace {name}: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let rbac = std::fs::read_to_string(repo_root().join("deploy/rbac.yaml"))
-            .expect("read deploy/rbac.yaml");
         let mut items = Vec::new();
-        for document in yaml_serde::Deserializer::from_str(&rbac) {
-            let mut doc: serde_json::Value =
-                serde::Deserialize::deserialize(document).expect("rbac.yaml is YAML");
-            let kind = doc["kind"].as_str().unwrap_or_default().to_owned();
-            let in_policy_ns = doc["metadata"]["namespace"].as_str() == Some(POLICY_NAMESPACE);
-            if (kind == "Role" || kind == "RoleBinding") && in_policy_ns {
+        for mut doc in crate::kubectl::deploy_documents(&["Role", "RoleBinding"]) {
+            if doc["metadata"]["namespace"].as_str() == Some(POLICY_NAMESPACE) {
                 doc["metadata"]["namespace"] = serde_json::Value::String(name.to_owned());
                 items.push(doc);
             }
         }
         assert!(
             !items.is_empty(),
-            "deploy/rbac.yaml grants nothing in {POLICY_NAMESPACE}"
+            "deploy/placement-policy.yaml grants nothing in {POLICY_NAMESPACE}"
         );
         let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": items});
         let out = self.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());

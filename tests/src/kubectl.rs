@@ -94,3 +94,32 @@ pub fn create_shipped_policy_configmap(kubeconfig: &Path, namespace: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The documents of `deploy/placement-policy.yaml` (rendered from the chart)
+/// whose kind is one of `kinds`.
+pub fn deploy_documents(kinds: &[&str]) -> Vec<serde_json::Value> {
+    let path = repo_root().join("deploy/placement-policy.yaml");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+    yaml_serde::Deserializer::from_str(&text)
+        .map(|document| {
+            serde::Deserialize::deserialize(document).expect("deploy/placement-policy.yaml is YAML")
+        })
+        .filter(|doc: &serde_json::Value| {
+            doc["kind"]
+                .as_str()
+                .is_some_and(|kind| kinds.contains(&kind))
+        })
+        .collect()
+}
+
+/// `kubectl apply` of `documents` as one List.
+pub fn apply_documents(kubeconfig: &Path, documents: Vec<serde_json::Value>) {
+    let list = serde_json::json!({"apiVersion": "v1", "kind": "List", "items": documents});
+    let out = kubectl_stdin(kubeconfig, &["apply", "-f", "-"], &list.to_string());
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

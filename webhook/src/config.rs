@@ -130,6 +130,8 @@ pub struct ServeArgs {
     /// Largest AdmissionReview accepted.
     #[arg(long, env = "PLACEMENT_MAX_REQUEST_BYTES", default_value_t = 6 * 1024 * 1024)]
     pub max_request_bytes: usize,
+    #[command(flatten)]
+    pub self_managed: crate::self_managed::SelfManagedTlsArgs,
 }
 
 #[derive(Debug, Args)]

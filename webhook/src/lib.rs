@@ -9,6 +9,7 @@ pub mod metrics;
 pub mod presence;
 pub mod review;
 pub mod run;
+pub mod self_managed;
 pub mod server;
 
 pub use admission::{ADMISSION_INPUT_KEY, Admission, AdmissionSettings, Mode, PlacementFailure};

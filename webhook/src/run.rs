@@ -45,6 +45,8 @@ pub enum RunError {
     },
     #[error("cannot create directory for generated certificates: {0}")]
     CertDir(std::io::Error),
+    #[error("self-managed certificates: {0}")]
+    SelfManaged(#[from] crate::self_managed::SelfManagedError),
 }
 
 /// Build a Kubernetes client. `explicit` wins; otherwise the usual inference
@@ -117,8 +119,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         events,
         metrics,
     );
-    let (tls, ca_note) = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => (reloading_tls(cert.clone(), key.clone())?, None),
+    let (tls, ca_note) = match (&args.tls_cert, &args.tls_key, &args.self_managed.tls_secret) {
+        (_, _, Some(secret)) => (
+            crate::self_managed::start(&args.self_managed, secret.clone(), client.clone()).await?,
+            None,
+        ),
+        (Some(cert), Some(key), None) => (reloading_tls(cert.clone(), key.clone())?, None),
         _ => {
             let dir = match &args.cert_dir {
                 Some(dir) => dir.clone(),

@@ -10,7 +10,7 @@ use placement_tests::{
     Cluster, ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SidecarProcess, WebhookProcess,
     cluster, repo_root,
 };
-use serde_json::{Value, json};
+use serde_json::json;
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -132,9 +132,7 @@ fn up_cluster(bare: bool) {
         eprintln!("importing the images and installing deploy/ ...");
         cluster.import_project_images();
         cluster.install_deploy();
-        let kubeconfig = cluster.kubeconfig();
-        placement_tests::kubectl::apply_example_clusters(&kubeconfig);
-        placement_tests::kubectl::create_shipped_policy_configmap(&kubeconfig, POLICY_NAMESPACE);
+        placement_tests::kubectl::apply_example_clusters(&cluster.kubeconfig());
     }
     println!();
     println!(
@@ -166,17 +164,12 @@ fn up_cluster(bare: bool) {
     drop(cluster);
 }
 
-/// Register the webhook with `deploy/webhook-configuration.yaml`'s mutating
-/// configuration, pointed at the local process by URL.
+/// Register the webhook with the chart's mutating configuration (from
+/// `deploy/placement-policy.yaml`), pointed at the local process by URL.
 fn register(plane: &ControlPlane, webhook: &WebhookProcess) {
-    let text = std::fs::read_to_string(repo_root().join("deploy/webhook-configuration.yaml"))
-        .expect("read deploy/webhook-configuration.yaml");
-    for document in yaml_serde::Deserializer::from_str(&text) {
-        let mut doc: Value =
-            serde::Deserialize::deserialize(document).expect("webhook configuration YAML");
-        if doc["kind"] != "MutatingWebhookConfiguration" {
-            continue;
-        }
+    let mut configurations =
+        placement_tests::kubectl::deploy_documents(&["MutatingWebhookConfiguration"]);
+    for doc in &mut configurations {
         if let Some(hooks) = doc["webhooks"].as_array_mut() {
             for hook in hooks {
                 hook["clientConfig"] = json!({
@@ -185,11 +178,6 @@ fn register(plane: &ControlPlane, webhook: &WebhookProcess) {
                 });
             }
         }
-        let out = plane.kubectl_stdin(&["apply", "-f", "-"], &doc.to_string());
-        assert!(
-            out.status.success(),
-            "register the webhook: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
     }
+    placement_tests::kubectl::apply_documents(&plane.kubeconfig(Identity::Admin), configurations);
 }

@@ -1,0 +1,158 @@
+{{/* Name prefix of every object of the release. */}}
+{{- define "pp.fullname" -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "pp.labels" -}}
+app.kubernetes.io/name: placement-policy
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "root" $ "component" "webhook"). */}}
+{{- define "pp.selector" -}}
+app.kubernetes.io/name: placement-policy
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{/* An image of the project: (dict "root" $ "name" "placement-webhook" "tag" ""). */}}
+{{- define "pp.image" -}}
+{{- $registry := .root.Values.image.registry -}}
+{{- $tag := .tag | default .root.Values.image.tag | default .root.Chart.AppVersion -}}
+{{- if $registry -}}
+{{ printf "%s/%s/%s:%s" $registry .root.Values.image.repository .name $tag }}
+{{- else -}}
+{{ printf "%s/%s:%s" .root.Values.image.repository .name $tag }}
+{{- end -}}
+{{- end -}}
+
+{{- define "pp.webhookService" -}}
+{{ include "pp.fullname" . }}-webhook
+{{- end -}}
+
+{{- define "pp.tlsSecret" -}}
+{{ include "pp.fullname" . }}-webhook-tls
+{{- end -}}
+
+{{/* Namespaces never evaluated: the configured ones, the release's and the policy namespace. */}}
+{{- define "pp.excludedNamespaces" -}}
+{{- $all := concat (list .Release.Namespace .Values.policy.namespace) .Values.scope.excludedNamespaces | uniq -}}
+{{- join "," $all -}}
+{{- end -}}
+
+{{/* RBAC rules for `[group/]version/resource` strings: (dict "types" list "verbs" list). */}}
+{{- define "pp.rulesFor" -}}
+{{- $verbs := .verbs -}}
+{{- range .types }}
+{{- $parts := splitList "/" . }}
+{{- $group := "" }}
+{{- $resource := last $parts }}
+{{- if eq (len $parts) 3 }}{{ $group = first $parts }}{{ end }}
+- apiGroups: [{{ $group | quote }}]
+  resources: [{{ $resource | quote }}]
+  verbs: {{ toJson $verbs }}
+{{- end }}
+{{- end -}}
+
+{{/* Security settings of every pod and container. */}}
+{{- define "pp.podSecurity" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "pp.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+{{- end -}}
+
+{{/* The OPA container beside a placement-sync sidecar. */}}
+{{- define "pp.opaContainer" -}}
+- name: opa
+  image: {{ include "pp.image" (dict "root" . "name" .Values.engine.opa.image "tag" .Values.engine.opa.tag) }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - run
+    - --server
+    # Only the pod's own containers reach the API.
+    - --addr=127.0.0.1:8181
+    # Health and metrics only, for the kubelet's probes and scrapers.
+    - --diagnostic-addr=0.0.0.0:8282
+    - --skip-version-check
+    - --log-level=error
+  ports:
+    - {name: opa-diag, containerPort: 8282}
+  # /health answers once the server runs; whether it holds the policies is
+  # the sidecar's business (the webhook fails closed iff policies exist
+  # while they are missing), so it gates nothing.
+  readinessProbe:
+    httpGet: {path: /health, port: opa-diag}
+    periodSeconds: 5
+  livenessProbe:
+    httpGet: {path: /health, port: opa-diag}
+    periodSeconds: 10
+    failureThreshold: 6
+  resources: {{- toYaml .Values.engine.opa.resources | nindent 4 }}
+  securityContext: {{- include "pp.containerSecurity" . | nindent 4 }}
+{{- end -}}
+
+{{/* Flags of placement-sync shared by its two roles. */}}
+{{- define "pp.syncArgs" -}}
+- --opa-url=http://127.0.0.1:8181
+- --policy-namespace={{ .Values.policy.namespace }}
+{{- with .Values.policy.labelSelector }}
+- --policy-label={{ . }}
+{{- end }}
+- --decision={{ .Values.policy.decision }}
+{{- range .Values.sync.replicate }}
+- --replicate={{ . }}
+{{- end }}
+{{- range .Values.sync.replicateCluster }}
+- --replicate-cluster={{ . }}
+{{- end }}
+- --listen=0.0.0.0:8182
+{{- end -}}
+
+{{- define "pp.scheduling" -}}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.image.pullSecrets }}
+imagePullSecrets: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* A Kubernetes label selector ({matchLabels, matchExpressions}) as the string of `kubectl -l`. */}}
+{{- define "pp.labelSelector" -}}
+{{- $terms := list -}}
+{{- range $key, $value := (.matchLabels | default dict) -}}
+{{- $terms = append $terms (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- range (.matchExpressions | default list) -}}
+{{- if eq .operator "In" -}}
+{{- $terms = append $terms (printf "%s in (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "NotIn" -}}
+{{- $terms = append $terms (printf "%s notin (%s)" .key (join "," .values)) -}}
+{{- else if eq .operator "Exists" -}}
+{{- $terms = append $terms .key -}}
+{{- else if eq .operator "DoesNotExist" -}}
+{{- $terms = append $terms (printf "!%s" .key) -}}
+{{- else -}}
+{{- fail (printf "unknown label selector operator %q" .operator) -}}
+{{- end -}}
+{{- end -}}
+{{- join "," $terms -}}
+{{- end -}}

@@ -1,0 +1,530 @@
+//! Self-managed certificates, as Kyverno and Gatekeeper's cert-controller do
+//! them: the webhook keeps its CA and serving certificate in a Secret, creates
+//! and renews them there (every replica may; the API server's optimistic
+//! concurrency lets one write win), writes the CA bundle into its own webhook
+//! configurations, and serves whatever the Secret holds. The renewal rules are
+//! [`placement_certs::rotation`]'s.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use axum_server::tls_rustls::RustlsConfig;
+use clap::Args;
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use placement_certs::rotation::{self, Lifetimes, Material, Plan};
+use serde_json::json;
+
+/// Flags of self-managed certificates.
+#[derive(Debug, Clone, Args)]
+pub struct SelfManagedTlsArgs {
+    /// Keep the CA and serving certificate in this Secret (`NAMESPACE/NAME`):
+    /// create them, renew them before they expire and serve them. Excludes
+    /// --tls-cert/--tls-key.
+    #[arg(long, env = "PLACEMENT_TLS_SECRET", conflicts_with_all = ["tls_cert", "tls_key", "cert_dir"])]
+    pub tls_secret: Option<SecretRef>,
+    /// DNS names of the serving certificate (the webhook's Service, e.g.
+    /// `placement-webhook.placement-system.svc`); repeatable.
+    #[arg(
+        long = "tls-dns-name",
+        env = "PLACEMENT_TLS_DNS_NAMES",
+        value_delimiter = ',',
+        requires = "tls_secret"
+    )]
+    pub tls_dns_names: Vec<String>,
+    /// Webhook configuration whose `caBundle` the webhook keeps equal to its CA
+    /// bundle: `mutatingwebhookconfigurations/NAME` or
+    /// `validatingwebhookconfigurations/NAME`; repeatable.
+    #[arg(
+        long = "inject-ca-into",
+        env = "PLACEMENT_INJECT_CA_INTO",
+        value_delimiter = ',',
+        requires = "tls_secret"
+    )]
+    pub inject_ca_into: Vec<ConfigurationRef>,
+    /// Lifetime of a new CA (renewed when a third is left).
+    #[arg(long, env = "PLACEMENT_CA_VALIDITY", default_value = "8760h", value_parser = humantime::parse_duration)]
+    pub ca_validity: Duration,
+    /// Lifetime of a new serving certificate (renewed when a third is left).
+    #[arg(long, env = "PLACEMENT_CERT_VALIDITY", default_value = "2160h", value_parser = humantime::parse_duration)]
+    pub cert_validity: Duration,
+}
+
+/// `NAMESPACE/NAME` of a Secret.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl FromStr for SecretRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some((namespace, name))
+                if !namespace.is_empty() && !name.is_empty() && !name.contains('/') =>
+            {
+                Ok(SecretRef {
+                    namespace: namespace.to_owned(),
+                    name: name.to_owned(),
+                })
+            }
+            _ => Err(format!("expected NAMESPACE/NAME, got {s:?}")),
+        }
+    }
+}
+
+impl fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// A webhook configuration to inject the CA bundle into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConfigurationRef {
+    Mutating(String),
+    Validating(String),
+}
+
+impl FromStr for ConfigurationRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('/') {
+            Some(("mutatingwebhookconfigurations", name)) if !name.is_empty() => {
+                Ok(ConfigurationRef::Mutating(name.to_owned()))
+            }
+            Some(("validatingwebhookconfigurations", name)) if !name.is_empty() => {
+                Ok(ConfigurationRef::Validating(name.to_owned()))
+            }
+            _ => Err(format!(
+                "expected mutatingwebhookconfigurations/NAME or validatingwebhookconfigurations/NAME, got {s:?}"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ConfigurationRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ConfigurationRef::Mutating(name) => write!(f, "mutatingwebhookconfigurations/{name}"),
+            ConfigurationRef::Validating(name) => {
+                write!(f, "validatingwebhookconfigurations/{name}")
+            }
+        }
+    }
+}
+
+/// Errors of self-managed certificates; each names the object and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum SelfManagedError {
+    #[error("--tls-secret needs access to the Kubernetes API (in a cluster, or --kubeconfig)")]
+    NoApi,
+    #[error("--tls-secret needs at least one --tls-dns-name (the webhook Service's DNS name)")]
+    NoNames,
+    #[error("cannot read Secret {secret}: {source}")]
+    ReadSecret {
+        secret: SecretRef,
+        source: kube::Error,
+    },
+    #[error("cannot write Secret {secret}: {source}")]
+    WriteSecret {
+        secret: SecretRef,
+        source: kube::Error,
+    },
+    #[error("cannot read {configuration}: {source}")]
+    ReadConfiguration {
+        configuration: ConfigurationRef,
+        source: kube::Error,
+    },
+    #[error("cannot write the CA bundle into {configuration}: {source}")]
+    WriteConfiguration {
+        configuration: ConfigurationRef,
+        source: kube::Error,
+    },
+    #[error(transparent)]
+    Certificate(#[from] placement_certs::CertError),
+}
+
+/// How often the Secret and the configurations are checked at most apart, and
+/// how long a CA must have been in every configuration before a serving
+/// certificate signed by it is used (API servers see configuration changes
+/// through a watch, a moment later).
+const MAX_CHECK_INTERVAL: Duration = Duration::from_secs(60);
+const TRUST_SETTLE: Duration = Duration::from_secs(5);
+const RETRY: Duration = Duration::from_secs(5);
+
+struct Controller {
+    secrets: Api<Secret>,
+    secret: SecretRef,
+    client: Client,
+    names: Vec<String>,
+    inject: Vec<ConfigurationRef>,
+    lifetimes: Lifetimes,
+    /// Since when every configuration has trusted this CA (PEM).
+    trusted: Option<(String, Instant)>,
+    /// The serving pair in use.
+    serving: Option<(String, String)>,
+}
+
+/// Start self-managed certificates: returns the TLS config to serve once the
+/// Secret holds a working certificate (creating one when it holds none), and
+/// keeps it, the Secret and the configurations current in the background.
+pub async fn start(
+    args: &SelfManagedTlsArgs,
+    secret: SecretRef,
+    client: Option<Client>,
+) -> Result<RustlsConfig, SelfManagedError> {
+    let client = client.ok_or(SelfManagedError::NoApi)?;
+    if args.tls_dns_names.is_empty() {
+        return Err(SelfManagedError::NoNames);
+    }
+    let mut controller = Controller {
+        secrets: Api::namespaced(client.clone(), &secret.namespace),
+        secret,
+        client,
+        names: args.tls_dns_names.clone(),
+        inject: args.inject_ca_into.clone(),
+        lifetimes: Lifetimes {
+            ca: args.ca_validity,
+            serving: args.cert_validity,
+        },
+        trusted: None,
+        serving: None,
+    };
+    // Serving needs a certificate: retry until one is there, saying why not.
+    let (material, _) = loop {
+        match controller.reconcile().await {
+            Ok(done) => break done,
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?RETRY, "self-managed certificates are not ready");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    };
+    let config = RustlsConfig::from_config(Arc::new(server_config(&material)?));
+    controller.serving = Some((material.tls_cert.clone(), material.tls_key.clone()));
+    tracing::info!(secret = %controller.secret, names = ?controller.names, "serving the self-managed certificate");
+    tokio::spawn(controller.run(config.clone()));
+    Ok(config)
+}
+
+fn server_config(material: &Material) -> Result<rustls::ServerConfig, SelfManagedError> {
+    Ok(placement_certs::server_config(
+        material.tls_cert.as_bytes(),
+        material.tls_key.as_bytes(),
+        "the self-managed Secret",
+    )?)
+}
+
+impl Controller {
+    /// Keep everything current: on every change of the Secret (another replica
+    /// renewed it), when the next renewal falls due, and at least every minute.
+    async fn run(mut self, config: RustlsConfig) {
+        let watch = watcher(
+            self.secrets.clone(),
+            watcher::Config::default().fields(&format!("metadata.name={}", self.secret.name)),
+        );
+        let mut watch = std::pin::pin!(watch);
+        let mut wait = Duration::ZERO;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                event = watch.next() => {
+                    if let Some(Err(e)) = event {
+                        tracing::debug!(error = %e, "watch of the certificate Secret interrupted");
+                        tokio::time::sleep(RETRY).await;
+                    }
+                }
+            }
+            wait = match self.reconcile().await {
+                Ok((material, next)) => {
+                    self.serve(&material, &config);
+                    next
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "self-managed certificates: will retry");
+                    RETRY
+                }
+            };
+        }
+    }
+
+    /// Swap the serving certificate when the Secret's changed.
+    fn serve(&mut self, material: &Material, config: &RustlsConfig) {
+        let pair = (material.tls_cert.clone(), material.tls_key.clone());
+        if self.serving.as_ref() == Some(&pair) {
+            return;
+        }
+        match server_config(material) {
+            Ok(new) => {
+                config.reload_from_config(Arc::new(new));
+                self.serving = Some(pair);
+                tracing::info!(secret = %self.secret, "serving a renewed certificate");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "the Secret's serving certificate does not load; keeping the current one")
+            }
+        }
+    }
+
+    /// One round: renew what is due (one writer wins), inject the bundle.
+    /// Returns the material in force and when to look again.
+    async fn reconcile(&mut self) -> Result<(Material, Duration), SelfManagedError> {
+        let mut secret = self.read_secret().await?;
+        let mut material = secret
+            .as_ref()
+            .map(|s| {
+                let data: BTreeMap<String, Vec<u8>> = s
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.0.clone()))
+                    .collect();
+                Material::from_secret_data(&data)
+            })
+            .unwrap_or_default();
+        let ca_trusted = self.ca_trusted(&material).await?;
+        if let Plan::Write {
+            material: renewed,
+            renewal,
+        } = rotation::plan(
+            &material,
+            &self.names,
+            self.lifetimes,
+            ca_trusted,
+            SystemTime::now(),
+        )? {
+            match self.write_secret(secret.take(), &renewed).await {
+                Ok(()) => {
+                    tracing::info!(secret = %self.secret, "{renewal}");
+                    material = renewed;
+                }
+                // Another replica wrote first: take theirs next round.
+                Err(SelfManagedError::WriteSecret {
+                    source: kube::Error::Api(status),
+                    ..
+                }) if status.code == 409 => {
+                    return Ok((material, Duration::from_secs(1)));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.inject(&material).await?;
+        let next = rotation::next_check(
+            &material,
+            self.lifetimes,
+            SystemTime::now(),
+            MAX_CHECK_INTERVAL,
+        );
+        // While a new CA settles, look again soon.
+        let next = if self.trusted.is_some() && !ca_trusted {
+            next.min(TRUST_SETTLE)
+        } else {
+            next
+        };
+        Ok((material, next))
+    }
+
+    async fn read_secret(&self) -> Result<Option<Secret>, SelfManagedError> {
+        self.secrets
+            .get_opt(&self.secret.name)
+            .await
+            .map_err(|source| SelfManagedError::ReadSecret {
+                secret: self.secret.clone(),
+                source,
+            })
+    }
+
+    /// Replace the Secret's data, guarded by the resourceVersion read (or
+    /// create it when there was none).
+    async fn write_secret(
+        &self,
+        existing: Option<Secret>,
+        material: &Material,
+    ) -> Result<(), SelfManagedError> {
+        let data = material
+            .to_secret_data()
+            .into_iter()
+            .map(|(k, v)| (k, ByteString(v)))
+            .collect();
+        let result = match existing {
+            Some(mut secret) => {
+                secret.data = Some(data);
+                secret.string_data = None;
+                self.secrets
+                    .replace(&self.secret.name, &PostParams::default(), &secret)
+                    .await
+            }
+            None => {
+                let secret = Secret {
+                    metadata: kube::api::ObjectMeta {
+                        name: Some(self.secret.name.clone()),
+                        namespace: Some(self.secret.namespace.clone()),
+                        ..Default::default()
+                    },
+                    type_: Some("Opaque".to_owned()),
+                    data: Some(data),
+                    ..Default::default()
+                };
+                self.secrets.create(&PostParams::default(), &secret).await
+            }
+        };
+        result
+            .map(|_| ())
+            .map_err(|source| SelfManagedError::WriteSecret {
+                secret: self.secret.clone(),
+                source,
+            })
+    }
+
+    /// Whether every configuration has trusted the current CA for a while.
+    async fn ca_trusted(&mut self, material: &Material) -> Result<bool, SelfManagedError> {
+        if material.ca_cert.is_empty() {
+            return Ok(false);
+        }
+        for configuration in &self.inject {
+            let webhooks = self.webhooks(configuration).await?;
+            let all = !webhooks.is_empty()
+                && webhooks
+                    .iter()
+                    .all(|(_, bundle)| rotation::bundle_trusts(bundle, &material.ca_cert));
+            if !all {
+                self.trusted = None;
+                return Ok(false);
+            }
+        }
+        let since = match &self.trusted {
+            Some((ca, since)) if *ca == material.ca_cert => *since,
+            _ => {
+                let now = Instant::now();
+                self.trusted = Some((material.ca_cert.clone(), now));
+                now
+            }
+        };
+        // With nothing to inject into, nobody else needs to learn the CA.
+        Ok(self.inject.is_empty() || since.elapsed() >= TRUST_SETTLE)
+    }
+
+    /// Each webhook of a configuration: its name and `caBundle` (PEM).
+    async fn webhooks(
+        &self,
+        configuration: &ConfigurationRef,
+    ) -> Result<Vec<(String, String)>, SelfManagedError> {
+        let pem = |bundle: Option<ByteString>| {
+            String::from_utf8_lossy(&bundle.map(|b| b.0).unwrap_or_default()).into_owned()
+        };
+        let webhooks = match configuration {
+            ConfigurationRef::Mutating(name) => {
+                Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+                    .get(name)
+                    .await
+                    .map(|c| {
+                        c.webhooks
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|w| (w.name, pem(w.client_config.ca_bundle)))
+                            .collect()
+                    })
+            }
+            ConfigurationRef::Validating(name) => {
+                Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+                    .get(name)
+                    .await
+                    .map(|c| {
+                        c.webhooks
+                            .unwrap_or_default()
+                            .into_iter()
+                            .map(|w| (w.name, pem(w.client_config.ca_bundle)))
+                            .collect()
+                    })
+            }
+        };
+        webhooks.map_err(|source| SelfManagedError::ReadConfiguration {
+            configuration: configuration.clone(),
+            source,
+        })
+    }
+
+    /// Write the bundle into every webhook of every configuration that lacks it.
+    async fn inject(&self, material: &Material) -> Result<(), SelfManagedError> {
+        for configuration in &self.inject {
+            let webhooks = self.webhooks(configuration).await?;
+            if webhooks
+                .iter()
+                .all(|(_, bundle)| *bundle == material.bundle)
+            {
+                continue;
+            }
+            // A strategic merge patch keyed by webhook name touches only caBundle.
+            let entries: Vec<_> = webhooks
+                .iter()
+                .map(|(name, _)| {
+                    json!({"name": name, "clientConfig": {"caBundle": material.ca_bundle()}})
+                })
+                .collect();
+            let patch = Patch::Strategic(json!({"webhooks": entries}));
+            let params = PatchParams::default();
+            let result = match configuration {
+                ConfigurationRef::Mutating(name) => {
+                    Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+                        .patch(name, &params, &patch)
+                        .await
+                        .map(|_| ())
+                }
+                ConfigurationRef::Validating(name) => {
+                    Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+                        .patch(name, &params, &patch)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            result.map_err(|source| SelfManagedError::WriteConfiguration {
+                configuration: configuration.clone(),
+                source,
+            })?;
+            tracing::info!(%configuration, "wrote the CA bundle");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn references_parse_and_print() {
+        let secret: SecretRef = "placement-system/placement-policy-webhook-tls"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            secret.to_string(),
+            "placement-system/placement-policy-webhook-tls"
+        );
+        assert!("no-namespace".parse::<SecretRef>().is_err());
+        assert!("a/b/c".parse::<SecretRef>().is_err());
+        let mutating: ConfigurationRef = "mutatingwebhookconfigurations/placement-policy"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            mutating,
+            ConfigurationRef::Mutating("placement-policy".into())
+        );
+        assert_eq!(
+            mutating.to_string(),
+            "mutatingwebhookconfigurations/placement-policy"
+        );
+        assert!("services/x".parse::<ConfigurationRef>().is_err());
+    }
+}
