@@ -772,6 +772,56 @@ conntrack:
         );
     }
 
+    /// PIDs (host view) of the processes running `binary` (file name of their
+    /// executable) in the containers of pod `namespace/name`.
+    pub fn pod_processes(&self, namespace: &str, name: &str, binary: &str) -> Vec<u32> {
+        let uid = self.kubectl_ok(&[
+            "get",
+            "pod",
+            name,
+            "-n",
+            namespace,
+            "-o",
+            "jsonpath={.metadata.uid}",
+        ]);
+        // The kubelet (cgroupfs driver) runs a pod's containers in
+        // `<cgroup root>/kubepods/<qos>/pod<uid>/<container>`.
+        let marker = format!("pod{}", uid.trim());
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|pid| {
+                let cgroups =
+                    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+                let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok();
+                cgroups.contains(&self.cgroup_root)
+                    && cgroups.contains(&marker)
+                    && exe.is_some_and(|exe| exe.file_name().is_some_and(|n| n == binary))
+            })
+            .collect()
+    }
+
+    /// Send `signal` to the processes of [`Cluster::pod_processes`]; returns how
+    /// many got it.
+    pub fn signal_pod_processes(
+        &self,
+        namespace: &str,
+        name: &str,
+        binary: &str,
+        signal: i32,
+    ) -> usize {
+        let pids = self.pod_processes(namespace, name, binary);
+        for pid in &pids {
+            // SAFETY: kill(2) on a PID we just found; a stale PID only fails.
+            unsafe {
+                libc::kill(*pid as libc::pid_t, signal);
+            }
+        }
+        pids.len()
+    }
+
     /// Run the test bed's helm against this cluster.
     pub fn helm(&self, args: &[&str]) -> Output {
         Command::new(node_bin("helm"))

@@ -130,6 +130,10 @@ pub struct ServeArgs {
     /// Largest AdmissionReview accepted.
     #[arg(long, env = "PLACEMENT_MAX_REQUEST_BYTES", default_value_t = 6 * 1024 * 1024)]
     pub max_request_bytes: usize,
+    /// On SIGTERM, keep serving this long before stopping (so that a pod
+    /// leaving the Service's endpoints loses no request).
+    #[arg(long, env = "PLACEMENT_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
     #[command(flatten)]
     pub self_managed: crate::self_managed::SelfManagedTlsArgs,
 }

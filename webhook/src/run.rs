@@ -165,7 +165,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         tls,
         listeners,
         args.max_request_bytes,
-        shutdown_signal(),
+        async move {
+            shutdown_signal().await;
+            // Endpoints of a terminating pod take a moment to leave every
+            // kube-proxy: keep answering meanwhile, so no write in flight to us
+            // fails (then stop accepting and finish what is running).
+            tracing::info!(delay = ?args.shutdown_delay, "shutting down after the delay");
+            tokio::time::sleep(args.shutdown_delay).await;
+        },
     )
     .await?;
     Ok(())

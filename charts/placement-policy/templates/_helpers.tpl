@@ -89,12 +89,10 @@ capabilities:
     - --log-level=error
   ports:
     - {name: opa-diag, containerPort: 8282}
-  # /health answers once the server runs; whether it holds the policies is
-  # the sidecar's business (the webhook fails closed iff policies exist
-  # while they are missing), so it gates nothing.
-  readinessProbe:
-    httpGet: {path: /health, port: opa-diag}
-    periodSeconds: 5
+  # No readiness probe: a pod's readiness is the webhook's alone. An OPA that
+  # hangs or lost its policies makes the webhook fail closed iff policies
+  # exist; gating the pod on it would drop the Service's endpoints and deny
+  # every write, with or without policies. A hung OPA is restarted.
   livenessProbe:
     httpGet: {path: /health, port: opa-diag}
     periodSeconds: 10

@@ -1,0 +1,361 @@
+//! The Helm chart, rendered by the real helm (built by the test bed) and
+//! checked against a real API server: what every install gets, whatever the
+//! values.
+
+use placement_tests::{ControlPlane, cluster, repo_root};
+use serde_json::Value;
+
+/// `helm template` of the chart with `values` (`--set` arguments), as JSON
+/// documents.
+fn render(values: &[&str]) -> Vec<Value> {
+    let mut args = vec![
+        "template",
+        "placement-policy",
+        "charts/placement-policy",
+        "-n",
+        "placement-system",
+        "--include-crds",
+    ];
+    for value in values {
+        args.extend(["--set", value]);
+    }
+    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
+        .args(&args)
+        .current_dir(repo_root())
+        .output()
+        .expect("run helm template");
+    assert!(
+        out.status.success(),
+        "helm template {values:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_serde::Deserializer::from_str(&String::from_utf8_lossy(&out.stdout))
+        .map(|document| serde::Deserialize::deserialize(document).expect("rendered YAML"))
+        .filter(|doc: &Value| !doc.is_null())
+        .collect()
+}
+
+fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    docs.iter().filter(|d| d["kind"] == kind).collect()
+}
+
+fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+fn containers(deployment: &Value) -> Vec<&Value> {
+    deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .collect()
+}
+
+fn args(container: &Value) -> Vec<String> {
+    container["args"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|v| v.as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn chart_lints_and_deploy_is_its_rendering() {
+    let helm = cluster::cluster_assets().join("helm");
+    let out = std::process::Command::new(&helm)
+        .args(["lint", "--strict", "charts/placement-policy"])
+        .current_dir(repo_root())
+        .output()
+        .expect("run helm lint");
+    assert!(
+        out.status.success(),
+        "helm lint: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = std::process::Command::new(repo_root().join("scripts/render-deploy"))
+        .arg("--check")
+        .env("HELM", &helm)
+        .output()
+        .expect("run scripts/render-deploy --check");
+    assert!(
+        out.status.success(),
+        "deploy/ is not the chart's rendering: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Every pod of every mode: non-root, read-only root filesystem, no
+/// capabilities, RuntimeDefault seccomp, requests and limits; bound
+/// service-account tokens only.
+#[test]
+fn every_pod_is_hardened_in_every_mode() {
+    for values in [
+        &[][..],
+        &["engine.type=embedded"][..],
+        &["webhook.certificates.mode=cert-manager"][..],
+        &["remediator.mode=report", "webhook.replicas=3"][..],
+    ] {
+        let docs = render(values);
+        let deployments = of_kind(&docs, "Deployment");
+        assert!(!deployments.is_empty(), "{values:?}");
+        for deployment in deployments {
+            let name = deployment["metadata"]["name"].as_str().unwrap_or_default();
+            let pod = &deployment["spec"]["template"]["spec"];
+            assert_eq!(
+                pod["securityContext"]["runAsNonRoot"], true,
+                "{name} {values:?}"
+            );
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"], "RuntimeDefault",
+                "{name} {values:?}"
+            );
+            assert!(
+                pod["serviceAccountName"].is_string(),
+                "{name} runs under its own service account"
+            );
+            for container in containers(deployment) {
+                let c = container["name"].as_str().unwrap_or_default();
+                let security = &container["securityContext"];
+                assert_eq!(security["readOnlyRootFilesystem"], true, "{name}/{c}");
+                assert_eq!(security["allowPrivilegeEscalation"], false, "{name}/{c}");
+                assert_eq!(security["capabilities"]["drop"][0], "ALL", "{name}/{c}");
+                assert!(
+                    container["resources"]["requests"]["memory"].is_string()
+                        && container["resources"]["limits"]["memory"].is_string(),
+                    "{name}/{c} has requests and limits"
+                );
+                assert!(container["livenessProbe"].is_object(), "{name}/{c} probe");
+            }
+        }
+        for secret in of_kind(&docs, "Secret") {
+            assert_ne!(
+                secret["type"], "kubernetes.io/service-account-token",
+                "no long-lived token Secrets ({values:?})"
+            );
+        }
+    }
+}
+
+/// The webhook's pod is gated only on the webhook: neither OPA being empty nor
+/// the sidecar being out of sync makes the Service lose its endpoints (which,
+/// with `failurePolicy: Fail`, would deny every write with or without
+/// policies).
+#[test]
+fn webhook_readiness_never_waits_for_the_engine() {
+    let docs = render(&[]);
+    let webhook = named(&docs, "Deployment", "placement-policy-webhook");
+    for container in containers(webhook) {
+        let probe = &container["readinessProbe"];
+        match container["name"].as_str() {
+            Some("webhook") => assert_eq!(probe["httpGet"]["path"], "/readyz"),
+            // A hung OPA is restarted, never taken out of the Service.
+            Some("opa") => {
+                assert!(probe.is_null(), "OPA gates nothing: {probe}");
+                assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/health");
+            }
+            Some("placement-sync") => {
+                assert!(probe.is_null(), "the sidecar gates nothing: {probe}");
+                assert!(args(container).contains(&"--remediation=off".to_owned()));
+            }
+            other => panic!("unexpected container {other:?}"),
+        }
+    }
+}
+
+/// Both webhook configurations say the same thing: what is evaluated, that
+/// objects being deleted never are, and that Events are the only side effect.
+#[test]
+fn webhook_configurations_tell_the_truth_and_skip_deletions() {
+    let docs = render(&["scope.excludedNamespaces={kube-system,team-x}"]);
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let configuration = named(&docs, kind, "placement-policy");
+        let hook = &configuration["webhooks"][0];
+        assert_eq!(hook["sideEffects"], "NoneOnDryRun", "{kind}");
+        assert_eq!(hook["failurePolicy"], "Fail", "{kind}");
+        assert_eq!(
+            hook["matchConditions"][0]["expression"], "!has(object.metadata.deletionTimestamp)",
+            "{kind}"
+        );
+        let excluded = &hook["namespaceSelector"]["matchExpressions"][0]["values"];
+        for ns in [
+            "placement-system",
+            "kube-federation-scheduling-policy",
+            "kube-system",
+            "team-x",
+        ] {
+            assert!(
+                excluded.as_array().unwrap().iter().any(|v| v == ns),
+                "{kind} excludes {ns}: {excluded}"
+            );
+        }
+        assert!(
+            hook["clientConfig"].get("caBundle").is_none(),
+            "{kind}: the webhook writes its own caBundle"
+        );
+    }
+    let webhook = named(&docs, "Deployment", "placement-policy-webhook");
+    let flags = args(containers(webhook)[0]);
+    assert!(
+        flags.contains(
+            &"--inject-ca-into=mutatingwebhookconfigurations/placement-policy".to_owned()
+        )
+    );
+    assert!(
+        flags.contains(
+            &"--inject-ca-into=validatingwebhookconfigurations/placement-policy".to_owned()
+        )
+    );
+    assert!(
+        flags.contains(&"--tls-secret=placement-system/placement-policy-webhook-tls".to_owned())
+    );
+}
+
+/// Least privilege: fixed objects are named; the webhook may not touch
+/// workloads; only the remediator may patch them.
+#[test]
+fn rbac_names_fixed_objects_and_splits_the_webhook_from_the_remediator() {
+    let docs = render(&[]);
+    let rules = |kind: &str, name: &str| -> Vec<Value> {
+        named(&docs, kind, name)["rules"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    for rule in rules("Role", "placement-policy-webhook-tls") {
+        assert_eq!(rule["resourceNames"][0], "placement-policy-webhook-tls");
+    }
+    for rule in rules("Role", "placement-policy-remediator-lease") {
+        assert_eq!(rule["resourceNames"][0], "placement-policy-remediator");
+    }
+    for rule in rules("ClusterRole", "placement-policy-webhook") {
+        let verbs = rule["verbs"].to_string();
+        assert!(
+            !verbs.contains("patch")
+                || rule["resourceNames"].is_array()
+                || rule["resources"][0] == "events",
+            "the webhook patches only named objects and Events: {rule}"
+        );
+        assert!(
+            !rule["resources"].to_string().contains("replicasets"),
+            "{rule}"
+        );
+    }
+    let remediator = rules("ClusterRole", "placement-policy-remediator");
+    assert!(
+        remediator.iter().any(|r| r["resources"][0] == "replicasets"
+            && r["verbs"].as_array().unwrap().iter().any(|v| v == "patch")),
+        "{remediator:?}"
+    );
+}
+
+#[test]
+fn cert_manager_mode_uses_a_certificate_and_ca_injection() {
+    let docs = render(&["webhook.certificates.mode=cert-manager"]);
+    let certificate = named(&docs, "Certificate", "placement-policy-webhook");
+    assert_eq!(
+        certificate["spec"]["secretName"],
+        "placement-policy-webhook-tls"
+    );
+    assert_eq!(
+        certificate["spec"]["dnsNames"][0],
+        "placement-policy-webhook.placement-system.svc"
+    );
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        assert_eq!(
+            named(&docs, kind, "placement-policy")["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "placement-system/placement-policy-webhook"
+        );
+    }
+    let webhook = named(&docs, "Deployment", "placement-policy-webhook");
+    let flags = args(containers(webhook)[0]);
+    assert!(flags.contains(&"--tls-cert=/etc/placement/tls/tls.crt".to_owned()));
+    assert!(!flags.iter().any(|f| f.starts_with("--tls-secret")));
+    assert!(
+        of_kind(&docs, "Secret").is_empty(),
+        "cert-manager makes the Secret"
+    );
+}
+
+#[test]
+fn embedded_engine_mode_runs_the_webhook_alone_on_the_shipped_policy() {
+    let docs = render(&["engine.type=embedded"]);
+    let webhook = named(&docs, "Deployment", "placement-policy-webhook");
+    let names: Vec<_> = containers(webhook)
+        .iter()
+        .map(|c| c["name"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(names, ["webhook"]);
+    assert!(
+        args(containers(webhook)[0]).contains(&"--policy-dir=/etc/placement/policies".to_owned())
+    );
+    let policy = named(&docs, "ConfigMap", "placement-policy-embedded-policy");
+    assert!(policy["data"]["placement.rego"].is_string());
+    assert!(
+        !docs
+            .iter()
+            .any(|d| d["metadata"]["name"] == "placement-policy-remediator"),
+        "no remediator without OPA"
+    );
+}
+
+#[test]
+fn bad_values_are_named_errors() {
+    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
+        .args([
+            "template",
+            "x",
+            "charts/placement-policy",
+            "--set",
+            "engine.type=wasm",
+        ])
+        .current_dir(repo_root())
+        .output()
+        .expect("run helm template");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("engine.type must be opa or embedded"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What `kubectl apply -f deploy/` sends is accepted by a real API server
+/// (schema, defaults, admission), checked with a server-side dry run.
+#[test]
+fn deploy_is_accepted_by_the_api_server() {
+    let plane = ControlPlane::shared();
+    let deploy = repo_root().join("deploy/placement-policy.yaml");
+    let out = plane.kubectl(&[
+        "apply",
+        "--dry-run=server",
+        "-f",
+        &deploy.display().to_string(),
+    ]);
+    assert!(
+        out.status.success(),
+        "deploy/placement-policy.yaml: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let created = String::from_utf8_lossy(&out.stdout);
+    for kind in [
+        "mutatingwebhookconfiguration",
+        "validatingwebhookconfiguration",
+        "deployment.apps/placement-policy-webhook",
+        "deployment.apps/placement-policy-remediator",
+        "poddisruptionbudget",
+    ] {
+        assert!(created.contains(kind), "{kind} in {created}");
+    }
+}

@@ -1,0 +1,681 @@
+//! Installing and operating placement-policy the way users do: `helm install`
+//! of the chart with the project's own images in the test bed's real cluster,
+//! then the faults of a working day (pods killed, OPA hung or restarted,
+//! upgrades, certificate rotation, uninstall). One release at a time: the
+//! cases run one after another on one cluster.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use placement_tests::kubectl::apply_example_clusters;
+use placement_tests::{Cluster, POLICY_NAMESPACE, placed_clusters, wait_for};
+use serde_json::{Value, json};
+
+const RELEASE: &str = "placement-policy";
+const NAMESPACE: &str = "placement-system";
+const EU_PCI: [&str; 2] = ["gce-europe-west1", "gce-europe-west2"];
+
+/// One case at a time (one release of the chart in the cluster).
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The shared cluster with the project's images imported (once).
+fn cluster() -> &'static Cluster {
+    static IMPORTED: OnceLock<()> = OnceLock::new();
+    let cluster = Cluster::shared();
+    IMPORTED.get_or_init(|| {
+        cluster.import_project_images();
+        // The same images under a second tag, for the upgrade case.
+        for name in ["placement-webhook", "placement-sync"] {
+            let from = format!(
+                "localhost/placement-policy/{name}:{}",
+                env!("CARGO_PKG_VERSION")
+            );
+            let to = format!("{from}-next");
+            let out = cluster.ctr(&["images", "tag", "--force", &from, &to]);
+            assert!(
+                out.status.success(),
+                "tag {from}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    });
+    cluster
+}
+
+/// A release installed with `values`, uninstalled (and waited for) on drop.
+struct Release {
+    cluster: &'static Cluster,
+    /// From `helm install` to every pod Ready.
+    ready_after: Duration,
+}
+
+impl Release {
+    fn install(values: &[&str]) -> Release {
+        let cluster = cluster();
+        let mut args = vec![
+            "install",
+            RELEASE,
+            "charts/placement-policy",
+            "-n",
+            NAMESPACE,
+            "--create-namespace",
+            "--wait",
+            "--timeout=5m",
+        ];
+        for value in values {
+            args.extend(["--set", value]);
+        }
+        let started = Instant::now();
+        cluster.helm_ok(&args);
+        let out = cluster.kubectl(&[
+            "wait",
+            "pods",
+            "--all",
+            "-n",
+            NAMESPACE,
+            "--for=condition=Ready",
+            "--timeout=120s",
+        ]);
+        assert!(
+            out.status.success(),
+            "pods Ready: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let ready_after = started.elapsed();
+        eprintln!("helm install {values:?}: every pod Ready after {ready_after:?}");
+        apply_example_clusters(&cluster.kubeconfig());
+        Release {
+            cluster,
+            ready_after,
+        }
+    }
+
+    fn policy_status(&self) -> String {
+        self.cluster
+            .kubectl(&[
+                "get",
+                "configmap",
+                "placement",
+                "-n",
+                POLICY_NAMESPACE,
+                "-o",
+                "jsonpath={.metadata.annotations.placement-policy\\.io/policy-status}",
+            ])
+            .stdout
+            .into_iter()
+            .map(char::from)
+            .collect()
+    }
+
+    fn wait_policy_ok(&self) {
+        wait_for(
+            "the policy ConfigMap's status to be ok",
+            Duration::from_secs(120),
+            || self.policy_status().contains("\"ok\"").then_some(()),
+        );
+    }
+
+    /// The pods of a component (`webhook`, `remediator`).
+    fn pods(&self, component: &str) -> Vec<String> {
+        self.cluster
+            .kubectl_ok(&[
+                "get",
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-l",
+                &format!("app.kubernetes.io/component={component}"),
+                "--field-selector=status.phase=Running",
+                "-o",
+                "jsonpath={.items[*].metadata.name}",
+            ])
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Stop or resume (`SIGSTOP`/`SIGCONT`/`SIGKILL`) OPA in every pod of the release.
+    fn signal_opa(&self, signal: i32) -> usize {
+        ["webhook", "remediator"]
+            .iter()
+            .flat_map(|c| self.pods(c))
+            .map(|pod| {
+                self.cluster
+                    .signal_pod_processes(NAMESPACE, &pod, "opa", signal)
+            })
+            .sum()
+    }
+}
+
+impl Drop for Release {
+    fn drop(&mut self) {
+        let out = self.cluster.helm(&[
+            "uninstall",
+            RELEASE,
+            "-n",
+            NAMESPACE,
+            "--wait",
+            "--timeout=3m",
+        ]);
+        if !out.status.success() {
+            eprintln!("helm uninstall: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let _ = self.cluster.kubectl(&[
+            "wait",
+            "--for=delete",
+            &format!("namespace/{POLICY_NAMESPACE}"),
+            "--timeout=120s",
+        ]);
+    }
+}
+
+/// A namespace of one's own for a case's workloads.
+fn workload_namespace(cluster: &Cluster, prefix: &str) -> String {
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let name = format!("{prefix}-{}", COUNTER.fetch_add(1, Ordering::Relaxed));
+    let _ = cluster.kubectl(&["create", "namespace", &name]);
+    name
+}
+
+/// A ReplicaSet asking for EU clusters with PCI level 2 (the example's
+/// annotations), running the pause image so its pods really run.
+fn eu_replicaset(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "ReplicaSet",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app": name},
+            "annotations": {
+                "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required": "true",
+                "policy.federation.alpha.kubernetes.io/pci-compliance-level": "2"
+            }
+        },
+        "spec": {
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": "registry.k8s.io/pause:3.10"}]}
+            }
+        }
+    })
+}
+
+/// What `kubectl create` answered.
+#[derive(Debug)]
+struct Created {
+    ok: bool,
+    object: Value,
+    stderr: String,
+}
+
+fn create(cluster: &Cluster, object: &Value) -> Created {
+    let out = cluster.kubectl_stdin(&["create", "-o", "json", "-f", "-"], &object.to_string());
+    Created {
+        ok: out.status.success(),
+        object: serde_json::from_slice(&out.stdout).unwrap_or(Value::Null),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn eu_pci() -> Option<Vec<String>> {
+    Some(EU_PCI.map(String::from).to_vec())
+}
+
+/// Creates placed ReplicaSets in a loop on another thread until stopped;
+/// returns every failure.
+struct CreateLoop {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<(u32, Vec<String>)>,
+}
+
+impl CreateLoop {
+    fn start(cluster: &'static Cluster, namespace: &str) -> CreateLoop {
+        let stop = Arc::new(AtomicBool::new(false));
+        let namespace = namespace.to_owned();
+        let handle = std::thread::spawn({
+            let stop = stop.clone();
+            move || {
+                let mut failures = Vec::new();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let created = create(cluster, &eu_replicaset(&namespace, &format!("loop-{n}")));
+                    if !created.ok {
+                        failures.push(format!("create {n}: {}", created.stderr.trim()));
+                    } else if placed_clusters(&created.object) != eu_pci() {
+                        failures.push(format!(
+                            "create {n}: not placed: {}",
+                            created.object["metadata"]
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                (n, failures)
+            }
+        });
+        CreateLoop { stop, handle }
+    }
+
+    /// Stop; (creates made, failures).
+    fn finish(self) -> (u32, Vec<String>) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().expect("create loop")
+    }
+}
+
+/// 1. `helm install` with defaults: every pod Ready, the shipped policy loaded,
+/// a user's ReplicaSet and a Deployment controller's ReplicaSets placed.
+#[test]
+fn helm_install_with_defaults_places_user_and_controller_workloads() {
+    let _serial = serial();
+    let release = Release::install(&[]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "install");
+
+    let created = create(cluster, &eu_replicaset(&ns, "nginx-eu"));
+    assert!(created.ok, "{}", created.stderr);
+    assert_eq!(
+        placed_clusters(&created.object),
+        eu_pci(),
+        "{}",
+        created.object
+    );
+
+    let mut deployment = eu_replicaset(&ns, "web-eu");
+    deployment["kind"] = json!("Deployment");
+    deployment["spec"]["replicas"] = json!(1);
+    let created = create(cluster, &deployment);
+    assert!(created.ok, "{}", created.stderr);
+    let replicaset = wait_for(
+        "the Deployment's ReplicaSet",
+        Duration::from_secs(60),
+        || {
+            let list =
+                cluster.kubectl_ok(&["get", "rs", "-n", &ns, "-l", "app=web-eu", "-o", "json"]);
+            serde_json::from_str::<Value>(&list).ok()?["items"]
+                .as_array()?
+                .first()
+                .cloned()
+        },
+    );
+    assert_eq!(placed_clusters(&replicaset), eu_pci(), "{replicaset}");
+    cluster.wait_rollout(&ns, "web-eu");
+    eprintln!(
+        "measured: helm install to every pod Ready: {:?}",
+        release.ready_after
+    );
+}
+
+/// 3. A webhook pod deleted while creates run: none fails. The remediation
+/// leader's pod killed: the other replica takes the Lease and remediates
+/// within the lease duration.
+#[test]
+fn losing_a_webhook_pod_or_the_remediation_leader_keeps_placement_going() {
+    let _serial = serial();
+    let release = Release::install(&["remediator.leaseDuration=10s"]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "ha");
+
+    let creates = CreateLoop::start(cluster, &ns);
+    std::thread::sleep(Duration::from_secs(2));
+    let victim = release.pods("webhook")[0].clone();
+    cluster.kubectl_ok(&["delete", "pod", "-n", NAMESPACE, &victim, "--wait=false"]);
+    cluster.wait_rollout(NAMESPACE, "placement-policy-webhook");
+    std::thread::sleep(Duration::from_secs(5));
+    let (made, failures) = creates.finish();
+    eprintln!(
+        "measured: creates while a webhook pod was replaced: {made}, failed: {}",
+        failures.len()
+    );
+    assert!(made > 10, "the loop ran ({made})");
+    assert!(
+        failures.is_empty(),
+        "creates failed while a webhook pod was replaced:\n{}",
+        failures.join("\n")
+    );
+
+    // The leader dies without releasing its Lease.
+    let created = create(cluster, &eu_replicaset(&ns, "failover"));
+    assert_eq!(placed_clusters(&created.object), eu_pci());
+    let holder = cluster.kubectl_ok(&[
+        "get",
+        "lease",
+        "placement-policy-remediator",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    let holder = holder.trim().to_owned();
+    assert!(
+        release.pods("remediator").contains(&holder),
+        "a remediator pod holds the Lease: {holder:?}"
+    );
+    cluster.kubectl_ok(&[
+        "delete",
+        "pod",
+        "-n",
+        NAMESPACE,
+        &holder,
+        "--grace-period=0",
+        "--force",
+    ]);
+    let killed = Instant::now();
+    set_phase(cluster, "gce-europe-west2", "offline");
+    let replaced = wait_for(
+        "the ReplicaSet to be re-placed by the new leader",
+        Duration::from_secs(60),
+        || {
+            let rs = get_json(cluster, &["rs", "-n", &ns, "failover"]);
+            (placed_clusters(&rs) == Some(vec!["gce-europe-west1".to_owned()])).then_some(())
+        },
+    );
+    let _ = replaced;
+    let took = killed.elapsed();
+    set_phase(cluster, "gce-europe-west2", "running");
+    let new_holder = cluster.kubectl_ok(&[
+        "get",
+        "lease",
+        "placement-policy-remediator",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "jsonpath={.spec.holderIdentity}",
+    ]);
+    assert_ne!(new_holder.trim(), holder, "another replica took the Lease");
+    eprintln!("measured: leader killed to workload re-placed: {took:?} (lease 10s)");
+    assert!(
+        took < Duration::from_secs(10 + 15),
+        "took {took:?}: lease 10s plus one pass"
+    );
+}
+
+/// 4. Fail closed iff policies exist, with OPA not answering (hung) and while
+/// it restarts: without a policy ConfigMap writes are admitted with a warning;
+/// with one they are denied with the engine's message, never admitted
+/// unplaced. The webhook pods stay Ready throughout.
+#[test]
+fn fail_closed_iff_policies_exist_while_opa_is_hung_or_restarting() {
+    let _serial = serial();
+    let release = Release::install(&["policy.shipped=false"]);
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "failclosed");
+
+    // OPA hangs in every pod.
+    assert!(
+        release.signal_opa(libc::SIGSTOP) >= 2,
+        "OPA processes found"
+    );
+    let created = create(cluster, &eu_replicaset(&ns, "no-policy"));
+    assert!(created.ok, "admitted without policies: {}", created.stderr);
+    assert!(
+        created.stderr.contains("no placement policy exists"),
+        "with a warning: {}",
+        created.stderr
+    );
+    assert_eq!(placed_clusters(&created.object), None);
+
+    placement_tests::kubectl::create_shipped_policy_configmap(
+        &cluster.kubeconfig(),
+        POLICY_NAMESPACE,
+    );
+    let denied = wait_for(
+        "a write to be denied once a policy exists",
+        Duration::from_secs(60),
+        || {
+            let created = create(
+                cluster,
+                &eu_replicaset(&ns, &format!("hung-{}", rand_suffix())),
+            );
+            // Until the webhook sees the new ConfigMap it admits with a warning;
+            // never silently unplaced.
+            if created.ok && placed_clusters(&created.object).is_none() {
+                assert!(
+                    created.stderr.contains("no placement policy exists"),
+                    "{created:?}"
+                );
+            }
+            (!created.ok).then_some(created.stderr)
+        },
+    );
+    assert!(
+        denied.contains("denied because placement policies exist"),
+        "{denied}"
+    );
+    let ready = cluster.kubectl_ok(&[
+        "get",
+        "endpointslices",
+        "-n",
+        NAMESPACE,
+        "-l",
+        "kubernetes.io/service-name=placement-policy-webhook",
+        "-o",
+        "jsonpath={.items[*].endpoints[*].conditions.ready}",
+    ]);
+    assert!(
+        ready.contains("true"),
+        "the webhook keeps its endpoints while OPA hangs: {ready}"
+    );
+
+    release.signal_opa(libc::SIGCONT);
+    release.wait_policy_ok();
+    wait_for(
+        "creates to be placed again",
+        Duration::from_secs(60),
+        || {
+            let created = create(
+                cluster,
+                &eu_replicaset(&ns, &format!("back-{}", rand_suffix())),
+            );
+            (created.ok && placed_clusters(&created.object) == eu_pci()).then_some(())
+        },
+    );
+
+    // OPA restarts (killed; the kubelet starts it again, empty).
+    release.signal_opa(libc::SIGKILL);
+    let mut denied = 0;
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        let created = create(
+            cluster,
+            &eu_replicaset(&ns, &format!("restart-{}", rand_suffix())),
+        );
+        if created.ok {
+            assert_eq!(
+                placed_clusters(&created.object),
+                eu_pci(),
+                "admitted only placed: {created:?}"
+            );
+        } else {
+            assert!(
+                created
+                    .stderr
+                    .contains("denied because placement policies exist"),
+                "{}",
+                created.stderr
+            );
+            denied += 1;
+        }
+    }
+    eprintln!("measured: writes denied while OPA restarted: {denied}");
+    assert!(denied > 0, "the restart window was hit");
+}
+
+/// 5. `helm upgrade` to new values and a new image tag denies no write;
+/// `helm uninstall` leaves nothing of the release, and writes go on.
+#[test]
+fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
+    let _serial = serial();
+    let release = Release::install(&[]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "upgrade");
+
+    let creates = CreateLoop::start(cluster, &ns);
+    std::thread::sleep(Duration::from_secs(2));
+    let tag = format!("{}-next", env!("CARGO_PKG_VERSION"));
+    cluster.helm_ok(&[
+        "upgrade",
+        RELEASE,
+        "charts/placement-policy",
+        "-n",
+        NAMESPACE,
+        "--wait",
+        "--timeout=5m",
+        "--set",
+        &format!("image.tag={tag}"),
+        "--set",
+        "webhook.replicas=3",
+        "--set",
+        "webhook.engineDeadline=7s",
+    ]);
+    std::thread::sleep(Duration::from_secs(5));
+    let (made, failures) = creates.finish();
+    eprintln!(
+        "measured: creates during helm upgrade: {made}, failed: {}",
+        failures.len()
+    );
+    assert!(made > 10, "the loop ran ({made})");
+    assert!(
+        failures.is_empty(),
+        "creates failed during the upgrade:\n{}",
+        failures.join("\n")
+    );
+    let images = cluster.kubectl_ok(&[
+        "get",
+        "pods",
+        "-n",
+        NAMESPACE,
+        "-l",
+        "app.kubernetes.io/component=webhook",
+        "-o",
+        "jsonpath={.items[*].spec.containers[0].image}",
+    ]);
+    assert!(
+        images.split_whitespace().all(|i| i.ends_with(&tag)),
+        "{images}"
+    );
+    assert_eq!(release.pods("webhook").len(), 3);
+
+    drop(release);
+    let left = cluster.kubectl_ok(&[
+        "get",
+        "all,configmaps,secrets,serviceaccounts,roles,rolebindings,leases,poddisruptionbudgets,clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations",
+        "-A",
+        "-l",
+        &format!("app.kubernetes.io/instance={RELEASE}"),
+        "-o",
+        "name",
+    ]);
+    assert!(left.trim().is_empty(), "left after helm uninstall:\n{left}");
+    let configurations = cluster.kubectl_ok(&[
+        "get",
+        "mutatingwebhookconfigurations,validatingwebhookconfigurations",
+        "-o",
+        "name",
+    ]);
+    assert!(
+        configurations.trim().is_empty(),
+        "no webhook configuration is left: {configurations}"
+    );
+    let created = create(cluster, &eu_replicaset(&ns, "after-uninstall"));
+    assert!(
+        created.ok,
+        "writes go on after uninstall: {}",
+        created.stderr
+    );
+}
+
+/// 6. Certificates renewed (serving certificate and CA) while creates run: no
+/// create fails.
+#[test]
+fn certificates_rotate_while_creates_run() {
+    let _serial = serial();
+    let release = Release::install(&[
+        "webhook.certificates.caValidity=150s",
+        "webhook.certificates.certValidity=60s",
+    ]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "rotation");
+    let read = |key: &str| {
+        cluster.kubectl_ok(&[
+            "get",
+            "secret",
+            "placement-policy-webhook-tls",
+            "-n",
+            NAMESPACE,
+            "-o",
+            &format!("jsonpath={{.data.{}}}", key.replace('.', "\\.")),
+        ])
+    };
+    let first_ca = read("ca.crt");
+    let mut serving = vec![read("tls.crt")];
+    let mut cas = vec![first_ca];
+    let creates = CreateLoop::start(cluster, &ns);
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(150) {
+        std::thread::sleep(Duration::from_secs(2));
+        let (ca, tls) = (read("ca.crt"), read("tls.crt"));
+        if cas.last() != Some(&ca) {
+            cas.push(ca);
+        }
+        if serving.last() != Some(&tls) {
+            serving.push(tls);
+        }
+        if cas.len() >= 2 && serving.len() >= 3 {
+            // The serving certificate of the new CA has been in use a while.
+            std::thread::sleep(Duration::from_secs(10));
+            break;
+        }
+    }
+    let (made, failures) = creates.finish();
+    eprintln!(
+        "measured: creates during rotation: {made}, failed: {}; CAs seen {}, serving certificates seen {}",
+        failures.len(),
+        cas.len(),
+        serving.len()
+    );
+    assert!(cas.len() >= 2, "the CA was renewed");
+    assert!(
+        serving.len() >= 3,
+        "the serving certificate was renewed, and again under the new CA"
+    );
+    assert!(
+        failures.is_empty(),
+        "creates failed during rotation:\n{}",
+        failures.join("\n")
+    );
+}
+
+fn set_phase(cluster: &Cluster, name: &str, phase: &str) {
+    cluster.kubectl_ok(&[
+        "patch",
+        &format!("clusters.placement-policy.io/{name}"),
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &json!({"status": {"phase": phase}}).to_string(),
+    ]);
+}
+
+fn get_json(cluster: &Cluster, args: &[&str]) -> Value {
+    let mut all = vec!["get"];
+    all.extend_from_slice(args);
+    all.extend(["-o", "json"]);
+    serde_json::from_str(&cluster.kubectl_ok(&all)).expect("kubectl JSON")
+}
+
+fn rand_suffix() -> u32 {
+    static N: AtomicU32 = AtomicU32::new(0);
+    N.fetch_add(1, Ordering::Relaxed)
+}
