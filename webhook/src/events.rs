@@ -6,9 +6,9 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use policy_client::text::truncate;
 use serde_json::Value;
 
-use crate::admission::truncate;
 use crate::metrics::Metrics;
 use crate::review::AdmissionRequest;
 
@@ -58,7 +58,7 @@ impl EventSink {
             type_: EventType::Warning,
             reason: reason.to_owned(),
             // The Events API caps notes at 1 kB.
-            note: Some(truncate(message, 1000)),
+            note: Some(truncate(message, 1000).into_owned()),
             action: format!("Admit{}", capitalized(request.operation.as_str())),
             secondary: None,
         };
