@@ -62,7 +62,7 @@ pub enum Command {
 }
 
 /// Which engine to ask, and how.
-#[derive(Debug, Args, Clone)]
+#[derive(Args, Clone)]
 pub struct EngineArgs {
     /// OPA base URL (e.g. http://127.0.0.1:8181). Without it the embedded engine
     /// evaluates --policy-dir.
@@ -91,6 +91,30 @@ pub struct EngineArgs {
     /// configuration's timeoutSeconds.
     #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = humantime::parse_duration, default_value = "8s")]
     pub engine_deadline: Duration,
+}
+
+/// Shows `--opa-url` without its credentials.
+impl std::fmt::Debug for EngineArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineArgs")
+            .field("opa_url", &self.opa_url.as_deref().map(shown_url))
+            .field("opa_token_file", &self.opa_token_file)
+            .field("opa_ca_file", &self.opa_ca_file)
+            .field("config", &self.config)
+            .field("policy_dir", &self.policy_dir)
+            .field("decision", &self.decision)
+            .field("engine_timeout", &self.engine_timeout)
+            .field("engine_deadline", &self.engine_deadline)
+            .finish()
+    }
+}
+
+/// A URL as it may be printed: without credentials.
+fn shown_url(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(parsed) => policy_client::opa::redacted_url(&parsed),
+        Err(_) => redact_userinfo(url),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -241,7 +265,7 @@ impl EngineArgs {
                 .or(url_decision)
                 .unwrap_or_else(|| DEFAULT_DECISION_PATH.to_owned()),
             kind: EngineKind::Opa {
-                url: base.to_string(),
+                url: policy_client::opa::redacted_url(&base),
             },
         })
     }
@@ -321,6 +345,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!err.contains("secret"), "{err}");
+    }
+
+    #[test]
+    fn opa_url_credentials_are_never_shown() {
+        let cli = Cli::parse_from([
+            "placement-webhook",
+            "review",
+            "--opa-url",
+            "http://opa-user:hunter2-secret@127.0.0.1:1/v1/data/io/k8s/federation/admission",
+            "x.yaml",
+        ]);
+        let Command::Review(args) = cli.command else {
+            panic!()
+        };
+        assert!(!format!("{args:?}").contains("hunter2"), "{args:?}");
+        let resolved = args.engine.resolve().unwrap();
+        assert!(!format!("{resolved:?}").contains("hunter2"), "{resolved:?}");
+        let EngineKind::Opa { url } = &resolved.kind else {
+            panic!()
+        };
+        assert_eq!(url, "http://redacted@127.0.0.1:1/");
     }
 
     #[test]
