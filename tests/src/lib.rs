@@ -11,6 +11,7 @@
 
 pub mod control_plane;
 pub mod fault_proxy;
+pub mod hostile;
 pub mod opa;
 pub mod process;
 pub mod sidecar;
