@@ -519,3 +519,27 @@ pub fn placement_review(uid: &str) -> serde_json::Value {
         }
     })
 }
+
+/// Raise this process's soft open-files limit to its hard limit: an attacker
+/// holding a thousand connections needs more than the usual 1,024. Returns
+/// the limit now in force.
+pub fn raise_own_open_files_limit() -> u64 {
+    let mut rlimit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we own; setrlimit only reads it.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rlimit) != 0 {
+            return 0;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: rlimit.rlim_max,
+            rlim_max: rlimit.rlim_max,
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+            return raised.rlim_cur;
+        }
+    }
+    rlimit.rlim_cur
+}
