@@ -72,6 +72,8 @@ impl Target {
         let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(self.addr))
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        // Small requests go out at once (no Nagle/delayed-ACK stalls).
+        tcp.set_nodelay(true)?;
         let name = ServerName::IpAddress(self.addr.ip().into());
         tokio::time::timeout(Duration::from_secs(5), self.connector.connect(name, tcp))
             .await
