@@ -236,3 +236,44 @@ async fn descriptor_exhaustion_is_survived_and_counted() {
     );
     drop(outcomes(attack).await);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_builtin_call_stops_at_the_engine_memory_limit() {
+    // One builtin call the evaluation timer cannot interrupt: a range of 10^8
+    // numbers (about 2.4 GB before the limit existed).
+    let dir = placement_tests::scratch_dir("huge-builtin");
+    std::fs::write(
+        dir.join("huge.rego"),
+        "package io.k8s.federation.admission\n\nerrors := []\n\nannotations := {\"n\": sprintf(\"%d\", [count(numbers.range(1, 100000000))])}\n",
+    )
+    .unwrap();
+    let webhook = WebhookProcess::start(&[
+        format!("--policy-dir={}", dir.display()),
+        "--engine-deadline=1s".to_owned(),
+        "--engine-memory-limit=256Mi".to_owned(),
+    ]);
+    let target = target(&webhook, &[b"h2"]);
+    let pid = webhook.pid();
+    let baseline = proc_status_kib(pid, "VmRSS");
+    let sampler = RssSampler::start(pid);
+    let (status, allowed, _) = target
+        .normal_review(&placement_review("huge"))
+        .await
+        .expect("an answer");
+    assert_eq!(status, 200);
+    assert!(!allowed, "fails closed: the policy exists");
+    // The answer comes at the deadline; a builtin that kept running would
+    // keep growing the process after it.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let grown_mib = sampler.peak_kib().saturating_sub(baseline) / 1024;
+    eprintln!("resident memory grew by {grown_mib} MiB (--engine-memory-limit=256Mi)");
+    assert!(
+        grown_mib <= 256,
+        "the evaluation grew the process by {grown_mib} MiB past its 256 MiB limit"
+    );
+    let page = webhook.metrics().await;
+    assert!(
+        page.contains(r#"placement_webhook_engine_errors_total{kind="memory_limit"} 1"#),
+        "{page}"
+    );
+}
