@@ -277,3 +277,34 @@ async fn a_huge_builtin_call_stops_at_the_engine_memory_limit() {
         "{page}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_requests_per_connection_are_capped() {
+    let webhook = webhook(&["--max-http2-streams=8", "--body-timeout=30s"]);
+    let target = target(&webhook, &[b"h2"]);
+    // 100 streams on one connection, each declaring 1,000 bytes and stalling
+    // after 500. Each review in progress holds its declared length of the
+    // memory budget, so the budget in use counts the streams being served.
+    let streams = target.stalled_streams(100, 1000, 500).await;
+    let mut in_use = 0.0;
+    for _ in 0..50 {
+        in_use = webhook
+            .metric("placement_webhook_memory_budget_used_bytes")
+            .await;
+        if in_use >= 8000.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Give a client that ignored the limit time to open more.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let settled = webhook
+        .metric("placement_webhook_memory_budget_used_bytes")
+        .await;
+    assert_eq!(
+        (in_use, settled),
+        (8000.0, 8000.0),
+        "reviews in progress on one HTTP/2 connection, in bytes of 1,000 each"
+    );
+    drop(streams);
+}
