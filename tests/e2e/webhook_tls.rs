@@ -676,3 +676,23 @@ async fn retry_after_as_an_http_date_is_honoured() {
         "retried after {waited:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn credentials_in_the_opa_url_are_never_printed() {
+    let opa = OpaServer::start();
+    opa.load_shipped_policies(true).await;
+    // OPA here takes bearer tokens only: basic credentials are refused (401),
+    // which the denial reports, without them.
+    let url = opa
+        .url()
+        .replace("http://", "http://opa-user:hunter2-secret@");
+    let webhook = WebhookProcess::start(&[format!("--opa-url={url}")]);
+    let (_, answer) = post_json(&webhook, "/mutate", &cases().remove(0).1).await;
+    assert_eq!(answer["response"]["allowed"], false, "{answer}");
+    let message = answer["response"]["status"]["message"].as_str().unwrap();
+    assert!(message.contains("rejected the credentials"), "{message}");
+    assert!(!message.contains("hunter2"), "{message}");
+    let log = webhook.log();
+    assert!(log.contains("OPA at http://redacted@127.0.0.1"), "{log}");
+    assert!(!log.contains("hunter2"), "{log}");
+}
