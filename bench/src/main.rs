@@ -7,11 +7,13 @@
 //! 2. creates through kube-apiserver with and without the webhook;
 //! 3. replication of 10,000 objects into OPA by placement-sync;
 //! 4. remediation of 1,000 ReplicaSets after one policy edit;
-//! 5. recovery after an OPA restart with 10,000 replicated objects.
+//! 5. recovery after an OPA restart with 10,000 replicated objects;
+//! 6. hostile clients: memory, connections and normal reviews under attack.
 
 mod admission;
 mod apiserver;
 mod common;
+mod hostile;
 mod load;
 mod remediation;
 mod replication;
@@ -30,11 +32,11 @@ use crate::report::Report;
 #[derive(Debug, Parser)]
 #[command(about = "Benchmarks of placement-policy (issue 5); run through scripts/bench")]
 struct Args {
-    /// Scenarios to run (comma-separated numbers 1-5).
+    /// Scenarios to run (comma-separated numbers 1-6).
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
-        default_value = "1,2,3,4,5",
+        default_value = "1,2,3,4,5,6",
         value_delimiter = ','
     )]
     scenarios: Vec<u8>,
@@ -90,10 +92,17 @@ fn main() -> Result<()> {
         opa: placement_tests::peer("opa"),
     };
     let hint = "build with `cargo build --release --bins` (scripts/bench does)";
-    for path in [&bins.webhook, &bins.sync, &bins.noop] {
-        require(path, hint)?;
+    let uses = |numbers: &[u8]| args.scenarios.iter().any(|s| numbers.contains(s));
+    require(&bins.webhook, hint)?;
+    if uses(&[3, 4, 5]) {
+        require(&bins.sync, hint)?;
     }
-    require(&bins.oha, "scripts/bench installs oha")?;
+    if uses(&[1, 2]) {
+        require(&bins.noop, hint)?;
+    }
+    if uses(&[1]) {
+        require(&bins.oha, "scripts/bench installs oha")?;
+    }
     let dir = args.dir.clone().unwrap_or_else(|| {
         placement_tests::repo_root()
             .join("target/bench")
@@ -140,6 +149,7 @@ fn main() -> Result<()> {
             )?,
             5 => replication::run(&bins, &dir, args.objects, args.runs, &mut report, true)?,
             4 => remediation::run(&bins, &dir, args.workloads, args.runs, &mut report)?,
+            6 => hostile::run(&bins, &dir, &mut report)?,
             other => anyhow::bail!("no scenario {other}"),
         }
         eprintln!(

@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use regorus::utils::limits::ExecutionTimerConfig;
-use serde::Deserialize;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -189,7 +188,7 @@ impl Embedded {
             let mut engine = (*state.template).clone();
             engine.clear_data();
             engine
-                .add_data(regorus::Value::from(data.clone()))
+                .add_data(to_rego(&data))
                 .map_err(|e| EngineError::Evaluation(format!("loading data: {e}")))?;
             engine
         } else {
@@ -200,6 +199,49 @@ impl Embedded {
         state.template = Arc::new(template);
         state.generation += 1;
         Ok(())
+    }
+}
+
+/// Stop embedded evaluations once the process's heap exceeds `bytes` (`None`:
+/// no ceiling).
+///
+/// regorus counts every allocation of the process (its allocator is the
+/// process's), and checks the ceiling between interpreter steps and inside the
+/// builtins that build collections (`numbers.range`, `array.concat`, ...). So
+/// the ceiling is process-wide: an evaluation that starts while the rest of the
+/// process is near it fails too. A single builtin call that builds one value in
+/// one allocation (`sprintf` with a huge width, `concat` of huge strings) makes
+/// that allocation before the next check; the evaluation stops right after it.
+pub fn set_memory_limit(bytes: Option<u64>) {
+    regorus::set_global_memory_limit(bytes);
+}
+
+/// JSON to a Rego value, structurally. Unlike regorus's serde path this cannot
+/// fail: that path reads an object with the key `$serde_json::private::Number`
+/// as a number and fails when its value is not one, which let any client turn
+/// its own input into an engine error.
+pub(crate) fn to_rego(value: &Value) -> regorus::Value {
+    match value {
+        Value::Null => regorus::Value::Null,
+        Value::Bool(b) => regorus::Value::Bool(*b),
+        Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                regorus::Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                regorus::Value::from(u)
+            } else {
+                // Without serde_json's arbitrary precision every other number is
+                // a finite f64.
+                regorus::Value::from(n.as_f64().unwrap_or_default())
+            }
+        }
+        Value::String(s) => regorus::Value::from(s.as_str()),
+        Value::Array(items) => regorus::Value::from(items.iter().map(to_rego).collect::<Vec<_>>()),
+        Value::Object(map) => regorus::Value::from(
+            map.iter()
+                .map(|(k, v)| (regorus::Value::from(k.as_str()), to_rego(v)))
+                .collect::<BTreeMap<_, _>>(),
+        ),
     }
 }
 
@@ -288,7 +330,7 @@ fn build_engine(
         return Err(EngineError::Compile(errors));
     }
     engine
-        .add_data(regorus::Value::from(data.clone()))
+        .add_data(to_rego(data))
         .map_err(|e| EngineError::Evaluation(format!("loading data: {e}")))?;
     // Preparing the engine runs the analysis that finds errors beyond syntax.
     if !modules.is_empty() {
@@ -392,7 +434,10 @@ fn evaluate(
                         endpoint: "embedded".to_owned(),
                         timeout: limit,
                     },
-                    _ => EngineError::Evaluation(e.to_string()),
+                    Some(limit @ regorus::LimitError::MemoryLimitExceeded { .. }) => {
+                        EngineError::MemoryLimit(limit.to_string())
+                    }
+                    _ => EngineError::Evaluation(crate::text::bounded(e.to_string())),
                 });
             }
         };
@@ -435,8 +480,7 @@ impl PolicyEngine for Embedded {
         };
         let instance = self.instance;
         // Straight from the borrowed JSON: no copy of the input in between.
-        let input = regorus::Value::deserialize(input)
-            .map_err(|e| EngineError::Evaluation(format!("the input is not a Rego value: {e}")))?;
+        let input = to_rego(input);
         let permit =
             tokio::time::timeout_at(deadline, Arc::clone(&self.evaluators).acquire_owned())
                 .await
@@ -659,6 +703,45 @@ errors contains msg if {
             .await
             .unwrap();
         assert_eq!(out, QueryOutcome::Defined(json!(["app forbidden"])));
+    }
+
+    #[tokio::test]
+    async fn memory_limit_stops_a_huge_builtin_call() {
+        let engine = Embedded::new();
+        engine
+            .put_policy(
+                "huge.rego",
+                "package huge\n\nn := count(numbers.range(1, 100000000))\n",
+            )
+            .await
+            .unwrap();
+        // Process-wide, so far above what the other tests of this binary use.
+        set_memory_limit(Some(256 << 20));
+        let out = engine
+            .query(
+                "huge/n",
+                &json!({}),
+                Instant::now() + Duration::from_secs(1),
+            )
+            .await;
+        set_memory_limit(None);
+        // Without the ceiling the builtin runs past the deadline (one call
+        // cannot be interrupted by the timer) and the query times out.
+        assert!(matches!(out, Err(EngineError::MemoryLimit(_))), "{out:?}");
+    }
+
+    #[tokio::test]
+    async fn every_json_input_converts() {
+        let engine = Embedded::new();
+        engine
+            .put_policy("probe.rego", "package probe\n\nv := input.x\n")
+            .await
+            .unwrap();
+        // serde's private number marker, as any client can send it.
+        let marker = json!({"$serde_json::private::Number": "not a number"});
+        let input = json!({"x": [marker, 18446744073709551615u64, -1, 1.5]});
+        let out = engine.query("probe/v", &input, soon()).await.unwrap();
+        assert_eq!(out, QueryOutcome::Defined(input["x"].clone()));
     }
 
     #[tokio::test]

@@ -78,8 +78,17 @@ pub enum EngineError {
     Unauthorized { status: u16 },
     #[error("policy failed to compile: {}", join_compile_errors(.0))]
     Compile(Vec<CompileError>),
+    /// The policy itself failed (a rule with two values, a type error, ...):
+    /// asking again gives the same answer.
     #[error("policy evaluation failed: {0}")]
     Evaluation(String),
+    /// The engine cannot take this input (it is the caller's fault, not the
+    /// engine's): asking again gives the same answer.
+    #[error("the policy engine cannot evaluate this input: {0}")]
+    InvalidInput(String),
+    /// The embedded engine stopped an evaluation at its memory ceiling.
+    #[error("policy evaluation stopped at the engine's memory limit: {0}")]
+    MemoryLimit(String),
     #[error("policy engine sent a response that is not valid JSON: {0}")]
     InvalidResponse(String),
     #[error("no document at {path:?} in the policy engine: {message}")]
@@ -138,6 +147,8 @@ impl EngineError {
             EngineError::Unauthorized { .. } => "unauthorized",
             EngineError::Compile(_) => "compile",
             EngineError::Evaluation(_) => "evaluation",
+            EngineError::InvalidInput(_) => "invalid_input",
+            EngineError::MemoryLimit(_) => "memory_limit",
             EngineError::InvalidResponse(_) => "invalid_response",
             EngineError::NotFound { .. } => "not_found",
             EngineError::InvalidPath { .. } => "invalid_path",
@@ -234,6 +245,8 @@ mod tests {
             .is_transient()
         );
         assert!(!EngineError::Compile(vec![]).is_transient());
+        assert!(!EngineError::Evaluation("conflict".into()).is_transient());
+        assert!(!EngineError::InvalidInput("x".into()).is_transient());
     }
 
     #[test]

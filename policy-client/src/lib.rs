@@ -10,6 +10,7 @@ pub mod engine;
 pub mod opa;
 pub mod placement;
 pub mod retry;
+pub mod text;
 
 pub use decision::{Decision, DecisionError};
 pub use embedded::Embedded;

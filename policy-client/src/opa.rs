@@ -1,9 +1,10 @@
 //! Open Policy Agent over its REST API.
 
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use base64::Engine as _;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
@@ -11,7 +12,8 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
-use crate::retry::{RetryPolicy, retry_until};
+use crate::retry::{RetryPolicy, parse_retry_after, retry_until};
+use crate::text::bounded;
 
 /// A bearer token. Its `Debug` and `Display` never show the value.
 #[derive(Clone, PartialEq, Eq)]
@@ -33,10 +35,11 @@ impl fmt::Debug for Token {
 }
 
 /// How to reach OPA.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpaConfig {
     /// Base URL, e.g. `http://127.0.0.1:8181` (anything after the authority is kept
-    /// as a prefix, so OPA behind a path-routing proxy works too).
+    /// as a prefix, so OPA behind a path-routing proxy works too). Credentials in
+    /// it (`user:password@`) are sent as HTTP basic authentication and never shown.
     pub url: Url,
     pub token: Option<Token>,
     /// Limit for one HTTP request.
@@ -45,6 +48,30 @@ pub struct OpaConfig {
     /// CA (PEM) to trust for an `https` OPA: the only one trusted when given;
     /// without it, the system's CA certificates are.
     pub ca_pem: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for OpaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpaConfig")
+            .field("url", &redacted_url(&self.url))
+            .field("token", &self.token)
+            .field("request_timeout", &self.request_timeout)
+            .field("retry", &self.retry)
+            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
+            .finish()
+    }
+}
+
+/// `url` as it may be shown: without the password, with the user name replaced.
+pub fn redacted_url(url: &Url) -> String {
+    if url.username().is_empty() && url.password().is_none() {
+        return url.to_string();
+    }
+    let mut shown = url.clone();
+    // Cannot fail: a URL with credentials has a host.
+    let _ = shown.set_password(None);
+    let _ = shown.set_username("redacted");
+    shown.to_string()
 }
 
 impl OpaConfig {
@@ -133,7 +160,14 @@ impl Opa {
                 error_chain(&e.without_url())
             ))
         })?;
+        let url_credentials = basic_auth(&config.url)?;
         let auth = match &config.token {
+            Some(_) if url_credentials.is_some() => {
+                return Err(EngineError::Config(
+                    "give OPA either a bearer token or credentials in the URL, not both (both use the Authorization header)".to_owned(),
+                ));
+            }
+            None => url_credentials,
             Some(token) => {
                 let mut value = HeaderValue::from_str(&format!("Bearer {}", token.expose()))
                     .map_err(|_| {
@@ -145,7 +179,6 @@ impl Opa {
                 value.set_sensitive(true);
                 Some(value)
             }
-            None => None,
         };
         if !matches!(config.url.scheme(), "http" | "https") {
             return Err(EngineError::Config(format!(
@@ -156,6 +189,10 @@ impl Opa {
         let mut base = config.url.clone();
         base.set_query(None);
         base.set_fragment(None);
+        // The credentials live in `auth` only, so nothing that shows the base
+        // URL (logs, errors, Debug) can show them.
+        let _ = base.set_password(None);
+        let _ = base.set_username("");
         Ok(Opa {
             http,
             base,
@@ -214,8 +251,7 @@ impl Opa {
             .headers()
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(|v| parse_retry_after(v, SystemTime::now()));
         let bytes = response
             .bytes()
             .await
@@ -252,7 +288,16 @@ impl Opa {
     ) -> Result<QueryOutcome, EngineError> {
         let (_, bytes) = self
             .send(Method::POST, url.clone(), Some(Body::Encoded(body.clone())))
-            .await?;
+            .await
+            .map_err(|e| match e {
+                // OPA refuses an input it cannot decode: the caller's fault.
+                EngineError::Http {
+                    status: 400 | 413,
+                    message,
+                    ..
+                } => EngineError::InvalidInput(message),
+                other => other,
+            })?;
         let mut parsed: serde_json::Map<String, Value> = serde_json::from_slice(&bytes)
             .map_err(|e| EngineError::InvalidResponse(format!("decision response: {e}")))?;
         Ok(match parsed.remove("result") {
@@ -288,6 +333,51 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
+/// `Basic` credentials from `user:password@` in the URL, as a header that is
+/// never printed.
+fn basic_auth(url: &Url) -> Result<Option<HeaderValue>, EngineError> {
+    if url.username().is_empty() && url.password().is_none() {
+        return Ok(None);
+    }
+    let decode = |part: &str| {
+        percent_encoding::percent_decode_str(part)
+            .decode_utf8()
+            .map(|s| s.into_owned())
+            .map_err(|_| EngineError::Config("OPA URL credentials are not UTF-8".to_owned()))
+    };
+    let pair = format!(
+        "{}:{}",
+        decode(url.username())?,
+        decode(url.password().unwrap_or_default())?
+    );
+    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
+    let mut value = HeaderValue::from_str(&format!("Basic {encoded}"))
+        .map_err(|_| EngineError::Config("OPA URL credentials do not fit a header".to_owned()))?;
+    value.set_sensitive(true);
+    Ok(Some(value))
+}
+
+/// OPA's located errors (compile and evaluation errors), in our shape.
+fn located_errors(details: &[OpaErrorDetail]) -> Vec<CompileError> {
+    details
+        .iter()
+        .map(|d| CompileError {
+            file: d.location.as_ref().and_then(|l| l.file.clone()),
+            row: d.location.as_ref().and_then(|l| l.row),
+            col: d.location.as_ref().and_then(|l| l.col),
+            code: d.code.clone(),
+            message: d.message.clone().unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// An evaluation error of the policy itself (`eval_conflict_error`,
+/// `eval_type_error`, ...). Cancellation (`eval_cancel_error`: OPA's own
+/// timeout or shutdown) is not the policy's fault and may pass.
+fn is_policy_evaluation_error(code: Option<&str>) -> bool {
+    code.is_some_and(|c| c.starts_with("eval_") && c != "eval_cancel_error")
+}
+
 fn http_error(
     endpoint: String,
     status: StatusCode,
@@ -295,27 +385,22 @@ fn http_error(
     retry_after: Option<Duration>,
 ) -> EngineError {
     let parsed: Option<OpaErrorBody> = serde_json::from_slice(body).ok();
-    if let Some(parsed) = &parsed
-        && status == StatusCode::BAD_REQUEST
-        && !parsed.errors.is_empty()
-        && parsed
-            .errors
-            .iter()
-            .any(|d| d.code.as_deref().is_some_and(|c| c.starts_with("rego_")))
-    {
-        return EngineError::Compile(
-            parsed
-                .errors
+    if let Some(parsed) = &parsed {
+        let codes = || parsed.errors.iter().map(|d| d.code.as_deref());
+        if status == StatusCode::BAD_REQUEST
+            && codes().any(|c| c.is_some_and(|c| c.starts_with("rego_")))
+        {
+            return EngineError::Compile(located_errors(&parsed.errors));
+        }
+        // OPA answers 500 for evaluation errors; they are permanent, unlike
+        // the 5xx of an overloaded or restarting server.
+        if status == StatusCode::INTERNAL_SERVER_ERROR && codes().any(is_policy_evaluation_error) {
+            let located: Vec<String> = located_errors(&parsed.errors)
                 .iter()
-                .map(|d| CompileError {
-                    file: d.location.as_ref().and_then(|l| l.file.clone()),
-                    row: d.location.as_ref().and_then(|l| l.row),
-                    col: d.location.as_ref().and_then(|l| l.col),
-                    code: d.code.clone(),
-                    message: d.message.clone().unwrap_or_default(),
-                })
-                .collect(),
-        );
+                .map(ToString::to_string)
+                .collect();
+            return EngineError::Evaluation(bounded(located.join("; ")));
+        }
     }
     let message = match parsed {
         Some(OpaErrorBody {
@@ -333,7 +418,7 @@ fn http_error(
                 msg.push_str("; ");
                 msg.push_str(d.message.as_deref().unwrap_or_default());
             }
-            msg
+            bounded(msg)
         }
         None => String::from_utf8_lossy(&body[..body.len().min(512)])
             .trim()
@@ -501,8 +586,55 @@ mod tests {
     }
 
     #[test]
+    fn evaluation_errors_are_permanent_and_keep_the_policy_message() {
+        // OPA v1's answer for a complete rule with two values.
+        let body = br#"{"code":"internal_error","message":"error(s) occurred while evaluating query","errors":[{"code":"eval_conflict_error","message":"complete rules must not produce multiple outputs","location":{"file":"p.rego","row":3,"col":1}}]}"#;
+        let err = http_error(
+            "POST /v1/data/x".into(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            body,
+            None,
+        );
+        assert!(!err.is_transient(), "{err:?}");
+        assert!(
+            err.to_string().contains(
+                "p.rego:3:1: eval_conflict_error: complete rules must not produce multiple outputs"
+            ),
+            "{err}"
+        );
+        // Cancellation (OPA's own timeout or shutdown) may pass.
+        let cancelled = br#"{"code":"internal_error","message":"error(s) occurred while evaluating query","errors":[{"code":"eval_cancel_error","message":"caller cancelled query execution"}]}"#;
+        let err = http_error(
+            "POST /v1/data/x".into(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            cancelled,
+            None,
+        );
+        assert!(err.is_transient(), "{err:?}");
+    }
+
+    #[test]
+    fn url_credentials_become_basic_auth_and_are_never_shown() {
+        let url = Url::parse("http://opa-user:s3cr%40t-pass@127.0.0.1:8181/prefix").unwrap();
+        let config = OpaConfig::new(url.clone());
+        assert!(!format!("{config:?}").contains("s3cr"), "{config:?}");
+        let opa = Opa::new(config).unwrap();
+        assert!(!format!("{opa:?}").contains("s3cr"), "{opa:?}");
+        assert!(!opa.base_url().as_str().contains("s3cr"));
+        assert!(!opa.base_url().as_str().contains("opa-user"));
+        let auth = opa.auth.as_ref().expect("basic auth");
+        assert!(auth.is_sensitive());
+        let expected = base64::engine::general_purpose::STANDARD.encode("opa-user:s3cr@t-pass");
+        assert_eq!(auth.to_str().unwrap(), format!("Basic {expected}"));
+        assert_eq!(redacted_url(&url), "http://redacted@127.0.0.1:8181/prefix");
+        let mut both = OpaConfig::new(url);
+        both.token = Some(Token::new("t"));
+        assert!(matches!(Opa::new(both), Err(EngineError::Config(_))));
+    }
+
+    #[test]
     fn other_http_errors_keep_the_message() {
-        let body = br#"{"code":"internal_error","message":"eval_conflict_error: complete rules must not produce multiple outputs"}"#;
+        let body = br#"{"code":"internal_error","message":"storage failure"}"#;
         let err = http_error(
             "POST /v1/data/x".into(),
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -510,7 +642,7 @@ mod tests {
             None,
         );
         assert!(err.is_transient());
-        assert!(err.to_string().contains("multiple outputs"), "{err}");
+        assert!(err.to_string().contains("storage failure"), "{err}");
         let err = http_error(
             "POST /v1/data/x".into(),
             StatusCode::BAD_GATEWAY,

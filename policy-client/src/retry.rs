@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use backon::{ExponentialBuilder, Retryable};
 use tokio::time::Instant;
@@ -23,6 +23,17 @@ impl Default for RetryPolicy {
             max_delay: Duration::from_secs(2),
         }
     }
+}
+
+/// The delay a `Retry-After` header asks for: delay-seconds or an HTTP-date
+/// (RFC 9110 10.2.3); a date in the past means "now".
+pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
 /// Run `attempt` until it succeeds, fails permanently, or the next try would not
@@ -163,6 +174,26 @@ mod tests {
         .await
         .unwrap();
         assert!(Instant::now() - start >= Duration::from_secs(3));
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_and_http_dates() {
+        let now = httpdate::parse_http_date("Sun, 22 Nov 2026 10:00:00 GMT").unwrap();
+        assert_eq!(parse_retry_after(" 7 ", now), Some(Duration::from_secs(7)));
+        assert_eq!(
+            parse_retry_after("Sun, 22 Nov 2026 10:00:03 GMT", now),
+            Some(Duration::from_secs(3))
+        );
+        // The obsolete forms HTTP still requires recipients to accept.
+        assert_eq!(
+            parse_retry_after("Sunday, 22-Nov-26 10:00:02 GMT", now),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 22 Nov 2026 09:00:00 GMT", now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(parse_retry_after("soon", now), None);
     }
 
     #[tokio::test(start_paused = true)]

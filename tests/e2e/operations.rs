@@ -270,7 +270,7 @@ impl CreateLoop {
     }
 }
 
-/// 1. `helm install` with defaults: every pod Ready, the shipped policy loaded,
+/// Case 1: `helm install` with defaults: every pod Ready, the shipped policy loaded,
 /// a user's ReplicaSet and a Deployment controller's ReplicaSets placed.
 #[test]
 fn helm_install_with_defaults_places_user_and_controller_workloads() {
@@ -314,7 +314,7 @@ fn helm_install_with_defaults_places_user_and_controller_workloads() {
     );
 }
 
-/// 3. A webhook pod deleted while creates run: none fails. The remediation
+/// Case 3: A webhook pod deleted while creates run: none fails. The remediation
 /// leader's pod killed: the other replica takes the Lease and remediates
 /// within the lease duration.
 #[test]
@@ -371,7 +371,7 @@ fn losing_a_webhook_pod_or_the_remediation_leader_keeps_placement_going() {
     ]);
     let killed = Instant::now();
     set_phase(cluster, "gce-europe-west2", "offline");
-    let replaced = wait_for(
+    wait_for(
         "the ReplicaSet to be re-placed by the new leader",
         Duration::from_secs(60),
         || {
@@ -379,7 +379,6 @@ fn losing_a_webhook_pod_or_the_remediation_leader_keeps_placement_going() {
             (placed_clusters(&rs) == Some(vec!["gce-europe-west1".to_owned()])).then_some(())
         },
     );
-    let _ = replaced;
     let took = killed.elapsed();
     set_phase(cluster, "gce-europe-west2", "running");
     let new_holder = cluster.kubectl_ok(&[
@@ -399,7 +398,7 @@ fn losing_a_webhook_pod_or_the_remediation_leader_keeps_placement_going() {
     );
 }
 
-/// 4. Fail closed iff policies exist, with OPA not answering (hung) and while
+/// Case 4: Fail closed iff policies exist, with OPA not answering (hung) and while
 /// it restarts: without a policy ConfigMap writes are admitted with a warning;
 /// with one they are denied with the engine's message, never admitted
 /// unplaced. The webhook pods stay Ready throughout.
@@ -510,7 +509,7 @@ fn fail_closed_iff_policies_exist_while_opa_is_hung_or_restarting() {
     assert!(denied > 0, "the restart window was hit");
 }
 
-/// 5. `helm upgrade` to new values and a new image tag denies no write;
+/// Case 5: `helm upgrade` to new values and a new image tag denies no write;
 /// `helm uninstall` leaves nothing of the release, and writes go on.
 #[test]
 fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
@@ -595,7 +594,7 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
     );
 }
 
-/// 6. Certificates renewed (serving certificate and CA) while creates run: no
+/// Case 6: Certificates renewed (serving certificate and CA) while creates run: no
 /// create fails.
 #[test]
 fn certificates_rotate_while_creates_run() {

@@ -95,6 +95,12 @@ impl ControlPlane {
 
     /// A control plane of one's own (for tests that restart the API server).
     pub fn start() -> ControlPlane {
+        Self::start_with_args(&[])
+    }
+
+    /// A control plane of one's own whose kube-apiserver gets `extra` flags
+    /// (e.g. `--admission-control-config-file`).
+    pub fn start_with_args(extra: &[String]) -> ControlPlane {
         let dir = scratch_dir("control-plane");
         let etcd_port = free_port();
         let peer_port = free_port();
@@ -137,7 +143,7 @@ impl ControlPlane {
             .collect();
         write(&dir.join("tokens.csv"), &(tokens.join("\n") + "\n"));
 
-        let apiserver_args: Vec<String> = vec![
+        let mut apiserver_args: Vec<String> = vec![
             "--advertise-address=127.0.0.1".into(),
             "--bind-address=127.0.0.1".into(),
             format!("--secure-port={apiserver_port}"),
@@ -169,6 +175,7 @@ impl ControlPlane {
             "--profiling=false".into(),
             "--v=1".into(),
         ];
+        apiserver_args.extend(extra.iter().cloned());
         let apiserver = Process::spawn(
             "kube-apiserver",
             &peer("kube-apiserver"),

@@ -12,6 +12,7 @@
 pub mod cluster;
 pub mod control_plane;
 pub mod fault_proxy;
+pub mod hostile;
 pub mod kubectl;
 pub mod opa;
 pub mod process;

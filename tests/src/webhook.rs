@@ -76,6 +76,17 @@ impl WebhookProcess {
         self.process.log()
     }
 
+    /// The process id (for `/proc/<pid>/status` and resource limits).
+    pub fn pid(&self) -> u32 {
+        self.process.pid().expect("placement-webhook is running")
+    }
+
+    /// The value of one sample of the metrics page (`name{labels}` exactly as
+    /// encoded), 0 when absent.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        metric_value(&self.metrics().await, sample)
+    }
+
     /// An HTTPS client that trusts only this webhook's CA.
     pub fn https_client(&self) -> reqwest::Client {
         crate::install_crypto();
@@ -115,6 +126,15 @@ impl WebhookProcess {
     pub fn stop(&mut self) {
         self.process.terminate(Duration::from_secs(5));
     }
+}
+
+/// The value of `sample` (`name{labels}` as encoded) in a metrics page; 0 when
+/// absent.
+pub fn metric_value(page: &str, sample: &str) -> f64 {
+    page.lines()
+        .find_map(|line| line.strip_prefix(sample)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
 }
 
 /// Parse "admission on https://ADDR, metrics on http://ADDR/metrics".

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use policy_client::placement::{MergeError, developer_view, plan_patch};
+use policy_client::text::bounded;
 use policy_client::{Decision, DecisionError, EngineError, PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -26,6 +27,12 @@ pub const ADMISSION_INPUT_KEY: &str = "_admission";
 pub enum PlacementFailure {
     #[error("the policy engine is unavailable: {0}")]
     EngineUnavailable(#[source] EngineError),
+    /// The policy itself fails (OPA's `eval_*` errors): permanent, not retried.
+    #[error("the placement policy failed to evaluate: {0}")]
+    PolicyError(String),
+    /// The engine cannot take the object: the client's fault, not the engine's.
+    #[error("the policy engine cannot evaluate request.object / request.oldObject: {0}")]
+    InvalidInput(String),
     #[error(
         "the policy engine returned no decision for data.{path} (undefined: the policy is not loaded, or the engine has not synced yet)"
     )]
@@ -41,6 +48,8 @@ impl PlacementFailure {
     pub fn reason(&self) -> &'static str {
         match self {
             PlacementFailure::EngineUnavailable(_) => "PolicyEngineUnavailable",
+            PlacementFailure::PolicyError(_) => "PolicyEvaluationError",
+            PlacementFailure::InvalidInput(_) => "BadRequest",
             PlacementFailure::Undefined { .. } => "PolicyDecisionUndefined",
             PlacementFailure::InvalidDecision(_) => "InvalidPolicyDecision",
             PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
@@ -50,7 +59,18 @@ impl PlacementFailure {
     fn status_code(&self) -> u16 {
         match self {
             PlacementFailure::EngineUnavailable(_) | PlacementFailure::Undefined { .. } => 503,
-            PlacementFailure::InvalidDecision(_) | PlacementFailure::InvalidAnnotations(_) => 500,
+            PlacementFailure::InvalidDecision(_)
+            | PlacementFailure::InvalidAnnotations(_)
+            | PlacementFailure::PolicyError(_) => 500,
+            PlacementFailure::InvalidInput(_) => 400,
+        }
+    }
+
+    fn from_engine(error: EngineError) -> Self {
+        match error {
+            EngineError::Evaluation(message) => PlacementFailure::PolicyError(message),
+            EngineError::InvalidInput(message) => PlacementFailure::InvalidInput(message),
+            other => PlacementFailure::EngineUnavailable(other),
         }
     }
 }
@@ -200,15 +220,26 @@ impl Admission {
         request: &AdmissionRequest,
         failure: PlacementFailure,
     ) -> (AdmissionResponse, Outcome) {
+        let uid = request.uid.as_str();
+        // Bad input is the client's own: no Event, no engine-error metric.
+        if let PlacementFailure::InvalidInput(_) = &failure {
+            let message = format!("malformed AdmissionReview request: {failure}");
+            return (
+                AdmissionResponse::deny(uid, failure.status_code(), failure.reason(), message),
+                Outcome::Malformed,
+            );
+        }
         if let PlacementFailure::EngineUnavailable(e) = &failure {
             self.metrics.engine_error(e.kind());
         }
-        let uid = request.uid.as_str();
+        if let PlacementFailure::PolicyError(_) = &failure {
+            self.metrics.engine_error("evaluation");
+        }
         let where_ = self.presence.describe();
         if self.presence.policies_exist() {
-            let message = format!(
+            let message = bounded(format!(
                 "placement-policy: denied because placement policies exist ({where_}) and {failure}"
-            );
+            ));
             tracing::warn!(uid, reason = failure.reason(), "{message}");
             self.events.emit(request, failure.reason(), &message);
             (
@@ -216,13 +247,13 @@ impl Admission {
                 Outcome::FailedClosed,
             )
         } else {
-            let message = format!(
+            let message = bounded(format!(
                 "placement-policy: admitted unchanged because no placement policy exists ({where_}), although {failure}"
-            );
+            ));
             tracing::warn!(uid, reason = failure.reason(), "{message}");
             self.events.emit(request, failure.reason(), &message);
             (
-                AdmissionResponse::allow(uid).with_warning(truncate(&message, 240)),
+                AdmissionResponse::allow(uid).with_warning(message),
                 Outcome::FailedOpen,
             )
         }
@@ -239,7 +270,7 @@ impl Admission {
             .engine
             .query(&self.settings.decision_path, &input, deadline)
             .await
-            .map_err(PlacementFailure::EngineUnavailable)?;
+            .map_err(PlacementFailure::from_engine)?;
         let QueryOutcome::Defined(result) = outcome else {
             return Err(PlacementFailure::Undefined {
                 path: self.settings.decision_path.replace('/', "."),
@@ -279,15 +310,4 @@ pub fn policy_input(request: &AdmissionRequest, object: &Value) -> Value {
         map.insert(ADMISSION_INPUT_KEY.to_owned(), admission);
     }
     input
-}
-
-pub(crate) fn truncate(message: &str, max: usize) -> String {
-    if message.len() <= max {
-        return message.to_owned();
-    }
-    let mut end = max.saturating_sub(3);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}...", &message[..end])
 }

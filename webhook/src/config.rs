@@ -29,6 +29,8 @@ pub enum ConfigError {
     Policies { dir: PathBuf, message: String },
     #[error("policy engine: {0}")]
     Engine(#[from] policy_client::EngineError),
+    #[error("{0}")]
+    Limits(String),
 }
 
 #[derive(Debug, Parser)]
@@ -54,7 +56,7 @@ pub enum LogFormat {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve AdmissionReviews over TLS.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Evaluate one AdmissionReview or manifest offline and print the answer.
     Review(ReviewArgs),
     /// Generate a CA and a serving certificate, and print the caBundle.
@@ -62,7 +64,7 @@ pub enum Command {
 }
 
 /// Which engine to ask, and how.
-#[derive(Debug, Args, Clone)]
+#[derive(Args, Clone)]
 pub struct EngineArgs {
     /// OPA base URL (e.g. http://127.0.0.1:8181). Without it the embedded engine
     /// evaluates --policy-dir.
@@ -91,6 +93,30 @@ pub struct EngineArgs {
     /// configuration's timeoutSeconds.
     #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = humantime::parse_duration, default_value = "8s")]
     pub engine_deadline: Duration,
+}
+
+/// Shows `--opa-url` without its credentials.
+impl std::fmt::Debug for EngineArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EngineArgs")
+            .field("opa_url", &self.opa_url.as_deref().map(shown_url))
+            .field("opa_token_file", &self.opa_token_file)
+            .field("opa_ca_file", &self.opa_ca_file)
+            .field("config", &self.config)
+            .field("policy_dir", &self.policy_dir)
+            .field("decision", &self.decision)
+            .field("engine_timeout", &self.engine_timeout)
+            .field("engine_deadline", &self.engine_deadline)
+            .finish()
+    }
+}
+
+/// A URL as it may be printed: without credentials.
+fn shown_url(url: &str) -> String {
+    match Url::parse(url) {
+        Ok(parsed) => policy_client::opa::redacted_url(&parsed),
+        Err(_) => redact_userinfo(url),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -127,15 +153,98 @@ pub struct ServeArgs {
     /// or $KUBECONFIG].
     #[arg(long, env = "PLACEMENT_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
-    /// Largest AdmissionReview accepted.
-    #[arg(long, env = "PLACEMENT_MAX_REQUEST_BYTES", default_value_t = 6 * 1024 * 1024)]
+    /// Largest AdmissionReview accepted (bytes; `Ki`/`Mi`/`Gi` suffixes).
+    #[arg(long, env = "PLACEMENT_MAX_REQUEST_BYTES", value_parser = parse_bytes, default_value = "6Mi")]
     pub max_request_bytes: usize,
+    /// Memory all reviews in progress may hold: their bodies and what parsing
+    /// and converting them builds. Reviews beyond it get a 503 at once; a
+    /// quarter is kept for reviews under 1 MiB.
+    #[arg(long, env = "PLACEMENT_MEMORY_BUDGET", value_parser = parse_bytes, default_value = "256Mi")]
+    pub memory_budget: usize,
+    /// Memory one review may need (body, parsed review, policy input); more
+    /// gets a 413 naming the estimate.
+    #[arg(long, env = "PLACEMENT_MAX_REQUEST_MEMORY", value_parser = parse_bytes, default_value = "64Mi")]
+    pub max_request_memory: usize,
+    /// Embedded engine: an evaluation stops when the process's heap exceeds
+    /// this (0: no limit).
+    #[arg(long, env = "PLACEMENT_ENGINE_MEMORY_LIMIT", value_parser = parse_bytes, default_value = "1Gi")]
+    pub engine_memory_limit: usize,
+    /// Open connections on the admission port [default: 1024, lowered to fit
+    /// the open-files limit]. More are closed as soon as they are accepted.
+    #[arg(long, env = "PLACEMENT_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+    /// Concurrent HTTP/2 streams (reviews) per connection.
+    #[arg(long, env = "PLACEMENT_MAX_HTTP2_STREAMS", default_value_t = 32)]
+    pub max_http2_streams: u32,
+    /// Time from accept to the end of the TLS handshake.
+    #[arg(long, env = "PLACEMENT_TLS_HANDSHAKE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
+    pub tls_handshake_timeout: Duration,
+    /// Time to receive an HTTP/1 request's headers (from the connection's
+    /// start or the previous response).
+    #[arg(long, env = "PLACEMENT_HEADER_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub header_timeout: Duration,
+    /// Time to receive a whole request body.
+    #[arg(long, env = "PLACEMENT_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
+    pub body_timeout: Duration,
+    /// A connection with no request in progress for this long is closed.
+    #[arg(long, env = "PLACEMENT_IDLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
+    pub idle_timeout: Duration,
+    /// PEM CA whose client certificates may post reviews (the API server's,
+    /// configured through its AdmissionConfiguration). Without one, any client
+    /// that reaches the port may.
+    #[arg(long, env = "PLACEMENT_CLIENT_CA_FILE")]
+    pub client_ca_file: Option<PathBuf>,
+    /// Events per second, over all objects.
+    #[arg(long, env = "PLACEMENT_EVENT_RATE", default_value_t = 5.0)]
+    pub event_rate: f64,
+    /// Events allowed in a burst above --event-rate.
+    #[arg(long, env = "PLACEMENT_EVENT_BURST", default_value_t = 20)]
+    pub event_burst: u32,
+    /// At most one Event per object and reason within this window.
+    #[arg(long, env = "PLACEMENT_EVENT_DEDUPE_WINDOW", value_parser = humantime::parse_duration, default_value = "5m")]
+    pub event_dedupe_window: Duration,
+    /// Ready (taking traffic) only once this URL answers 2xx, when policies
+    /// exist: the sync sidecar's `/readyz` beside OPA, so a new pod takes no
+    /// reviews before its engine holds the policies. Once ready, ready for good.
+    #[arg(long, env = "PLACEMENT_ENGINE_READY_URL")]
+    pub engine_ready_url: Option<String>,
+    /// Ready after this long even if --engine-ready-url never answers (the
+    /// webhook then fails closed with its own message naming the engine).
+    #[arg(long, env = "PLACEMENT_ENGINE_STARTUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub engine_startup_grace: Duration,
     /// On SIGTERM, keep serving this long before stopping (so that a pod
     /// leaving the Service's endpoints loses no request).
     #[arg(long, env = "PLACEMENT_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub shutdown_delay: Duration,
     #[command(flatten)]
     pub self_managed: crate::self_managed::SelfManagedTlsArgs,
+}
+
+/// A byte count: digits with an optional `Ki`, `Mi`, `Gi` (or `K`, `M`, `G`;
+/// powers of 1024) suffix, `B`/`iB` allowed.
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count (e.g. 6291456, 6Mi, 1Gi)"))?;
+    let unit = unit
+        .trim()
+        .trim_end_matches("iB")
+        .trim_end_matches(['i', 'B']);
+    let scale: usize = match unit {
+        "" => 1,
+        "K" | "k" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return Err(format!("unknown unit in {text:?}: use Ki, Mi or Gi")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[derive(Debug, Args)]
@@ -247,7 +356,7 @@ impl EngineArgs {
                 .or(url_decision)
                 .unwrap_or_else(|| DEFAULT_DECISION_PATH.to_owned()),
             kind: EngineKind::Opa {
-                url: base.to_string(),
+                url: policy_client::opa::redacted_url(&base),
             },
         })
     }
@@ -330,6 +439,27 @@ mod tests {
     }
 
     #[test]
+    fn opa_url_credentials_are_never_shown() {
+        let cli = Cli::parse_from([
+            "placement-webhook",
+            "review",
+            "--opa-url",
+            "http://opa-user:hunter2-secret@127.0.0.1:1/v1/data/io/k8s/federation/admission",
+            "x.yaml",
+        ]);
+        let Command::Review(args) = cli.command else {
+            panic!()
+        };
+        assert!(!format!("{args:?}").contains("hunter2"), "{args:?}");
+        let resolved = args.engine.resolve().unwrap();
+        assert!(!format!("{resolved:?}").contains("hunter2"), "{resolved:?}");
+        let EngineKind::Opa { url } = &resolved.kind else {
+            panic!()
+        };
+        assert_eq!(url, "http://redacted@127.0.0.1:1/");
+    }
+
+    #[test]
     fn seed_config_file_is_read_and_flags_win() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admission.json");
@@ -380,6 +510,17 @@ mod tests {
         };
         let err = args.engine.resolve().unwrap_err().to_string();
         assert!(err.contains("EnforceSchedulingPolicy"), "{err}");
+    }
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("6291456"), Ok(6 << 20));
+        assert_eq!(parse_bytes("6Mi"), Ok(6 << 20));
+        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5Xi").is_err());
     }
 
     #[test]

@@ -3,14 +3,18 @@
 //! JSON patch, or denying with the policy's errors.
 
 pub mod admission;
+mod budget;
 pub mod config;
+pub mod connections;
 pub mod events;
 pub mod metrics;
 pub mod presence;
+pub mod readiness;
 pub mod review;
 pub mod run;
 pub mod self_managed;
 pub mod server;
+mod throttle;
 
 pub use admission::{ADMISSION_INPUT_KEY, Admission, AdmissionSettings, Mode, PlacementFailure};
 pub use config::Cli;

@@ -15,7 +15,7 @@ fn main() -> anyhow::Result<ExitCode> {
         .build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => run::serve(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Serve(args) => run::serve(*args).await.map(|()| ExitCode::SUCCESS),
             Command::Review(args) => run::review(args).await.map(|summary| {
                 // Denials exit 3 so scripts and CI can gate on the policy.
                 if summary.denied > 0 {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -58,12 +59,49 @@ struct KindLabels {
     kind: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerLabels {
+    listener: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListenerReasonLabels {
+    listener: &'static str,
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     duration: Family<OperationLabels, Histogram>,
     engine_errors: Family<KindLabels, Counter>,
     events_failed: Counter,
+    events_published: Counter,
+    events_dropped: Family<ReasonLabels, Counter>,
+    connections_open: Family<ListenerLabels, Gauge>,
+    connections_refused: Family<ListenerReasonLabels, Counter>,
+    connections_closed: Family<ListenerReasonLabels, Counter>,
+    accept_errors: Family<ListenerReasonLabels, Counter>,
+    requests_rejected: Family<ReasonLabels, Counter>,
+    memory_budget_used: Gauge,
+    memory_budget_total: Gauge,
+}
+
+/// Keeps a listener's open-connections gauge up while it lives.
+#[derive(Debug)]
+pub(crate) struct OpenConnection {
+    gauge: Gauge,
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.gauge.dec();
+    }
 }
 
 impl fmt::Debug for Metrics {
@@ -110,12 +148,75 @@ impl Metrics {
             "Kubernetes Events that could not be published",
             events_failed.clone(),
         );
+        let events_published = Counter::default();
+        registry.register(
+            "events_published",
+            "Kubernetes Events published",
+            events_published.clone(),
+        );
+        let events_dropped = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "events_dropped",
+            "Events not published: duplicate (same object and reason within the dedupe window), rate_limited, queue_full",
+            events_dropped.clone(),
+        );
+        let connections_open = Family::<ListenerLabels, Gauge>::default();
+        registry.register(
+            "connections_open",
+            "Open connections, by listener (admission, metrics)",
+            connections_open.clone(),
+        );
+        let connections_refused = Family::<ListenerReasonLabels, Counter>::default();
+        registry.register(
+            "connections_refused",
+            "Connections closed before serving a request: limit (--max-connections reached), tls_handshake_timeout, tls_handshake_error",
+            connections_refused.clone(),
+        );
+        let connections_closed = Family::<ListenerReasonLabels, Counter>::default();
+        registry.register(
+            "connections_closed",
+            "Connections the webhook closed: idle (no request for --idle-timeout), shutdown",
+            connections_closed.clone(),
+        );
+        let accept_errors = Family::<ListenerReasonLabels, Counter>::default();
+        registry.register(
+            "accept_errors",
+            "Failed accepts: fd_exhausted (EMFILE/ENFILE: the open-files limit is reached), out_of_memory, other",
+            accept_errors.clone(),
+        );
+        let requests_rejected = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "requests_rejected",
+            "Requests refused before evaluation: memory_budget, too_large, too_complex, body_timeout, body_error, unauthenticated",
+            requests_rejected.clone(),
+        );
+        let memory_budget_used = Gauge::default();
+        registry.register(
+            "memory_budget_used_bytes",
+            "Bytes of the request memory budget held by requests in progress",
+            memory_budget_used.clone(),
+        );
+        let memory_budget_total = Gauge::default();
+        registry.register(
+            "memory_budget_bytes",
+            "The request memory budget (--memory-budget)",
+            memory_budget_total.clone(),
+        );
         Metrics {
             registry,
             requests,
             duration,
             engine_errors,
             events_failed,
+            events_published,
+            events_dropped,
+            connections_open,
+            connections_refused,
+            connections_closed,
+            accept_errors,
+            requests_rejected,
+            memory_budget_used,
+            memory_budget_total,
         }
     }
 
@@ -143,6 +244,56 @@ impl Metrics {
 
     pub fn event_failed(&self) {
         self.events_failed.inc();
+    }
+
+    pub(crate) fn event_published(&self) {
+        self.events_published.inc();
+    }
+
+    pub(crate) fn event_dropped(&self, reason: &'static str) {
+        self.events_dropped
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub(crate) fn connection_opened(&self, listener: &'static str) -> OpenConnection {
+        let gauge = self
+            .connections_open
+            .get_or_create(&ListenerLabels { listener })
+            .clone();
+        gauge.inc();
+        OpenConnection { gauge }
+    }
+
+    pub(crate) fn connection_refused(&self, listener: &'static str, reason: &'static str) {
+        self.connections_refused
+            .get_or_create(&ListenerReasonLabels { listener, reason })
+            .inc();
+    }
+
+    pub(crate) fn connection_closed(&self, listener: &'static str, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ListenerReasonLabels { listener, reason })
+            .inc();
+    }
+
+    pub(crate) fn accept_error(&self, listener: &'static str, reason: &'static str) {
+        self.accept_errors
+            .get_or_create(&ListenerReasonLabels { listener, reason })
+            .inc();
+    }
+
+    pub(crate) fn request_rejected(&self, reason: &'static str) {
+        self.requests_rejected
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    pub(crate) fn memory_budget(&self, used: usize, total: usize) {
+        self.memory_budget_used
+            .set(i64::try_from(used).unwrap_or(i64::MAX));
+        self.memory_budget_total
+            .set(i64::try_from(total).unwrap_or(i64::MAX));
     }
 
     /// The registry in Prometheus text format.

@@ -5,11 +5,15 @@
 //! base64 string, which kube-rs's `AdmissionResponse` does not produce.
 
 use base64::Engine as _;
+use policy_client::text::{bounded, truncate};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub const API_VERSION: &str = "admission.k8s.io/v1";
 pub const KIND: &str = "AdmissionReview";
+
+/// Longest warning: the API server shows each on one line of `kubectl` output.
+const MAX_WARNING_BYTES: usize = 240;
 
 /// A review that cannot be answered with a review.
 #[derive(Debug, thiserror::Error)]
@@ -125,13 +129,15 @@ impl AdmissionResponse {
         }
     }
 
+    /// A denial. The message is bounded: it can quote the client's own object
+    /// (a policy error naming an annotation value, a parse error).
     pub fn deny(uid: &str, code: u16, reason: &str, message: String) -> Self {
         AdmissionResponse {
             uid: uid.to_owned(),
             allowed: false,
             status: Some(Status {
                 code,
-                message,
+                message: bounded(message),
                 reason: Some(reason.to_owned()),
             }),
             patch: None,
@@ -148,7 +154,8 @@ impl AdmissionResponse {
     }
 
     pub fn with_warning(mut self, warning: String) -> Self {
-        self.warnings.push(warning);
+        self.warnings
+            .push(truncate(&warning, MAX_WARNING_BYTES).into_owned());
         self
     }
 
@@ -217,12 +224,38 @@ pub fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
         .ok_or(ReviewError::MissingUid)?
         .to_owned();
     match serde_json::from_value::<AdmissionRequest>(request) {
-        Ok(request) => Ok(Parsed::Request(Box::new(request))),
+        Ok(request) => match not_an_object(&request) {
+            None => Ok(Parsed::Request(Box::new(request))),
+            Some(message) => Ok(Parsed::Malformed { uid, message }),
+        },
         Err(e) => Ok(Parsed::Malformed {
             uid,
-            message: format!("malformed AdmissionReview request: {e}"),
+            message: bounded(format!("malformed AdmissionReview request: {e}")),
         }),
     }
+}
+
+/// The objects under review are Kubernetes objects: JSON objects. Anything else
+/// is the client's mistake, named here rather than handed to the engine.
+fn not_an_object(request: &AdmissionRequest) -> Option<String> {
+    [
+        ("request.object", &request.object),
+        ("request.oldObject", &request.old_object),
+    ]
+    .into_iter()
+    .find_map(|(field, value)| {
+        let kind = match value.as_ref()? {
+            Value::Object(_) => return None,
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            Value::Array(_) => "an array",
+        };
+        Some(format!(
+            "malformed AdmissionReview request: {field} must be a JSON object (the Kubernetes object under review), not {kind}"
+        ))
+    })
 }
 
 #[cfg(test)]
@@ -283,6 +316,47 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+    }
+
+    #[test]
+    fn objects_that_are_not_objects_are_named() {
+        for (object, kind) in [
+            (json!("rs"), "a string"),
+            (json!(7), "a number"),
+            (json!([{"metadata": {}}]), "an array"),
+        ] {
+            let body = review(json!({
+                "uid": "u3",
+                "kind": {"group": "apps", "version": "v1", "kind": "ReplicaSet"},
+                "resource": {"group": "apps", "version": "v1", "resource": "replicasets"},
+                "operation": "UPDATE",
+                "object": {"metadata": {}},
+                "oldObject": object,
+            }));
+            match parse(&body).unwrap() {
+                Parsed::Malformed { uid, message } => {
+                    assert_eq!(uid, "u3");
+                    assert!(
+                        message.contains(&format!(
+                            "request.oldObject must be a JSON object (the Kubernetes object under review), not {kind}"
+                        )),
+                        "{message}"
+                    );
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn denials_and_warnings_are_bounded() {
+        let huge = "v".repeat(5 * 1024 * 1024);
+        let denial = AdmissionResponse::deny("u", 403, "Forbidden", huge.clone());
+        let message = denial.status.unwrap().message;
+        assert!(message.len() <= policy_client::text::MAX_MESSAGE_BYTES);
+        assert!(message.ends_with("more bytes]"), "{}", &message[4000..]);
+        let warned = AdmissionResponse::allow("u").with_warning(huge);
+        assert!(warned.warnings[0].len() <= MAX_WARNING_BYTES);
     }
 
     #[test]

@@ -11,10 +11,15 @@ use serde_json::{Value, json};
 
 use crate::admission::{Admission, AdmissionSettings, Mode};
 use crate::config::{CertsArgs, ConfigError, EngineKind, OutputFormat, ReviewArgs, ServeArgs};
-use crate::events::EventSink;
+use crate::connections::{ConnectionLimits, connection_cap};
+use crate::events::{EventLimits, EventSink};
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
-use crate::server::{Listeners, ServerError, reloading_tls, serve as serve_http};
+use crate::readiness::Readiness;
+use crate::server::{
+    Listeners, METRICS_MAX_CONNECTIONS, RequestLimits, ServeSettings, ServerError, client_verifier,
+    reloading_tls, serve as serve_http,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -77,9 +82,59 @@ async fn kube_client(explicit: Option<&Path>, infer: bool) -> Result<Option<Clie
         .map_err(|e| RunError::Kube(e.to_string()))
 }
 
+/// The limits of `serve`, checked against each other.
+fn serve_settings(args: &ServeArgs) -> Result<ServeSettings, ConfigError> {
+    // A quarter of the budget is kept for small reviews (`budget.rs`).
+    let largest = args.memory_budget / 4 * 3;
+    if args.max_request_memory > largest {
+        return Err(ConfigError::Limits(format!(
+            "--max-request-memory ({}) must be at most three quarters of --memory-budget ({}), or no review that large could ever be admitted",
+            args.max_request_memory, args.memory_budget
+        )));
+    }
+    if args.max_request_bytes > args.max_request_memory {
+        return Err(ConfigError::Limits(format!(
+            "--max-request-bytes ({}) must be at most --max-request-memory ({})",
+            args.max_request_bytes, args.max_request_memory
+        )));
+    }
+    let admission = ConnectionLimits {
+        max_connections: connection_cap(args.max_connections, METRICS_MAX_CONNECTIONS),
+        max_streams: args.max_http2_streams.max(1),
+        handshake_timeout: args.tls_handshake_timeout,
+        header_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
+    };
+    let metrics = ConnectionLimits {
+        max_connections: METRICS_MAX_CONNECTIONS,
+        ..admission.clone()
+    };
+    Ok(ServeSettings {
+        requests: RequestLimits {
+            max_body: args.max_request_bytes,
+            body_timeout: args.body_timeout,
+            memory_budget: args.memory_budget,
+            max_request_memory: args.max_request_memory,
+            require_client_certificate: args.client_ca_file.is_some(),
+        },
+        admission,
+        metrics,
+        readiness: Arc::new(
+            Readiness::new(args.engine_ready_url.clone(), args.engine_startup_grace).map_err(
+                |e| ConfigError::Limits(format!("HTTP client for --engine-ready-url: {e}")),
+            )?,
+        ),
+    })
+}
+
 /// `placement-webhook serve`.
 pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
+    let settings = serve_settings(&args)?;
     let resolved = args.engine.resolve()?;
+    if matches!(resolved.kind, EngineKind::Embedded { .. }) {
+        let limit = u64::try_from(args.engine_memory_limit).unwrap_or(u64::MAX);
+        policy_client::embedded::set_memory_limit((limit > 0).then_some(limit));
+    }
     let metrics = Arc::new(Metrics::new());
     // The embedded engine needs the API only for Events, so it uses a kubeconfig
     // only when given one (or in a cluster); with OPA the usual inference applies.
@@ -106,7 +161,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         }
     };
     let events = match &client {
-        Some(client) => EventSink::new(client.clone(), Arc::clone(&metrics)),
+        Some(client) => EventSink::new(
+            client.clone(),
+            Arc::clone(&metrics),
+            EventLimits {
+                rate: args.event_rate,
+                burst: args.event_burst,
+                dedupe_window: args.event_dedupe_window,
+            },
+        ),
         None => EventSink::disabled(),
     };
     let admission = Admission::new(
@@ -119,12 +182,25 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         events,
         metrics,
     );
+    let verifier = match &args.client_ca_file {
+        Some(path) => Some(client_verifier(path)?),
+        None => None,
+    };
     let (tls, ca_note) = match (&args.tls_cert, &args.tls_key, &args.self_managed.tls_secret) {
         (_, _, Some(secret)) => (
-            crate::self_managed::start(&args.self_managed, secret.clone(), client.clone()).await?,
+            crate::self_managed::start(
+                &args.self_managed,
+                secret.clone(),
+                client.clone(),
+                verifier.clone(),
+            )
+            .await?,
             None,
         ),
-        (Some(cert), Some(key), None) => (reloading_tls(cert.clone(), key.clone())?, None),
+        (Some(cert), Some(key), None) => (
+            reloading_tls(cert.clone(), key.clone(), verifier.clone())?,
+            None,
+        ),
         _ => {
             let dir = match &args.cert_dir {
                 Some(dir) => dir.clone(),
@@ -136,7 +212,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
                 "::1".to_owned(),
             ];
             let paths = placement_certs::generate_to_dir(&dir, &names)?;
-            let tls = reloading_tls(paths.cert.clone(), paths.key.clone())?;
+            let tls = reloading_tls(paths.cert.clone(), paths.key.clone(), verifier)?;
             (tls, Some(paths.ca))
         }
     };
@@ -159,22 +235,24 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
             ca.display()
         );
     }
-    tracing::info!(admission = %listeners.admission_addr(), metrics = %listeners.metrics_addr(), "serving");
-    serve_http(
-        admission,
-        tls,
-        listeners,
-        args.max_request_bytes,
-        async move {
-            shutdown_signal().await;
-            // Endpoints of a terminating pod take a moment to leave every
-            // kube-proxy: keep answering meanwhile, so no write in flight to us
-            // fails (then stop accepting and finish what is running).
-            tracing::info!(delay = ?args.shutdown_delay, "shutting down after the delay");
-            tokio::time::sleep(args.shutdown_delay).await;
-        },
-    )
-    .await?;
+    tracing::info!(
+        admission = %listeners.admission_addr(),
+        metrics = %listeners.metrics_addr(),
+        max_connections = settings.admission.max_connections,
+        memory_budget = settings.requests.memory_budget,
+        client_certificates = settings.requests.require_client_certificate,
+        "serving"
+    );
+    let shutdown_delay = args.shutdown_delay;
+    let shutdown = async move {
+        shutdown_signal().await;
+        // Endpoints of a terminating pod take a moment to leave every
+        // kube-proxy: keep answering meanwhile, so no write in flight to us
+        // fails (then stop accepting and finish what is running).
+        tracing::info!(delay = ?shutdown_delay, "shutting down after the delay");
+        tokio::time::sleep(shutdown_delay).await;
+    };
+    serve_http(admission, tls, listeners, settings, shutdown).await?;
     Ok(())
 }
 

@@ -11,7 +11,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use axum_server::tls_rustls::RustlsConfig;
 use clap::Args;
 use futures::StreamExt;
 use k8s_openapi::ByteString;
@@ -24,6 +23,8 @@ use kube::runtime::watcher;
 use kube::{Api, Client};
 use placement_certs::rotation::{self, Lifetimes, Material, Plan};
 use serde_json::json;
+
+use crate::connections::TlsSettings;
 
 /// Flags of self-managed certificates.
 #[derive(Debug, Clone, Args)]
@@ -175,16 +176,21 @@ struct Controller {
     trusted: Option<(String, Instant)>,
     /// The serving pair in use.
     serving: Option<(String, String)>,
+    verifier: ClientVerifier,
 }
 
-/// Start self-managed certificates: returns the TLS config to serve once the
+/// Verifies client certificates (`--client-ca-file`), when set.
+type ClientVerifier = Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>;
+
+/// Start self-managed certificates: returns the TLS settings to serve once the
 /// Secret holds a working certificate (creating one when it holds none), and
-/// keeps it, the Secret and the configurations current in the background.
+/// keeps them, the Secret and the configurations current in the background.
 pub async fn start(
     args: &SelfManagedTlsArgs,
     secret: SecretRef,
     client: Option<Client>,
-) -> Result<RustlsConfig, SelfManagedError> {
+    verifier: ClientVerifier,
+) -> Result<TlsSettings, SelfManagedError> {
     let client = client.ok_or(SelfManagedError::NoApi)?;
     if args.tls_dns_names.is_empty() {
         return Err(SelfManagedError::NoNames);
@@ -201,6 +207,7 @@ pub async fn start(
         },
         trusted: None,
         serving: None,
+        verifier,
     };
     // Serving needs a certificate: retry until one is there, saying why not.
     let (material, _) = loop {
@@ -212,25 +219,31 @@ pub async fn start(
             }
         }
     };
-    let config = RustlsConfig::from_config(Arc::new(server_config(&material)?));
+    let config = TlsSettings::new(Arc::new(controller.server_config(&material)?));
     controller.serving = Some((material.tls_cert.clone(), material.tls_key.clone()));
     tracing::info!(secret = %controller.secret, names = ?controller.names, "serving the self-managed certificate");
     tokio::spawn(controller.run(config.clone()));
     Ok(config)
 }
 
-fn server_config(material: &Material) -> Result<rustls::ServerConfig, SelfManagedError> {
-    Ok(placement_certs::server_config(
-        material.tls_cert.as_bytes(),
-        material.tls_key.as_bytes(),
-        "the self-managed Secret",
-    )?)
-}
-
 impl Controller {
+    /// The server config of the Secret's serving pair.
+    fn server_config(&self, material: &Material) -> Result<rustls::ServerConfig, SelfManagedError> {
+        let base = placement_certs::server_config(
+            material.tls_cert.as_bytes(),
+            material.tls_key.as_bytes(),
+            "the self-managed Secret",
+        )?;
+        Ok(match &self.verifier {
+            Some(verifier) => crate::server::with_client_verifier(&base, verifier)
+                .map_err(placement_certs::CertError::from)?,
+            None => base,
+        })
+    }
+
     /// Keep everything current: on every change of the Secret (another replica
     /// renewed it), when the next renewal falls due, and at least every minute.
-    async fn run(mut self, config: RustlsConfig) {
+    async fn run(mut self, config: TlsSettings) {
         let watch = watcher(
             self.secrets.clone(),
             watcher::Config::default().fields(&format!("metadata.name={}", self.secret.name)),
@@ -261,14 +274,14 @@ impl Controller {
     }
 
     /// Swap the serving certificate when the Secret's changed.
-    fn serve(&mut self, material: &Material, config: &RustlsConfig) {
+    fn serve(&mut self, material: &Material, config: &TlsSettings) {
         let pair = (material.tls_cert.clone(), material.tls_key.clone());
         if self.serving.as_ref() == Some(&pair) {
             return;
         }
-        match server_config(material) {
+        match self.server_config(material) {
             Ok(new) => {
-                config.reload_from_config(Arc::new(new));
+                config.replace(Arc::new(new));
                 self.serving = Some(pair);
                 tracing::info!(secret = %self.secret, "serving a renewed certificate");
             }

@@ -1,20 +1,34 @@
 //! HTTP surface: the TLS admission server and the plain-HTTP metrics server.
+//!
+//! Connections are limited and timed in `connections.rs`; here each review's
+//! body is budgeted (memory) and timed before anything is built from it.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{StatusCode, header};
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
-use axum_server::tls_rustls::RustlsConfig;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt as _;
+use rustls::ServerConfig;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Admission, Mode};
+use crate::budget::{Exhausted, JsonShape, MemoryBudget};
+use crate::connections::{self, ClientCertificate, ConnectionLimits, Listener, TlsSettings};
+use crate::readiness::{Readiness, ReadyState};
+use crate::review::ReviewError;
+use crate::throttle::Throttle;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -28,75 +42,266 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("client CA file {path}: {reason}")]
+    ClientCa { path: PathBuf, reason: String },
 }
+
+/// How reviews are read.
+#[derive(Debug, Clone)]
+pub struct RequestLimits {
+    /// Largest body accepted (`--max-request-bytes`).
+    pub max_body: usize,
+    /// Time to receive a whole body (`--body-timeout`).
+    pub body_timeout: Duration,
+    /// Memory all reviews in progress may hold (`--memory-budget`).
+    pub memory_budget: usize,
+    /// Memory one review may need, parsing and conversion included
+    /// (`--max-request-memory`).
+    pub max_request_memory: usize,
+    /// Only clients with a verified certificate may post reviews
+    /// (`--client-ca-file`).
+    pub require_client_certificate: bool,
+}
+
+/// Everything `serve` needs besides the admission handler.
+#[derive(Debug, Clone)]
+pub struct ServeSettings {
+    pub requests: RequestLimits,
+    pub admission: ConnectionLimits,
+    pub metrics: ConnectionLimits,
+    pub readiness: Arc<Readiness>,
+}
+
+/// Open connections of the metrics listener (scrapes and probes).
+pub const METRICS_MAX_CONNECTIONS: usize = 64;
 
 #[derive(Clone)]
 struct AppState {
     admission: Admission,
-    max_body: usize,
+    readiness: Arc<Readiness>,
+    limits: Arc<RequestLimits>,
+    budget: Arc<MemoryBudget>,
+    /// Warnings about refused requests, at most one per interval.
+    refusals: Arc<Throttle>,
 }
 
 /// The admission router: `/mutate`, `/validate`, `/healthz`, `/readyz`.
-pub fn admission_router(admission: Admission, max_body: usize) -> Router {
+fn admission_router(state: AppState) -> Router {
     Router::new()
         .route("/mutate", post(mutate))
         .route("/validate", post(validate))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
-        .layer(DefaultBodyLimit::max(max_body))
-        .with_state(AppState {
-            admission,
-            max_body,
-        })
+        .with_state(state)
 }
 
 /// The metrics router: `/metrics`, plus `/healthz` for probes.
-pub fn metrics_router(admission: Admission) -> Router {
+fn metrics_router(admission: Admission) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
-        .with_state(AppState {
-            admission,
-            max_body: 0,
-        })
+        .with_state(admission)
 }
 
-async fn mutate(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    answer(state, body, Mode::Mutate).await
+async fn mutate(State(state): State<AppState>, request: Request) -> Response {
+    answer(state, request, Mode::Mutate).await
 }
 
-async fn validate(State(state): State<AppState>, body: Result<Bytes, BytesRejection>) -> Response {
-    answer(state, body, Mode::Validate).await
+async fn validate(State(state): State<AppState>, request: Request) -> Response {
+    answer(state, request, Mode::Validate).await
 }
 
-async fn answer(state: AppState, body: Result<Bytes, BytesRejection>, mode: Mode) -> Response {
-    let body = match body {
-        Ok(body) => body,
-        Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-            return (
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "AdmissionReview is larger than this webhook's limit of {} bytes (--max-request-bytes)\n",
-                    state.max_body
-                ),
-            )
-                .into_response();
+/// A refusal before evaluation: counted, logged at most once per interval,
+/// answered with `status` and `message`.
+fn refuse(
+    state: &AppState,
+    peer: Option<SocketAddr>,
+    reason: &'static str,
+    status: StatusCode,
+    message: String,
+) -> Response {
+    state.admission.metrics().request_rejected(reason);
+    if let Some(held_back) = state.refusals.admit() {
+        let peer = peer.map(|p| p.to_string()).unwrap_or_default();
+        tracing::warn!(
+            reason,
+            peer,
+            held_back,
+            "refused an AdmissionReview: {message}"
+        );
+    }
+    let mut response = (status, format!("{message}\n")).into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+fn budget_message(e: Exhausted) -> String {
+    format!(
+        "the webhook is at its memory budget ({} of {} bytes held by reviews in progress; this one needs {}): retry (--memory-budget)",
+        e.used, e.total, e.wanted
+    )
+}
+
+async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
+    let limits = Arc::clone(&state.limits);
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(peer)| *peer);
+    if limits.require_client_certificate
+        && request.extensions().get::<ClientCertificate>() != Some(&ClientCertificate(true))
+    {
+        return refuse(
+            &state,
+            peer,
+            "unauthenticated",
+            StatusCode::FORBIDDEN,
+            "a client certificate signed by the webhook's client CA is required (--client-ca-file)"
+                .to_owned(),
+        );
+    }
+    let declared = content_length(request.headers());
+    if declared.is_some_and(|n| n > limits.max_body) {
+        return too_large(&state, peer, limits.max_body);
+    }
+    // Held before the body is read, for as much as it may be.
+    let mut charge = match state.budget.charge(declared.unwrap_or(limits.max_body)) {
+        Ok(charge) => charge,
+        Err(e) => {
+            return refuse(
+                &state,
+                peer,
+                "memory_budget",
+                StatusCode::SERVICE_UNAVAILABLE,
+                budget_message(e),
+            );
         }
-        Err(rejection) => {
-            return (
-                rejection.status(),
+    };
+    let read = tokio::time::timeout(
+        limits.body_timeout,
+        read_body(
+            request.into_parts().1,
+            limits.max_body,
+            declared.unwrap_or(0),
+        ),
+    );
+    let body = match read.await {
+        Ok(Ok(body)) => body,
+        Ok(Err(BodyError::TooLarge)) => return too_large(&state, peer, limits.max_body),
+        Ok(Err(BodyError::Read(e))) => {
+            return refuse(
+                &state,
+                peer,
+                "body_error",
+                StatusCode::BAD_REQUEST,
+                format!("cannot read AdmissionReview body: {e}"),
+            );
+        }
+        Err(_) => {
+            return refuse(
+                &state,
+                peer,
+                "body_timeout",
+                StatusCode::REQUEST_TIMEOUT,
                 format!(
-                    "cannot read AdmissionReview body: {}\n",
-                    rejection.body_text()
+                    "the AdmissionReview body did not arrive within {} (--body-timeout)",
+                    humantime::format_duration(limits.body_timeout)
                 ),
+            );
+        }
+    };
+    // What parsing and converting will build, counted before building it.
+    let shape = match JsonShape::of(&body) {
+        Ok(shape) => shape,
+        Err(e) => {
+            state.admission.metrics().observe(
+                "UNKNOWN",
+                crate::metrics::Outcome::Malformed,
+                Duration::ZERO,
+            );
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("{}\n", ReviewError::NotJson(e.to_string())),
             )
                 .into_response();
         }
     };
-    match state.admission.review_body(&body, mode).await {
+    let cost = shape.cost(body.len());
+    if cost > limits.max_request_memory {
+        return refuse(
+            &state,
+            peer,
+            "too_complex",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the AdmissionReview would take about {cost} bytes to evaluate ({} JSON values, {} bytes of strings), above this webhook's limit of {} bytes per review (--max-request-memory)",
+                shape.nodes, shape.string_bytes, limits.max_request_memory
+            ),
+        );
+    }
+    if let Err(e) = charge.resize(cost) {
+        return refuse(
+            &state,
+            peer,
+            "memory_budget",
+            StatusCode::SERVICE_UNAVAILABLE,
+            budget_message(e),
+        );
+    }
+    let answer = state.admission.review_body(&body, mode).await;
+    drop(body);
+    let response = match answer {
         Ok(review) => Json(review).into_response(),
         Err(e) => (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response(),
+    };
+    drop(charge);
+    response
+}
+
+fn too_large(state: &AppState, peer: Option<SocketAddr>, max: usize) -> Response {
+    refuse(
+        state,
+        peer,
+        "too_large",
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!(
+            "AdmissionReview is larger than this webhook's limit of {max} bytes (--max-request-bytes)"
+        ),
+    )
+}
+
+fn content_length(headers: &HeaderMap) -> Option<usize> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .parse()
+        .ok()
+}
+
+enum BodyError {
+    TooLarge,
+    Read(axum::Error),
+}
+
+/// The whole body, into one buffer sized from the declared length (no
+/// copy on completion, unlike collecting chunks).
+async fn read_body(mut body: Body, max: usize, declared: usize) -> Result<Bytes, BodyError> {
+    let mut buffer = BytesMut::with_capacity(declared.min(max));
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(BodyError::Read)?;
+        if let Ok(data) = frame.into_data() {
+            if buffer.len() + data.len() > max {
+                return Err(BodyError::TooLarge);
+            }
+            buffer.extend_from_slice(&data);
+        }
     }
+    Ok(buffer.freeze())
 }
 
 async fn healthz() -> &'static str {
@@ -105,12 +310,14 @@ async fn healthz() -> &'static str {
 
 async fn readyz(State(state): State<AppState>) -> Response {
     let presence = state.admission.presence();
+    let ready = state.readiness.check(presence).await;
     let body = json!({
-        "ready": presence.is_synced(),
+        "ready": ready == ReadyState::Ready,
+        "state": format!("{ready:?}"),
         "engine": state.admission.engine().name(),
         "policies": presence.describe(),
     });
-    let status = if presence.is_synced() {
+    let status = if ready == ReadyState::Ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -118,13 +325,13 @@ async fn readyz(State(state): State<AppState>) -> Response {
     (status, Json(body)).into_response()
 }
 
-async fn metrics(State(state): State<AppState>) -> Response {
+async fn metrics(State(admission): State<Admission>) -> Response {
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.admission.metrics().encode(),
+        admission.metrics().encode(),
     )
         .into_response()
 }
@@ -168,41 +375,51 @@ impl Listeners {
 /// Serve until `shutdown` resolves, then drain in-flight requests for up to 10 s.
 pub async fn serve(
     admission: Admission,
-    tls: RustlsConfig,
+    tls: TlsSettings,
     listeners: Listeners,
-    max_body: usize,
+    settings: ServeSettings,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let admission_addr = listeners.admission_addr();
     let metrics_addr = listeners.metrics_addr();
-    let handle = axum_server::Handle::new();
-    let metrics_handle = axum_server::Handle::new();
+    let cancel = CancellationToken::new();
     {
-        let (handle, metrics_handle) = (handle.clone(), metrics_handle.clone());
+        let cancel = cancel.clone();
         tokio::spawn(async move {
             shutdown.await;
             tracing::info!("shutting down");
-            handle.graceful_shutdown(Some(Duration::from_secs(10)));
-            metrics_handle.graceful_shutdown(Some(Duration::from_secs(1)));
+            cancel.cancel();
         });
     }
-    let app = admission_router(admission.clone(), max_body);
-    let tls_server = axum_server::from_tcp_rustls(listeners.admission, tls)
-        .map_err(|source| ServerError::Bind {
-            addr: admission_addr,
-            source,
-        })?
-        .handle(handle)
-        .serve(app.into_make_service());
-    let metrics_server = axum_server::from_tcp(listeners.metrics)
-        .map_err(|source| ServerError::Bind {
-            addr: metrics_addr,
-            source,
-        })?
-        .handle(metrics_handle)
-        .serve(metrics_router(admission).into_make_service());
-    let (tls_result, metrics_result) = tokio::join!(tls_server, metrics_server);
-    tls_result.map_err(|source| ServerError::Serve {
+    let metrics = Arc::clone(admission.metrics());
+    let state = AppState {
+        admission: admission.clone(),
+        readiness: Arc::clone(&settings.readiness),
+        budget: MemoryBudget::new(settings.requests.memory_budget, Arc::clone(&metrics)),
+        limits: Arc::new(settings.requests),
+        refusals: Arc::new(Throttle::new(Duration::from_secs(10))),
+    };
+    let admission_listener = Listener {
+        name: "admission",
+        socket: listeners.admission,
+        tls: Some(tls),
+        app: admission_router(state),
+        limits: settings.admission,
+        drain: Duration::from_secs(10),
+    };
+    let metrics_listener = Listener {
+        name: "metrics",
+        socket: listeners.metrics,
+        tls: None,
+        app: metrics_router(admission),
+        limits: settings.metrics,
+        drain: Duration::from_secs(1),
+    };
+    let (admission_result, metrics_result) = tokio::join!(
+        connections::serve(admission_listener, Arc::clone(&metrics), cancel.clone()),
+        connections::serve(metrics_listener, metrics, cancel),
+    );
+    admission_result.map_err(|source| ServerError::Serve {
         addr: admission_addr,
         source,
     })?;
@@ -212,16 +429,70 @@ pub async fn serve(
     })
 }
 
-/// A rustls config for axum-server that follows certificate file changes.
-pub fn reloading_tls(
-    cert: std::path::PathBuf,
-    key: std::path::PathBuf,
-) -> Result<RustlsConfig, placement_certs::CertError> {
-    let initial = placement_certs::load_server_config(&cert, &key)?;
-    let config = RustlsConfig::from_config(Arc::new(initial));
-    let target = config.clone();
-    placement_certs::spawn_reloader(cert, key, Duration::from_secs(2), move |new| {
-        target.reload_from_config(new);
-    });
+/// Client certificates signed by the CA in `path` are verified; clients
+/// without one still complete the handshake (the kubelet's HTTPS probes carry
+/// none) and are refused by the review endpoints.
+pub fn client_verifier(
+    path: &Path,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, ServerError> {
+    let error = |reason: String| ServerError::ClientCa {
+        path: path.to_owned(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        let cert = cert.map_err(|e| error(e.to_string()))?;
+        roots.add(cert).map_err(|e| error(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(error("holds no PEM certificate".to_owned()));
+    }
+    WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| error(e.to_string()))
+}
+
+/// `base` (a server certificate, no client authentication) verifying client
+/// certificates with `verifier`.
+pub(crate) fn with_client_verifier(
+    base: &ServerConfig,
+    verifier: &Arc<dyn rustls::server::danger::ClientCertVerifier>,
+) -> Result<ServerConfig, rustls::Error> {
+    let mut config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?
+            .with_client_cert_verifier(Arc::clone(verifier))
+            .with_cert_resolver(Arc::clone(&base.cert_resolver));
+    config.alpn_protocols = base.alpn_protocols.clone();
     Ok(config)
+}
+
+/// TLS settings that follow certificate file changes, verifying client
+/// certificates with `verifier` when given.
+pub fn reloading_tls(
+    cert: PathBuf,
+    key: PathBuf,
+    verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
+) -> Result<TlsSettings, placement_certs::CertError> {
+    let finish = move |base: ServerConfig| match &verifier {
+        Some(verifier) => with_client_verifier(&base, verifier),
+        None => Ok(base),
+    };
+    let initial = finish(placement_certs::load_server_config(&cert, &key)?)?;
+    let settings = TlsSettings::new(Arc::new(initial));
+    let target = settings.clone();
+    placement_certs::spawn_reloader(cert, key, Duration::from_secs(2), move |new| {
+        match finish((*new).clone()) {
+            Ok(config) => target.replace(Arc::new(config)),
+            Err(e) => {
+                tracing::warn!(error = %e, "reloaded certificate does not load; keeping the current one")
+            }
+        }
+    });
+    Ok(settings)
 }

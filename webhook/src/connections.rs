@@ -1,0 +1,417 @@
+//! Serving one listening socket so that no client can hold it: a cap on open
+//! connections, a clock on the TLS handshake, on request headers and on
+//! connections with no request in progress, a cap on HTTP/2 streams, and
+//! accept errors (the open-files limit reached) survived, logged and counted.
+//!
+//! Request bodies are timed and budgeted by the handlers (`server.rs`), which
+//! know their limits.
+
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::ConnectInfo;
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use rustls::ServerConfig;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt as _;
+
+use crate::metrics::Metrics;
+use crate::throttle::Throttle;
+
+/// Largest HTTP/1 head (request line and headers) and HTTP/2 header list; an
+/// AdmissionReview request's are a few hundred bytes.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Descriptors kept free of connections: the OPA and API clients, certificate
+/// files, the metrics listener's connections.
+const RESERVED_FDS: u64 = 128;
+
+/// Time a connection closed for idleness gets to finish what it is writing.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// After an accept fails for lack of descriptors (or memory), wait this long
+/// before the next: the kernel keeps the connection queued, so retrying at
+/// once would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
+
+/// How often a repeated warning of a listener reaches the log.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// The limits of one listener.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Open connections; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+    /// Concurrent HTTP/2 streams (requests) per connection.
+    pub max_streams: u32,
+    /// From accept to the end of the TLS handshake.
+    pub handshake_timeout: Duration,
+    /// From the first byte of an HTTP/1 request head (or the end of the
+    /// previous response) to its end.
+    pub header_timeout: Duration,
+    /// A connection with no request in progress for this long is closed.
+    pub idle_timeout: Duration,
+}
+
+/// Whether the client presented a certificate the TLS layer verified (only
+/// asked for with `--client-ca-file`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ClientCertificate(pub(crate) bool);
+
+/// The server certificate and client verification in force; replaced when
+/// the certificate files change.
+#[derive(Debug, Clone)]
+pub struct TlsSettings {
+    current: Arc<RwLock<Arc<ServerConfig>>>,
+}
+
+impl TlsSettings {
+    pub fn new(config: Arc<ServerConfig>) -> Self {
+        TlsSettings {
+            current: Arc::new(RwLock::new(config)),
+        }
+    }
+
+    pub fn replace(&self, config: Arc<ServerConfig>) {
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+    }
+
+    fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(Arc::clone(
+            &self.current.read().unwrap_or_else(|p| p.into_inner()),
+        ))
+    }
+}
+
+/// One listening socket and what it serves.
+#[derive(Debug)]
+pub(crate) struct Listener {
+    /// `admission` or `metrics`, for logs and metrics.
+    pub(crate) name: &'static str,
+    pub(crate) socket: std::net::TcpListener,
+    pub(crate) tls: Option<TlsSettings>,
+    pub(crate) app: Router,
+    pub(crate) limits: ConnectionLimits,
+    /// How long open connections get to finish after `shutdown`.
+    pub(crate) drain: Duration,
+}
+
+/// Serve `listener` until `shutdown`, then let open connections finish for up
+/// to its drain time.
+pub(crate) async fn serve(
+    listener: Listener,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let Listener {
+        name,
+        socket,
+        tls,
+        app,
+        limits,
+        drain,
+    } = listener;
+    let socket = TcpListener::from_std(socket)?;
+    let permits = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let slots = Arc::new(Semaphore::new(permits));
+    let builder = Arc::new(http_builder(&limits));
+    let refused = Throttle::new(WARN_EVERY);
+    let failed = Throttle::new(WARN_EVERY);
+    loop {
+        let accepted = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = socket.accept() => accepted,
+        };
+        let (tcp, peer) = match accepted {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                accept_failed(name, &e, &metrics, &failed).await;
+                continue;
+            }
+        };
+        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+            metrics.connection_refused(name, "limit");
+            if let Some(held_back) = refused.admit() {
+                tracing::warn!(
+                    listener = name,
+                    %peer,
+                    max_connections = limits.max_connections,
+                    held_back,
+                    "connection limit reached: closing new connections until open ones end (--max-connections)"
+                );
+            }
+            drop(tcp);
+            continue;
+        };
+        let connection = Connection {
+            name,
+            peer,
+            tls: tls.as_ref().map(TlsSettings::acceptor),
+            app: app.clone(),
+            builder: Arc::clone(&builder),
+            limits: limits.clone(),
+            metrics: Arc::clone(&metrics),
+            shutdown: shutdown.clone(),
+            _slot: slot,
+        };
+        tokio::spawn(connection.run(tcp));
+    }
+    // New connections are refused from here on.
+    drop(socket);
+    // Every connection holds a slot until it ends.
+    let all = u32::try_from(permits).unwrap_or(u32::MAX);
+    let _ = tokio::time::timeout(drain, slots.acquire_many(all)).await;
+    Ok(())
+}
+
+/// Log (rate-limited), count, and back off when descriptors are exhausted.
+async fn accept_failed(name: &'static str, e: &io::Error, metrics: &Metrics, throttle: &Throttle) {
+    let reason = accept_error_reason(e);
+    metrics.accept_error(name, reason);
+    if let Some(held_back) = throttle.admit() {
+        match reason {
+            "fd_exhausted" => tracing::error!(
+                listener = name,
+                error = %e,
+                held_back,
+                "cannot accept connections: the open-files limit is reached; new connections wait until open ones close (lower --max-connections or raise the limit)"
+            ),
+            _ => tracing::warn!(listener = name, error = %e, held_back, "accept failed"),
+        }
+    }
+    if reason != "other" {
+        tokio::time::sleep(ACCEPT_BACKOFF).await;
+    }
+}
+
+fn accept_error_reason(e: &io::Error) -> &'static str {
+    use rustix::io::Errno;
+    match e.raw_os_error().map(Errno::from_raw_os_error) {
+        Some(Errno::MFILE | Errno::NFILE) => "fd_exhausted",
+        Some(Errno::NOBUFS | Errno::NOMEM) => "out_of_memory",
+        _ => "other",
+    }
+}
+
+fn http_builder(limits: &ConnectionLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_HEADER_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(limits.max_streams)
+        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    builder
+}
+
+struct Connection {
+    name: &'static str,
+    peer: SocketAddr,
+    tls: Option<TlsAcceptor>,
+    app: Router,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    limits: ConnectionLimits,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    /// Held for as long as the connection is open.
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Connection {
+    async fn run(self, tcp: TcpStream) {
+        let _open = self.metrics.connection_opened(self.name);
+        let _ = tcp.set_nodelay(true);
+        let Some(acceptor) = self.tls.clone() else {
+            return self.serve(tcp, ClientCertificate(false)).await;
+        };
+        let handshake = tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp));
+        let stream = tokio::select! {
+            () = self.shutdown.cancelled() => return,
+            handshake = handshake => match handshake {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    self.metrics.connection_refused(self.name, "tls_handshake_error");
+                    tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    self.metrics.connection_refused(self.name, "tls_handshake_timeout");
+                    tracing::debug!(listener = self.name, peer = %self.peer, "TLS handshake timed out");
+                    return;
+                }
+            },
+        };
+        let verified = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .is_some_and(|chain| !chain.is_empty());
+        self.serve(stream, ClientCertificate(verified)).await;
+    }
+
+    async fn serve<I>(self, io: I, certificate: ClientCertificate)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let (in_flight, idle) = watch::channel(0usize);
+        let in_flight = Arc::new(in_flight);
+        let peer = self.peer;
+        let app = self.app.clone();
+        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
+            request.extensions_mut().insert(ConnectInfo(peer));
+            request.extensions_mut().insert(certificate);
+            let busy = Busy::start(&in_flight);
+            let app = app.clone();
+            async move {
+                let response = app.oneshot(request).await;
+                drop(busy);
+                response
+            }
+        });
+        let connection = self.builder.serve_connection(TokioIo::new(io), service);
+        tokio::pin!(connection);
+        let reason = tokio::select! {
+            result = connection.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = idle_for(idle, self.limits.idle_timeout) => "idle",
+            () = self.shutdown.cancelled() => "shutdown",
+        };
+        self.metrics.connection_closed(self.name, reason);
+        tracing::debug!(listener = self.name, peer = %self.peer, reason, "closing connection");
+        connection.as_mut().graceful_shutdown();
+        if reason == "idle" {
+            let _ = tokio::time::timeout(IDLE_CLOSE_GRACE, connection).await;
+        } else {
+            // The listener's drain time bounds a shutdown.
+            let _ = connection.await;
+        }
+    }
+}
+
+/// A request in progress on a connection.
+struct Busy(Arc<watch::Sender<usize>>);
+
+impl Busy {
+    fn start(in_flight: &Arc<watch::Sender<usize>>) -> Busy {
+        in_flight.send_modify(|n| *n += 1);
+        Busy(Arc::clone(in_flight))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+/// Resolves once no request has been in progress for `idle`.
+async fn idle_for(mut in_flight: watch::Receiver<usize>, idle: Duration) {
+    loop {
+        if *in_flight.borrow_and_update() > 0 {
+            if in_flight.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            continue;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(idle) => return,
+            changed = in_flight.changed() => {
+                if changed.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+        }
+    }
+}
+
+/// The connection cap to use: `requested`, or by default the largest that
+/// fits the open-files limit (raised to its hard limit first) with
+/// `other_connections` and a reserve left over.
+pub(crate) fn connection_cap(requested: Option<usize>, other_connections: usize) -> usize {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    const DEFAULT: usize = 1024;
+    let mut limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        match setrlimit(Resource::Nofile, raised) {
+            Ok(()) => limit = raised,
+            Err(e) => tracing::debug!(error = %e, "cannot raise the open-files limit"),
+        }
+    }
+    let open_files = limit.current.unwrap_or(u64::MAX);
+    let fits = usize::try_from(open_files.saturating_sub(RESERVED_FDS))
+        .unwrap_or(usize::MAX)
+        .saturating_sub(other_connections);
+    match requested {
+        Some(n) => {
+            if n > fits {
+                tracing::warn!(
+                    max_connections = n,
+                    open_files,
+                    "--max-connections is above what the open-files limit leaves for connections ({fits}); accepts will fail with EMFILE before the cap is reached"
+                );
+            }
+            n
+        }
+        None => {
+            let cap = DEFAULT.min(fits).max(1);
+            if cap < DEFAULT {
+                tracing::warn!(
+                    max_connections = cap,
+                    open_files,
+                    "connection cap lowered to fit the open-files limit"
+                );
+            }
+            cap
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_exhaustion_is_recognised() {
+        let emfile = io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error());
+        assert_eq!(accept_error_reason(&emfile), "fd_exhausted");
+        let reset = io::Error::from(io::ErrorKind::ConnectionAborted);
+        assert_eq!(accept_error_reason(&reset), "other");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_only_counts_time_without_requests() {
+        let (tx, rx) = watch::channel(0usize);
+        let tx = Arc::new(tx);
+        let busy = Busy::start(&tx);
+        let idle = tokio::spawn(idle_for(rx, Duration::from_secs(10)));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(!idle.is_finished(), "a request is in progress");
+        drop(busy);
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert!(!idle.is_finished());
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert!(idle.is_finished());
+    }
+}
