@@ -158,6 +158,11 @@ fn webhook_readiness_never_waits_for_the_engine() {
             Some("opa") => {
                 assert!(probe.is_null(), "OPA gates nothing: {probe}");
                 assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/health");
+                // ... and outlives the webhook when the pod terminates.
+                let outlives = container["lifecycle"]["preStop"]["sleep"]["seconds"]
+                    .as_u64()
+                    .unwrap_or(0);
+                assert!(outlives >= 10, "OPA stays {outlives}s after SIGTERM");
             }
             Some("placement-sync") => {
                 assert!(probe.is_null(), "the sidecar gates nothing: {probe}");

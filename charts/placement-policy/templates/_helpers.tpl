@@ -89,6 +89,13 @@ capabilities:
     - --log-level=error
   ports:
     - {name: opa-diag, containerPort: 8282}
+  # On termination every container gets SIGTERM at once, but the webhook
+  # keeps answering for its --shutdown-delay and then finishes what is in
+  # flight: OPA must outlive it, or those reviews find no engine.
+  lifecycle:
+    preStop:
+      sleep:
+        seconds: 15
   # No readiness probe: a pod's readiness is the webhook's alone. An OPA that
   # hangs or lost its policies makes the webhook fail closed iff policies
   # exist; gating the pod on it would drop the Service's endpoints and deny
