@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use placement_tests::kubectl::apply_example_clusters;
-use placement_tests::{Cluster, POLICY_NAMESPACE, placed_clusters, wait_for};
+use placement_tests::{Cluster, POLICY_NAMESPACE, cluster, placed_clusters, wait_for};
 use serde_json::{Value, json};
 
 const RELEASE: &str = "placement-policy";
@@ -28,13 +28,22 @@ fn cluster() -> &'static Cluster {
     let cluster = Cluster::shared();
     IMPORTED.get_or_init(|| {
         cluster.import_project_images();
-        // The same images under a second tag, for the upgrade case.
-        for name in ["placement-webhook", "placement-sync"] {
-            let from = format!(
-                "localhost/placement-policy/{name}:{}",
-                env!("CARGO_PKG_VERSION")
-            );
-            let to = format!("{from}-next");
+        // The same images under a second tag, for the upgrade and rollout cases.
+        let version = env!("CARGO_PKG_VERSION");
+        for (from, to) in [
+            (
+                format!("localhost/placement-policy/placement-webhook:{version}"),
+                format!("localhost/placement-policy/placement-webhook:{version}-next"),
+            ),
+            (
+                format!("localhost/placement-policy/placement-sync:{version}"),
+                format!("localhost/placement-policy/placement-sync:{version}-next"),
+            ),
+            (
+                cluster::PAUSE_IMAGE.to_owned(),
+                format!("{}-b", cluster::PAUSE_IMAGE),
+            ),
+        ] {
             let out = cluster.ctr(&["images", "tag", "--force", &from, &to]);
             assert!(
                 out.status.success(),
@@ -342,6 +351,127 @@ fn helm_install_with_defaults_places_user_and_controller_workloads() {
         "measured: helm install to every pod Ready: {:?}",
         release.ready_after
     );
+}
+
+/// Case 2: a `Cluster` goes offline: every workload placed on it is
+/// re-placed, the one whose developer had asked for it too (with a Warning
+/// Event naming what to fix), and that workload's rollout (image change),
+/// scale and foreground deletion all complete; an update that brings no new
+/// violation passes with a warning naming the existing one.
+#[test]
+fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
+    let _serial = serial();
+    let release = Release::install(&[]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "offline");
+    let west1 = Some(vec!["gce-europe-west1".to_owned()]);
+
+    let plain = create(cluster, &eu_replicaset(&ns, "plain"));
+    assert_eq!(placed_clusters(&plain.object), eu_pci(), "{plain:?}");
+    let mut requested = eu_replicaset(&ns, "requested");
+    requested["metadata"]["annotations"][placement_tests::PREFS] =
+        json!(r#"{"clusters":{"gce-europe-west1":{"weight":1},"gce-europe-west2":{"weight":1}}}"#);
+    let requested = create(cluster, &requested);
+    assert_eq!(
+        placed_clusters(&requested.object),
+        eu_pci(),
+        "{requested:?}"
+    );
+    let mut deployment = eu_replicaset(&ns, "web");
+    deployment["kind"] = json!("Deployment");
+    deployment["spec"]["replicas"] = json!(1);
+    deployment["metadata"]["annotations"][placement_tests::PREFS] =
+        json!(r#"{"clusters":{"gce-europe-west1":{"weight":1},"gce-europe-west2":{"weight":1}}}"#);
+    let created = create(cluster, &deployment);
+    assert!(created.ok, "{}", created.stderr);
+    cluster.wait_rollout(&ns, "web");
+
+    set_phase(cluster, "gce-europe-west2", "offline");
+    let went_offline = Instant::now();
+    for (kind, name) in [("rs", "plain"), ("rs", "requested"), ("deployment", "web")] {
+        wait_for(
+            &format!("{kind}/{name} to leave the offline cluster"),
+            Duration::from_secs(60),
+            || {
+                (placed_clusters(&get_json(cluster, &[kind, "-n", &ns, name])) == west1)
+                    .then_some(())
+            },
+        );
+    }
+    eprintln!(
+        "measured: cluster offline to its workloads re-placed: {:?}",
+        went_offline.elapsed()
+    );
+    let events = cluster.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        &ns,
+        "--field-selector=involvedObject.name=requested,type=Warning",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        events.contains("gce-europe-west2"),
+        "a Warning Event tells the developer which requested cluster to drop: {events}"
+    );
+
+    // An update that adds no violation passes, warning about the one there.
+    let out = cluster.kubectl(&["label", "rs", "requested", "-n", &ns, "touched=yes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("gce-europe-west2"),
+        "warned about the existing violation: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // A new violation is still denied.
+    let out = cluster.kubectl(&[
+        "annotate",
+        "rs",
+        "requested",
+        "-n",
+        &ns,
+        "--overwrite",
+        &format!(
+            r#"{}={{"clusters":{{"gce-us-central1":{{"weight":1}}}}}}"#,
+            placement_tests::PREFS
+        ),
+    ]);
+    assert!(!out.status.success(), "a new violation is denied");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("gce-us-central1"));
+
+    // The Deployment's controller keeps working: rollout, scale, deletion.
+    cluster.kubectl_ok(&[
+        "set",
+        "image",
+        "deployment/web",
+        "-n",
+        &ns,
+        "app=registry.k8s.io/pause:3.10-b",
+    ]);
+    cluster.wait_rollout(&ns, "web");
+    cluster.kubectl_ok(&["scale", "deployment/web", "-n", &ns, "--replicas=2"]);
+    cluster.wait_rollout(&ns, "web");
+    cluster.kubectl_ok(&[
+        "delete",
+        "deployment",
+        "web",
+        "-n",
+        &ns,
+        "--cascade=foreground",
+        "--timeout=120s",
+    ]);
+    let left = cluster.kubectl_ok(&["get", "rs,pods", "-n", &ns, "-l", "app=web", "-o", "name"]);
+    assert!(
+        left.trim().is_empty(),
+        "the foreground deletion completed: {left}"
+    );
+    set_phase(cluster, "gce-europe-west2", "running");
 }
 
 /// Case 3: A webhook pod deleted while creates run: none fails. The remediation
