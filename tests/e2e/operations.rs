@@ -93,6 +93,21 @@ impl Release {
                     "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}",
                 ]);
                 assert_eq!(ready.trim(), "True", "{pod} is Ready");
+                // ... without a crash on the way (e.g. replicas racing to
+                // create the certificates).
+                let restarts = cluster.kubectl_ok(&[
+                    "get",
+                    "pod",
+                    &pod,
+                    "-n",
+                    NAMESPACE,
+                    "-o",
+                    "jsonpath={.status.containerStatuses[*].restartCount}",
+                ]);
+                assert!(
+                    restarts.split_whitespace().all(|n| n == "0"),
+                    "{pod} restarted: {restarts}"
+                );
             }
         }
         let ready_after = started.elapsed();

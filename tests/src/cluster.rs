@@ -20,8 +20,6 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
-
 use crate::process::{Process, wait_for};
 use crate::{repo_root, scratch_dir};
 
@@ -175,7 +173,6 @@ pub struct Cluster {
     /// The host's end of the link to the node.
     pub host_ip: Ipv4Addr,
     cgroup_root: String,
-    ca_pem: String,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -223,14 +220,13 @@ impl Cluster {
         let dir = scratch_dir("cluster");
         let namespaces = NodeNamespaces::create(&dir);
         let (host_ip, node_ip) = link_addresses(namespaces.init_pid);
-        let mut cluster = Cluster {
+        let cluster = Cluster {
             cgroup_root: format!("{CGROUP_PREFIX}{}", namespaces.init_pid),
             dir,
             components: Mutex::new(Vec::new()),
             namespaces,
             node_ip,
             host_ip,
-            ca_pem: String::new(),
         };
         cluster.prepare_node();
         cluster.write_credentials();
@@ -264,13 +260,8 @@ impl Cluster {
         self.dir.join("kubeconfig-admin")
     }
 
-    /// The CA of the API server (PEM).
-    pub fn ca_pem(&self) -> &str {
-        &self.ca_pem
-    }
-
     /// Run a command in the node's namespaces and wait for it.
-    pub fn node_exec(&self, program: &Path, args: &[&str]) -> Output {
+    fn node_exec(&self, program: &Path, args: &[&str]) -> Output {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         Command::new(host_tool("nsenter"))
             .args(self.namespaces.command_args(program, &args))
@@ -386,7 +377,7 @@ echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
     }
 
     /// CA, serving certificate, service-account key, tokens and kubeconfigs.
-    fn write_credentials(&mut self) {
+    fn write_credentials(&self) {
         let ca = placement_certs::Ca::generate("testbed-cluster-ca").expect("cluster CA");
         let serving = ca
             .issue_serving(&[
@@ -400,7 +391,6 @@ echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
                 "kubernetes.default.svc.cluster.local".into(),
             ])
             .expect("apiserver serving certificate");
-        self.ca_pem = ca.cert_pem().to_owned();
         write(&self.dir.join("ca.crt"), ca.cert_pem());
         write(&self.dir.join("apiserver.crt"), &serving.cert_pem);
         write(&self.dir.join("apiserver.key"), &serving.key_pem);
@@ -714,17 +704,6 @@ conntrack:
         for name in ["placement-webhook", "placement-sync", "opa"] {
             self.import_image(&images_dir().join(format!("{name}.oci.tar")));
         }
-    }
-
-    /// A kube client for the administrator (bound to the calling test's runtime).
-    pub async fn client(&self) -> kube::Client {
-        crate::install_crypto();
-        let kubeconfig = Kubeconfig::read_from(self.kubeconfig()).expect("read kubeconfig");
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .expect("kubeconfig");
-        kube::Client::try_from(config).expect("kube client")
     }
 
     /// Run kubectl as the administrator.

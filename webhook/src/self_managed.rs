@@ -210,16 +210,24 @@ pub async fn start(
         verifier,
     };
     // Serving needs a certificate: retry until one is there, saying why not.
-    let (material, _) = loop {
+    // (A replica that lost the race to fill an empty Secret reads the
+    // winner's next round.)
+    let (material, server_config) = loop {
         match controller.reconcile().await {
-            Ok(done) => break done,
+            Ok((material, next)) => match controller.server_config(&material) {
+                Ok(config) => break (material, config),
+                Err(e) => {
+                    tracing::info!(error = %e, "no usable certificate in the Secret yet");
+                    tokio::time::sleep(next.min(RETRY)).await;
+                }
+            },
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?RETRY, "self-managed certificates are not ready");
                 tokio::time::sleep(RETRY).await;
             }
         }
     };
-    let config = TlsSettings::new(Arc::new(controller.server_config(&material)?));
+    let config = TlsSettings::new(Arc::new(server_config));
     controller.serving = Some((material.tls_cert.clone(), material.tls_key.clone()));
     tracing::info!(secret = %controller.secret, names = ?controller.names, "serving the self-managed certificate");
     tokio::spawn(controller.run(config.clone()));
