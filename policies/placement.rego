@@ -51,10 +51,10 @@
 #      {"rebalance": false, "clusters": {"a": {"weight": 1}}}) requests the clusters
 #      named by the keys of "clusters". A requested cluster that is not allowed is
 #      an error ("requested replica-set-preferences includes invalid clusters: ...")
-#      and the request is denied; otherwise the selection is the requested
-#      clusters (the intersection of request and policy). An empty "clusters"
-#      object requests nothing. A value that is not JSON, or has no object
-#      "clusters", is an error.
+#      and the request is denied; the selection is the requested clusters that
+#      are allowed (the intersection of request and policy: the policy says which
+#      clusters MAY be used). An empty "clusters" object requests nothing. A value
+#      that is not JSON, or has no object "clusters", is an error.
 #   5. Even spreading (phase 1): the selected clusters (the requested ones, or
 #      every allowed cluster when nothing was requested) get equal weight. The
 #      answer is the annotation `federation.kubernetes.io/replica-set-preferences`
@@ -62,21 +62,30 @@
 #      developer's "rebalance" when it is a boolean, else true.
 #   6. No allowed cluster at all is an error ("no cluster satisfies the placement
 #      requirements (...)").
-#   The annotation is only given when there is no error. When an annotation value
-#   of rules 2-3 is invalid, only that error is reported (the allowed clusters are
-#   not known, so rules 4 and 6 are not checked).
+#   The annotation is given when there is no error, and also when the only
+#   errors are requested clusters that are not allowed while some requested
+#   cluster is (the seed's conflict example: errors and the intersection). A new
+#   request of a forbidden cluster is still denied, but a workload placed
+#   earlier whose requested cluster has gone offline since is re-placed on the
+#   rest by remediation, and its developer told what to fix. When an annotation
+#   value of rules 2-3 is invalid, only that error is reported (the allowed
+#   clusters are not known, so rules 4 and 6 are not checked).
+#
+#   Both values are undefined, and so is the decision, when the rules package is
+#   not loaded: a policy set missing a module it depends on never reads as
+#   "nothing to place" (the webhook fails closed iff policies exist).
 package io.k8s.federation.admission
 
 import data.io.k8s.federation.placement
 
-# Rule 5: the placement annotation, when the workload is admitted.
-annotations["federation.kubernetes.io/replica-set-preferences"] := placement.preferences if {
+# Rule 5: the placement annotation (see above for when it is given).
+annotations := {"federation.kubernetes.io/replica-set-preferences": placement.preferences} if {
 	placement.workload
-	count(placement.errors) == 0
-}
+	count(placement.selected) > 0
+	count(placement.errors - placement.request_conflicts) == 0
+} else := {} if placement.loaded
 
 # Rules 2-4 and 6: every reason the workload cannot be placed.
-errors contains msg if {
-	placement.workload
-	some msg in placement.errors
-}
+errors := placement.errors if placement.workload
+
+else := set() if placement.loaded

@@ -8,6 +8,10 @@
 # The tests in placement_test.rego pin down the behaviour.
 package io.k8s.federation.placement
 
+# Always true: the admission package's decision is undefined without this
+# package (a policy set missing it must not read as "nothing to place").
+loaded := true
+
 # Workload kinds this policy places; the admission package asks for nothing else.
 workload if input.kind in {"ReplicaSet", "Deployment"}
 
@@ -160,8 +164,9 @@ errors contains msg if {
 	)
 }
 
-# Rule 4: every requested cluster must be allowed.
-errors contains msg if {
+# Rule 4: every requested cluster must be allowed. (A conflict: the allowed
+# part of the request still gives the placement; see placement.rego.)
+request_conflicts contains msg if {
 	requirements_valid
 	invalid := requested - allowed
 	count(invalid) > 0
@@ -170,6 +175,8 @@ errors contains msg if {
 		[concat(", ", sort(invalid))],
 	)
 }
+
+errors contains msg if some msg in request_conflicts
 
 # Rule 6: at least one cluster must be allowed.
 errors contains msg if {

@@ -82,7 +82,10 @@ test_seed_example_with_shipped_example_registry if {
 	count(doc.errors) == 0
 }
 
-test_seed_forbidden_example_is_denied if {
+# The seed's conflict example: the request is denied (errors), and the decision
+# also carries the intersection, which remediation applies to a workload placed
+# before its requested cluster became invalid.
+test_seed_forbidden_example_is_denied_with_the_intersection if {
 	doc := admission with input as rs({
 		eu_key: "true",
 		pci_key: "2",
@@ -90,9 +93,46 @@ test_seed_forbidden_example_is_denied if {
 	})
 		with data.kubernetes.clusters as registry
 	doc == {
+		"annotations": {prefs_key: placement({"gce-europe-west1"}, true)},
+		"errors": {"requested replica-set-preferences includes invalid clusters: gce-us-central1"},
+	}
+}
+
+test_a_requested_cluster_gone_offline_leaves_the_rest if {
+	offline := object.union(registry, {"gce-europe-west2": cluster("gce-europe-west2", "europe-west2", pci("3"), "offline")})
+	doc := admission with input as rs({
+		eu_key: "true",
+		pci_key: "2",
+		prefs_key: `{"clusters":{"gce-europe-west1":{"weight":1},"gce-europe-west2":{"weight":1}}}`,
+	})
+		with data.kubernetes.clusters as offline
+	doc.errors == {"requested replica-set-preferences includes invalid clusters: gce-europe-west2"}
+	placed_on(doc) == {"gce-europe-west1"}
+}
+
+test_no_intersection_gives_no_annotation if {
+	doc := admission with input as rs({eu_key: "true", prefs_key: `{"clusters":{"gce-us-central1":{}}}`})
+		with data.kubernetes.clusters as registry
+	doc == {
 		"annotations": {},
 		"errors": {"requested replica-set-preferences includes invalid clusters: gce-us-central1"},
 	}
+}
+
+# A policy set missing the rules package is not "nothing to place": the
+# decision is undefined, so the webhook fails closed iff policies exist.
+test_decision_is_undefined_without_its_rules_package if {
+	doc := admission with input as rs({eu_key: "true"})
+		with data.kubernetes.clusters as registry
+		with data.io.k8s.federation.placement as {}
+	not "annotations" in object.keys(doc)
+	not "errors" in object.keys(doc)
+}
+
+test_decision_for_other_kinds_is_defined_and_empty if {
+	doc := admission with input as {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
+		with data.kubernetes.clusters as registry
+	doc == {"annotations": {}, "errors": set()}
 }
 
 test_document_has_exactly_annotations_and_errors if {
@@ -372,7 +412,7 @@ test_requested_invalid_clusters_are_denied_sorted if {
 		prefs_key: `{"clusters": {"gce-us-central1": {}, "aws-eu-central-1": {}, "gce-europe-north1": {}, "nowhere": {}, "gce-europe-west1": {}}}`,
 	})
 		with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": {
+	doc == {"annotations": {prefs_key: placement({"gce-europe-west1"}, true)}, "errors": {
 		"requested replica-set-preferences includes invalid clusters: aws-eu-central-1, gce-europe-north1, gce-us-central1, nowhere",
 	}}
 }

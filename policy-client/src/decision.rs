@@ -18,6 +18,12 @@ pub struct Decision {
 pub enum DecisionError {
     #[error("policy decision must be a JSON object with `annotations` and `errors`, got {0}")]
     NotAnObject(&'static str),
+    /// The decision package is there but not this value: the policy set is
+    /// incomplete (e.g. a module its rules live in is not loaded). Never "none".
+    #[error(
+        "policy decision has no `{0}`: the policy is incomplete (is a module it depends on missing?)"
+    )]
+    Missing(&'static str),
     #[error("policy decision field `annotations` must be an object, got {0}")]
     AnnotationsNotAnObject(&'static str),
     #[error("policy decision field `errors` must be an array (or a set) of messages, got {0}")]
@@ -28,15 +34,17 @@ impl Decision {
     /// Parse the result document of the decision query.
     ///
     /// Annotation values that are strings are used as they are; any other JSON value
-    /// is serialized compactly, because Kubernetes annotations are strings. Missing
-    /// or `null` `annotations`/`errors` mean none. Error entries that are not strings
-    /// are serialized compactly so that no message is lost.
+    /// is serialized compactly, because Kubernetes annotations are strings. Both
+    /// fields must be there (empty when there is nothing): a decision without one
+    /// comes from an incomplete policy set and is never read as "nothing to
+    /// place". Error entries that are not strings are serialized compactly so
+    /// that no message is lost.
     pub fn from_result(result: &Value) -> Result<Self, DecisionError> {
         let Value::Object(fields) = result else {
             return Err(DecisionError::NotAnObject(json_type(result)));
         };
         let annotations = match fields.get("annotations") {
-            None | Some(Value::Null) => BTreeMap::new(),
+            None | Some(Value::Null) => return Err(DecisionError::Missing("annotations")),
             Some(Value::Object(map)) => map
                 .iter()
                 .map(|(k, v)| (k.clone(), annotation_value(v)))
@@ -44,7 +52,7 @@ impl Decision {
             Some(other) => return Err(DecisionError::AnnotationsNotAnObject(json_type(other))),
         };
         let errors = match fields.get("errors") {
-            None | Some(Value::Null) => Vec::new(),
+            None | Some(Value::Null) => return Err(DecisionError::Missing("errors")),
             Some(Value::Array(items)) => items.iter().map(annotation_value).collect(),
             Some(other) => return Err(DecisionError::ErrorsNotAnArray(json_type(other))),
         };
@@ -93,7 +101,8 @@ mod tests {
                 "d": true,
                 "e": null,
                 "f": ["x", "y"]
-            }
+            },
+            "errors": []
         }))
         .unwrap();
         assert_eq!(d.annotations["a"], "plain");
@@ -110,10 +119,17 @@ mod tests {
     }
 
     #[test]
-    fn missing_fields_mean_none() {
-        let d = Decision::from_result(&json!({})).unwrap();
-        assert_eq!(d, Decision::default());
-        let d = Decision::from_result(&json!({"annotations": null, "errors": null})).unwrap();
+    fn missing_fields_are_an_incomplete_policy_not_none() {
+        // What OPA answers for the shipped decision package without its rules.
+        assert_eq!(
+            Decision::from_result(&json!({})),
+            Err(DecisionError::Missing("annotations"))
+        );
+        assert_eq!(
+            Decision::from_result(&json!({"annotations": {}, "errors": null})),
+            Err(DecisionError::Missing("errors"))
+        );
+        let d = Decision::from_result(&json!({"annotations": {}, "errors": []})).unwrap();
         assert_eq!(d, Decision::default());
     }
 
@@ -136,14 +152,14 @@ mod tests {
             Err(DecisionError::NotAnObject("a string"))
         );
         assert_eq!(
-            Decision::from_result(&json!({"annotations": ["a"]})),
+            Decision::from_result(&json!({"annotations": ["a"], "errors": []})),
             Err(DecisionError::AnnotationsNotAnObject("an array"))
         );
         assert_eq!(
-            Decision::from_result(&json!({"errors": "bad"})),
+            Decision::from_result(&json!({"annotations": {}, "errors": "bad"})),
             Err(DecisionError::ErrorsNotAnArray("a string"))
         );
-        let msg = Decision::from_result(&json!({"errors": {"a": 1}}))
+        let msg = Decision::from_result(&json!({"annotations": {}, "errors": {"a": 1}}))
             .unwrap_err()
             .to_string();
         assert!(msg.contains("`errors` must be an array"), "{msg}");

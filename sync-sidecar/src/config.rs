@@ -10,6 +10,7 @@ use policy_client::{DEFAULT_DECISION_PATH, Token};
 
 use crate::error::SyncError;
 use crate::gvr::Gvr;
+use crate::scope::Scope;
 
 /// Default namespace whose ConfigMaps hold the Rego modules.
 pub const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
@@ -116,6 +117,25 @@ pub struct Args {
     )]
     pub remediate: Vec<Gvr>,
 
+    /// Namespaces whose workloads are never remediated, comma-separated: the
+    /// webhook configuration's excluded namespaces.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_SCOPE_EXCLUDE_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub scope_exclude_namespaces: Vec<String>,
+
+    /// Only workloads in namespaces matching this label selector are remediated
+    /// (the webhook configuration's namespaceSelector).
+    #[arg(long, env = "PLACEMENT_SYNC_SCOPE_NAMESPACE_SELECTOR")]
+    pub scope_namespace_selector: Option<String>,
+
+    /// Only workloads matching this label selector are remediated (the webhook
+    /// configuration's objectSelector).
+    #[arg(long, env = "PLACEMENT_SYNC_SCOPE_OBJECT_SELECTOR")]
+    pub scope_object_selector: Option<String>,
+
     /// Maximum remediation patches per second (0 = unlimited).
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
     pub remediation_rate: f64,
@@ -204,6 +224,8 @@ pub struct Settings {
     pub remediate: Vec<Gvr>,
     pub remediation_rate: f64,
     pub remediation_debounce: Duration,
+    /// What the remediator acts on.
+    pub scope: Scope,
     /// `None` when leader election is off (this replica always remediates).
     pub leader: Option<LeaderSettings>,
     pub listen: SocketAddr,
@@ -348,6 +370,19 @@ impl Settings {
             remediate: args.remediate,
             remediation_rate: args.remediation_rate,
             remediation_debounce: args.remediation_debounce,
+            scope: Scope {
+                excluded_namespaces: args
+                    .scope_exclude_namespaces
+                    .iter()
+                    .map(|s| s.trim())
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                namespace_selector: args
+                    .scope_namespace_selector
+                    .filter(|s| !s.trim().is_empty()),
+                object_selector: args.scope_object_selector.filter(|s| !s.trim().is_empty()),
+            },
             leader,
             listen: args.listen,
             engine_check_interval: args.engine_check_interval,

@@ -24,6 +24,7 @@ pub mod policies;
 pub mod queue;
 pub mod remediator;
 mod replicator;
+pub mod scope;
 pub mod server;
 pub mod state;
 
@@ -241,6 +242,7 @@ impl Sidecar {
                     types: settings.remediate.clone(),
                     rate: settings.remediation_rate,
                     debounce: settings.remediation_debounce,
+                    scope: settings.scope.clone(),
                     query_timeout: settings.opa_timeout,
                     trigger: trigger.clone(),
                     leader,

@@ -38,6 +38,7 @@ use crate::error::SyncError;
 use crate::gvr::Gvr;
 use crate::metrics::Metrics;
 use crate::queue::Backoff;
+use crate::scope::{Scope, ScopeFilter};
 use crate::state::SyncState;
 
 /// Field manager of remediation patches.
@@ -49,12 +50,17 @@ pub enum Assessment {
     /// The object carries what the decision asks for.
     Placed,
     /// The annotations differ; `patch` fixes them, `changed` names the annotation
-    /// keys whose values change (the ownership record left out).
+    /// keys whose values change (the ownership record left out). `conflicts`:
+    /// errors the policy reports beside its annotations (the developer's request
+    /// conflicts with the policy, e.g. a requested cluster went offline); the
+    /// policy's annotations still apply, and the developer is told what to fix.
     Stale {
         patch: json_patch::Patch,
         changed: Vec<String>,
+        conflicts: Vec<String>,
     },
-    /// The policy reports errors: the object cannot be placed.
+    /// The policy reports errors and no annotations: the object cannot be
+    /// placed, and keeps what it has.
     Unplaceable(Vec<String>),
     /// No decision (the engine has no policy at the decision path).
     Undefined,
@@ -73,10 +79,14 @@ pub fn assess(object: &Value, outcome: &QueryOutcome) -> Assessment {
         Ok(d) => d,
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
-    if decision.is_denied() {
+    // Errors without annotations leave the object as it is: planning a patch
+    // from an empty decision would hand the policy's values back to the
+    // developer's request.
+    if decision.is_denied() && decision.annotations.is_empty() {
         return Assessment::Unplaceable(decision.errors);
     }
     let patch = match plan_patch(object, &decision) {
+        Ok(None) if decision.is_denied() => return Assessment::Unplaceable(decision.errors),
         Ok(None) => return Assessment::Placed,
         Ok(Some(patch)) => patch,
         Err(e) => return Assessment::Invalid(e.to_string()),
@@ -93,7 +103,11 @@ pub fn assess(object: &Value, outcome: &QueryOutcome) -> Assessment {
             .collect(),
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
-    Assessment::Stale { patch, changed }
+    Assessment::Stale {
+        patch,
+        changed,
+        conflicts: decision.errors,
+    }
 }
 
 /// `patch` preceded by a test that the object is still at `resource_version`.
@@ -196,6 +210,7 @@ pub(crate) struct RemediatorContext {
     pub(crate) types: Vec<Gvr>,
     pub(crate) rate: f64,
     pub(crate) debounce: Duration,
+    pub(crate) scope: Scope,
     pub(crate) query_timeout: Duration,
     pub(crate) trigger: Arc<Notify>,
     pub(crate) leader: watch::Receiver<bool>,
@@ -205,6 +220,7 @@ pub(crate) struct RemediatorContext {
 struct Remediator {
     ctx: RemediatorContext,
     targets: Vec<Target>,
+    scope: ScopeFilter,
     limiter: RateLimiter,
     /// Objects patched from a resourceVersion the cache still shows: skipped until
     /// the cache catches up, so the same patch is not sent twice.
@@ -228,7 +244,7 @@ pub(crate) async fn run(
         let writer: Writer<DynamicObject> = Writer::new(resource.clone());
         let store = writer.as_reader();
         let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
-        let stream = watcher(api.clone(), watcher::Config::default())
+        let stream = watcher(api.clone(), ctx.scope.watch_config())
             .default_backoff()
             .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
             .reflect(writer);
@@ -263,10 +279,12 @@ pub(crate) async fn run(
             _ = cancel.cancelled() => return Ok(()),
         }
     }
+    let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
     let remediator = Remediator {
         limiter: RateLimiter::new(ctx.rate),
         ctx,
         targets,
+        scope,
         in_flight: std::sync::Mutex::new(HashMap::new()),
         pass_events: std::sync::Mutex::new(Vec::new()),
     };
@@ -367,6 +385,7 @@ impl Remediator {
             .iter()
             .enumerate()
             .flat_map(|(i, t)| t.store.state().into_iter().map(move |o| (i, o)))
+            .filter(|(_, o)| self.scope.admits(o))
             .collect();
         self.forget_caught_up();
         // Objects are evaluated and patched concurrently (PATCH round trips, which
@@ -462,7 +481,11 @@ impl Remediator {
                 self.event(i, &object, EventType::Warning, "PlacementRejected", note);
                 Step::Unplaceable
             }
-            Assessment::Stale { patch, changed } => match self.ctx.mode {
+            Assessment::Stale {
+                patch,
+                changed,
+                conflicts,
+            } => match self.ctx.mode {
                 RemediationMode::Auto if self.is_in_flight(i, &object) => {
                     // Patched already; the cache has not seen the result yet.
                     Step::InFlight
@@ -486,6 +509,18 @@ impl Remediator {
                         return Step::Aborted;
                     }
                     match self.patch(i, &object, &patch).await {
+                        Ok(true) if !conflicts.is_empty() => {
+                            let note = format!(
+                                "re-placed where the policy allows (updated {}), but the request conflicts with the policy; fix it: {}",
+                                changed.join(", "),
+                                conflicts.join("; ")
+                            );
+                            self.event(i, &object, EventType::Warning, "PlacementConflict", note);
+                            Step::Stale {
+                                patched: true,
+                                failed: false,
+                            }
+                        }
                         Ok(true) => {
                             let note =
                                 format!("updated placement annotations: {}", changed.join(", "));
@@ -659,7 +694,7 @@ mod tests {
     const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
 
     fn decision(prefs: &str) -> QueryOutcome {
-        QueryOutcome::Defined(json!({"annotations": {PREFS: prefs}}))
+        QueryOutcome::Defined(json!({"annotations": {PREFS: prefs}, "errors": []}))
     }
 
     fn apply(object: &Value, patch: &json_patch::Patch) -> Value {
@@ -673,7 +708,7 @@ mod tests {
         let object =
             json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7"}});
         let outcome = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
-        let Assessment::Stale { patch, changed } = assess(&object, &outcome) else {
+        let Assessment::Stale { patch, changed, .. } = assess(&object, &outcome) else {
             panic!("expected stale");
         };
         assert_eq!(changed, [PREFS]);
@@ -710,7 +745,7 @@ mod tests {
         );
         // The policy now allows both: the object goes back to the developer's request.
         let second = decision(developer_prefs);
-        let Assessment::Stale { patch, changed } = assess(&placed, &second) else {
+        let Assessment::Stale { patch, changed, .. } = assess(&placed, &second) else {
             panic!("expected stale")
         };
         assert_eq!(changed, [PREFS]);
@@ -730,7 +765,9 @@ mod tests {
         assert_eq!(
             assess(
                 &object,
-                &QueryOutcome::Defined(json!({"errors": ["no cluster allowed"]}))
+                &QueryOutcome::Defined(
+                    json!({"annotations": {}, "errors": ["no cluster allowed"]})
+                )
             ),
             Assessment::Unplaceable(vec!["no cluster allowed".into()])
         );
@@ -745,14 +782,50 @@ mod tests {
         assert!(matches!(
             assess(
                 &object,
-                &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}}))
+                &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}, "errors": []}))
             ),
             Assessment::Invalid(_)
         ));
-        assert_eq!(
+        // A decision without `errors` (or `annotations`) is an incomplete policy.
+        assert!(matches!(
             assess(&object, &QueryOutcome::Defined(json!({"annotations": {}}))),
+            Assessment::Invalid(_)
+        ));
+        assert_eq!(
+            assess(
+                &object,
+                &QueryOutcome::Defined(json!({"annotations": {}, "errors": []}))
+            ),
             Assessment::Placed
         );
+    }
+
+    /// The seed's conflict: errors and the intersection. The object is
+    /// re-placed on the intersection, the errors kept for the developer; once
+    /// re-placed it is unplaceable-as-is, not stale again.
+    #[test]
+    fn a_conflict_re_places_on_the_policys_annotations_and_names_the_errors() {
+        let object = json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "3",
+            "annotations": {PREFS: r#"{"clusters":{"a":{"weight":1},"b":{"weight":1}}}"#}}});
+        let outcome = QueryOutcome::Defined(json!({
+            "annotations": {PREFS: {"clusters": {"a": {"weight": 1}}, "rebalance": true}},
+            "errors": ["requested replica-set-preferences includes invalid clusters: b"]
+        }));
+        let Assessment::Stale {
+            patch, conflicts, ..
+        } = assess(&object, &outcome)
+        else {
+            panic!("a conflict is stale")
+        };
+        assert_eq!(
+            conflicts,
+            vec!["requested replica-set-preferences includes invalid clusters: b"]
+        );
+        let placed = apply(&object, &patch);
+        assert!(matches!(
+            assess(&placed, &outcome),
+            Assessment::Unplaceable(_)
+        ));
     }
 
     #[test]

@@ -364,3 +364,63 @@ fn deploy_is_accepted_by_the_api_server() {
         assert!(created.contains(kind), "{kind} in {created}");
     }
 }
+
+/// The webhook and the remediator act on one set of objects: what the webhook
+/// configurations select is what the remediator is told to remediate.
+#[test]
+fn webhook_and_remediator_act_on_the_same_set() {
+    let docs = render(&[
+        "scope.excludedNamespaces={team-x}",
+        "scope.namespaceSelector.matchLabels.placement=enabled",
+        "scope.objectSelector.matchLabels.tier=web",
+        "scope.resources={apps/v1/replicasets}",
+    ]);
+    let remediator = named(&docs, "Deployment", "placement-policy-remediator");
+    let sync = containers(remediator)
+        .into_iter()
+        .find(|c| c["name"] == "placement-sync")
+        .expect("the remediator's sidecar");
+    let flags = args(sync);
+    for flag in [
+        "--scope-exclude-namespaces=placement-system,kube-federation-scheduling-policy,team-x",
+        "--scope-namespace-selector=placement=enabled",
+        "--scope-object-selector=tier=web",
+        "--remediate=apps/v1/replicasets",
+    ] {
+        assert!(flags.contains(&flag.to_owned()), "{flag} in {flags:?}");
+    }
+    for kind in [
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    ] {
+        let hook = &named(&docs, kind, "placement-policy")["webhooks"][0];
+        assert_eq!(
+            hook["namespaceSelector"]["matchLabels"]["placement"], "enabled",
+            "{kind}"
+        );
+        assert_eq!(
+            hook["objectSelector"]["matchLabels"]["tier"], "web",
+            "{kind}"
+        );
+        assert_eq!(
+            hook["namespaceSelector"]["matchExpressions"][0]["values"],
+            serde_json::json!([
+                "placement-system",
+                "kube-federation-scheduling-policy",
+                "team-x"
+            ]),
+            "{kind}"
+        );
+        assert_eq!(hook["rules"].as_array().map(Vec::len), Some(1), "{kind}");
+        assert_eq!(hook["rules"][0]["resources"][0], "replicasets", "{kind}");
+    }
+    let role = named(&docs, "ClusterRole", "placement-policy-remediator");
+    assert!(
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["resources"][0] == "namespaces"),
+        "the remediator may see the namespaces the selector admits"
+    );
+}

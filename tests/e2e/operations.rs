@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use placement_tests::kubectl::apply_example_clusters;
-use placement_tests::{Cluster, POLICY_NAMESPACE, cluster, placed_clusters, wait_for};
+use placement_tests::{Cluster, POLICY_NAMESPACE, cluster, placed_clusters, repo_root, wait_for};
 use serde_json::{Value, json};
 
 const RELEASE: &str = "placement-policy";
@@ -843,6 +843,46 @@ fn certificates_rotate_while_creates_run() {
         "creates failed during rotation:\n{}",
         failures.join("\n")
     );
+}
+
+/// Case 7: the embedded engine (no OPA): the webhook alone evaluates the
+/// shipped policy from its ConfigMap volume, with the cluster registry from a
+/// ConfigMap of data, in a read-only pod.
+#[test]
+fn embedded_engine_install_places_workloads() {
+    let _serial = serial();
+    let cluster = cluster();
+    // The registry as data, beside the release (pods mount only their own
+    // namespace's ConfigMaps).
+    let _ = cluster.kubectl(&["create", "namespace", NAMESPACE]);
+    let registry = repo_root().join("policies/kubernetes/clusters/data.json");
+    let _ = cluster.kubectl(&["delete", "configmap", "clusters", "-n", NAMESPACE]);
+    cluster.kubectl_ok(&[
+        "create",
+        "configmap",
+        "clusters",
+        "-n",
+        NAMESPACE,
+        &format!("--from-file=clusters.json={}", registry.display()),
+    ]);
+    let release = Release::install(&[
+        "engine.type=embedded",
+        "engine.embedded.dataConfigMap=clusters",
+        "engine.embedded.dataItems[0].key=clusters.json",
+        "engine.embedded.dataItems[0].path=kubernetes/clusters/data.json",
+    ]);
+    let ns = workload_namespace(cluster, "embedded");
+    let created = create(cluster, &eu_replicaset(&ns, "nginx-eu"));
+    assert!(created.ok, "{}", created.stderr);
+    assert_eq!(placed_clusters(&created.object), eu_pci(), "{created:?}");
+    let mut forbidden = eu_replicaset(&ns, "forbidden");
+    forbidden["metadata"]["annotations"][placement_tests::PREFS] =
+        json!(r#"{"clusters":{"gce-us-central1":{"weight":1}}}"#);
+    let denied = create(cluster, &forbidden);
+    assert!(!denied.ok, "denied: {denied:?}");
+    assert!(denied.stderr.contains("gce-us-central1"), "{}", denied.stderr);
+    drop(release);
+    let _ = cluster.kubectl(&["delete", "configmap", "clusters", "-n", NAMESPACE]);
 }
 
 fn set_phase(cluster: &Cluster, name: &str, phase: &str) {

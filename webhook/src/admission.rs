@@ -195,14 +195,42 @@ impl Admission {
                 Outcome::Malformed,
             );
         };
+        // An object being deleted only loses finalizers and owners: deletions
+        // always complete (the webhook configurations skip these too).
+        if object
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null())
+        {
+            return (AdmissionResponse::allow(uid), Outcome::Skipped);
+        }
         match self.place(request, object).await {
-            Ok(Placement::Denied(errors)) => {
-                let message = format!("placement policy denied the request: {}", errors.join("; "));
+            Ok(Placement::Denied { new, existing }) => {
+                let mut message =
+                    format!("placement policy denied the request: {}", new.join("; "));
+                if !existing.is_empty() {
+                    message.push_str(&format!(
+                        " (already reported for the stored object: {})",
+                        existing.join("; ")
+                    ));
+                }
                 self.events.emit(request, "PlacementDenied", &message);
                 (
                     AdmissionResponse::deny(uid, 403, "Forbidden", message),
                     Outcome::Denied,
                 )
+            }
+            Ok(Placement::Tolerated { patch, existing }) => {
+                let message = format!(
+                    "placement-policy: admitted although the policy reports, as it did before this update: {}",
+                    existing.join("; ")
+                );
+                self.events.emit(request, "PlacementViolation", &message);
+                let response = AdmissionResponse::allow(uid).with_warning(message);
+                let response = match patch {
+                    Some(patch) if mode == Mode::Mutate => response.with_patch(&patch),
+                    _ => response,
+                };
+                (response, Outcome::Tolerated)
             }
             Ok(Placement::Patch(Some(patch))) if mode == Mode::Mutate => (
                 AdmissionResponse::allow(uid).with_patch(&patch),
@@ -264,8 +292,40 @@ impl Admission {
         request: &AdmissionRequest,
         object: &Value,
     ) -> Result<Placement, PlacementFailure> {
-        let input = policy_input(request, object);
         let deadline = Instant::now() + self.settings.engine_deadline;
+        let decision = self.decision(request, object, deadline).await?;
+        if !decision.is_denied() {
+            return Ok(Placement::Patch(plan_patch(object, &decision)?));
+        }
+        // An UPDATE that adds no violation is not denied (Kyverno's
+        // allowExistingViolations): the controllers that scale, roll out and
+        // finalize a workload whose placement became invalid must go on.
+        let existing = match (&request.operation, &request.old_object) {
+            (Operation::Update, Some(old)) => self.decision(request, old, deadline).await?.errors,
+            _ => Vec::new(),
+        };
+        let (existing, new): (Vec<String>, Vec<String>) = decision
+            .errors
+            .iter()
+            .cloned()
+            .partition(|error| existing.contains(error));
+        if new.is_empty() {
+            return Ok(Placement::Tolerated {
+                patch: plan_patch(object, &decision)?,
+                existing,
+            });
+        }
+        Ok(Placement::Denied { new, existing })
+    }
+
+    /// The policy's decision for `object` under `request`'s metadata.
+    async fn decision(
+        &self,
+        request: &AdmissionRequest,
+        object: &Value,
+        deadline: Instant,
+    ) -> Result<Decision, PlacementFailure> {
+        let input = policy_input(request, object);
         let outcome = self
             .engine
             .query(&self.settings.decision_path, &input, deadline)
@@ -276,16 +336,22 @@ impl Admission {
                 path: self.settings.decision_path.replace('/', "."),
             });
         };
-        let decision = Decision::from_result(&result)?;
-        if decision.is_denied() {
-            return Ok(Placement::Denied(decision.errors));
-        }
-        Ok(Placement::Patch(plan_patch(object, &decision)?))
+        Ok(Decision::from_result(&result)?)
     }
 }
 
 enum Placement {
-    Denied(Vec<String>),
+    /// The policy's errors, those this request introduces first.
+    Denied {
+        new: Vec<String>,
+        existing: Vec<String>,
+    },
+    /// An UPDATE whose errors the stored object already had: admitted, with the
+    /// policy's annotations.
+    Tolerated {
+        patch: Option<json_patch::Patch>,
+        existing: Vec<String>,
+    },
     Patch(Option<json_patch::Patch>),
 }
 

@@ -19,6 +19,9 @@ pub enum Outcome {
     Unchanged,
     /// Denied by the policy's `errors`.
     Denied,
+    /// An UPDATE allowed although the policy reports errors, because the old
+    /// object had the same ones (it adds no violation); with a warning.
+    Tolerated,
     /// No decision, denied because policies exist.
     FailedClosed,
     /// No decision, admitted because no policy exists.
@@ -35,6 +38,7 @@ impl Outcome {
             Outcome::Patched => "patched",
             Outcome::Unchanged => "unchanged",
             Outcome::Denied => "denied",
+            Outcome::Tolerated => "tolerated",
             Outcome::FailedClosed => "failed_closed",
             Outcome::FailedOpen => "failed_open",
             Outcome::Skipped => "skipped",
