@@ -7,6 +7,7 @@
 pub mod decision;
 pub mod embedded;
 pub mod engine;
+pub mod input;
 pub mod opa;
 pub mod placement;
 pub mod retry;
@@ -15,6 +16,7 @@ pub mod text;
 pub use decision::{Decision, DecisionError};
 pub use embedded::Embedded;
 pub use engine::{CompileError, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
+pub use input::{ADMISSION_INPUT_KEY, RequestMeta, policy_input};
 pub use opa::{Opa, OpaConfig, Token};
 pub use reqwest::Url;
 pub use retry::RetryPolicy;

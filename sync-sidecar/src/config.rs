@@ -8,6 +8,7 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use policy_client::{DEFAULT_DECISION_PATH, Token};
 
+use crate::blast::BlastRadius;
 use crate::error::SyncError;
 use crate::gvr::Gvr;
 use crate::scope::Scope;
@@ -136,6 +137,24 @@ pub struct Args {
     #[arg(long, env = "PLACEMENT_SYNC_SCOPE_OBJECT_SELECTOR")]
     pub scope_object_selector: Option<String>,
 
+    /// Hold a remediation pass (report it, patch nothing) that would rewrite or
+    /// remove the placement of more than this share of the placed workloads,
+    /// until an administrator confirms it (1 never holds).
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_REMEDIATION_HOLD_SHARE",
+        default_value_t = 0.5
+    )]
+    pub remediation_hold_share: f64,
+
+    /// Passes changing at most this many placements are never held.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_REMEDIATION_HOLD_MIN",
+        default_value_t = 10
+    )]
+    pub remediation_hold_min: usize,
+
     /// Maximum remediation patches per second (0 = unlimited).
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
     pub remediation_rate: f64,
@@ -226,6 +245,8 @@ pub struct Settings {
     pub remediation_debounce: Duration,
     /// What the remediator acts on.
     pub scope: Scope,
+    /// When a pass is held until confirmed.
+    pub blast_radius: BlastRadius,
     /// `None` when leader election is off (this replica always remediates).
     pub leader: Option<LeaderSettings>,
     pub listen: SocketAddr,
@@ -370,6 +391,18 @@ impl Settings {
             remediate: args.remediate,
             remediation_rate: args.remediation_rate,
             remediation_debounce: args.remediation_debounce,
+            blast_radius: {
+                if !(0.0..=1.0).contains(&args.remediation_hold_share) {
+                    return Err(config(format!(
+                        "--remediation-hold-share must be between 0 and 1, got {}",
+                        args.remediation_hold_share
+                    )));
+                }
+                BlastRadius {
+                    share: args.remediation_hold_share,
+                    min: args.remediation_hold_min,
+                }
+            },
             scope: Scope {
                 excluded_namespaces: args
                     .scope_exclude_namespaces

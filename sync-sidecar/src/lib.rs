@@ -13,6 +13,7 @@
 //! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; tests build
 //! a [`Sidecar`] with their own client and engine.
 
+pub mod blast;
 mod component;
 pub mod config;
 pub mod document;
@@ -243,6 +244,13 @@ impl Sidecar {
                     rate: settings.remediation_rate,
                     debounce: settings.remediation_debounce,
                     scope: settings.scope.clone(),
+                    blast_radius: settings.blast_radius,
+                    policy_configmaps: blast::PolicyConfigMaps {
+                        api: kube::Api::namespaced(client.clone(), &settings.policy_namespace),
+                        namespace: settings.policy_namespace.clone(),
+                        label: settings.policy_label.clone(),
+                        recorder: recorder.clone(),
+                    },
                     query_timeout: settings.opa_timeout,
                     trigger: trigger.clone(),
                     leader,

@@ -66,6 +66,9 @@ pub struct Metrics {
     pub remediation_stale: Gauge,
     /// `placement_sync_remediation_unplaceable_objects`: objects the policy reported errors for.
     pub remediation_unplaceable: Gauge,
+    /// `placement_sync_remediation_held_objects`: placements the last pass would
+    /// have rewritten or removed, held by the blast-radius guard (0: none held).
+    pub remediation_held: Gauge,
     /// `placement_sync_remediation_passes_total`: remediation passes over all workloads.
     pub remediation_passes: Counter,
     /// `placement_sync_leader`: 1 while this replica holds the remediation Lease.
@@ -102,6 +105,7 @@ impl Metrics {
             remediation_patches: Family::default(),
             remediation_stale: Gauge::default(),
             remediation_unplaceable: Gauge::default(),
+            remediation_held: Gauge::default(),
             remediation_passes: Counter::default(),
             leader: Gauge::default(),
         };
@@ -169,6 +173,11 @@ impl Metrics {
             "remediation_unplaceable_objects",
             "Workloads the policy reported errors for in the last pass",
             m.remediation_unplaceable.clone(),
+        );
+        registry.register(
+            "remediation_held_objects",
+            "Placements the last pass would have rewritten or removed, held until confirmed",
+            m.remediation_held.clone(),
         );
         registry.register(
             "remediation_passes",

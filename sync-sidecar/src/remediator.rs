@@ -2,9 +2,10 @@
 //!
 //! When a policy module or replicated data changes (coalesced over a short quiet
 //! time), the leader re-evaluates the decision for every object of the
-//! `--remediate` types, using [`developer_view`] as the input (the developer's
-//! request, restored from the ownership record, never the policy's own earlier
-//! output), and computes the minimal patch with [`plan_patch`]. In `auto` mode it
+//! `--remediate` types with the policy input the webhook will get for the PATCH
+//! ([`policy_input`]: the developer's view of the object, restored from the
+//! ownership record, never the policy's own earlier output; an UPDATE by this
+//! remediator), and computes the minimal patch with [`plan_patch`]. In `auto` mode it
 //! PATCHes the objects whose policy-owned annotations differ (rate-limited; the
 //! patch carries a `test` of the resourceVersion it was computed from, so it never
 //! overwrites a change it has not seen); in `report` mode it emits an Event per
@@ -16,21 +17,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::PostParams;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use policy_client::placement::{
-    OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view, plan_patch,
+    OWNERSHIP_ANNOTATION, annotations, desired_annotations, plan_patch,
 };
-use policy_client::{Decision, PolicyEngine, QueryOutcome};
+use policy_client::{Decision, PolicyEngine, QueryOutcome, RequestMeta, policy_input};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::blast::{self, BlastRadius, PolicyConfigMaps};
 use crate::component::discover_until_found;
 use crate::config::RemediationMode;
 use crate::document::{ObjectKey, object_value};
@@ -166,9 +170,15 @@ pub struct PassReport {
     pub failed: usize,
     pub unplaceable: usize,
     pub undefined: usize,
+    /// Placements this pass would have rewritten or removed, held back by the
+    /// blast-radius guard until an administrator confirms (0: nothing held).
+    pub held: usize,
     /// Aborted because leadership or the engine's sync was lost.
     pub aborted: bool,
 }
+
+/// How often a held change looks for its confirmation.
+const HELD_RECHECK: Duration = Duration::from_secs(5);
 
 /// Objects evaluated and patched at once in a pass.
 const PASS_CONCURRENCY: usize = 16;
@@ -192,6 +202,23 @@ enum Step {
     },
 }
 
+/// One object's evaluation in a pass, before anything is patched.
+struct Evaluation {
+    i: usize,
+    object: Arc<DynamicObject>,
+    /// The object carries a placement the policy wrote (its ownership record).
+    placed: bool,
+    /// `None` when the query failed.
+    assessment: Option<Assessment>,
+}
+
+impl Evaluation {
+    /// Would this change rewrite or remove a placement the object has?
+    fn replaces_a_placement(&self) -> bool {
+        self.placed && matches!(self.assessment, Some(Assessment::Stale { .. }))
+    }
+}
+
 struct Target {
     resource: ApiResource,
     api: Api<DynamicObject>,
@@ -211,6 +238,9 @@ pub(crate) struct RemediatorContext {
     pub(crate) rate: f64,
     pub(crate) debounce: Duration,
     pub(crate) scope: Scope,
+    pub(crate) blast_radius: BlastRadius,
+    /// Where held changes are reported and confirmed.
+    pub(crate) policy_configmaps: PolicyConfigMaps,
     pub(crate) query_timeout: Duration,
     pub(crate) trigger: Arc<Notify>,
     pub(crate) leader: watch::Receiver<bool>,
@@ -221,6 +251,9 @@ struct Remediator {
     ctx: RemediatorContext,
     targets: Vec<Target>,
     scope: ScopeFilter,
+    /// Who this remediator's PATCHes come from, as the API server tells the
+    /// webhook (`userInfo` of the policy input).
+    user_info: Value,
     limiter: RateLimiter,
     /// Objects patched from a resourceVersion the cache still shows: skipped until
     /// the cache catches up, so the same patch is not sent twice.
@@ -280,11 +313,13 @@ pub(crate) async fn run(
         }
     }
     let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
+    let user_info = own_user_info(&ctx.client).await;
     let remediator = Remediator {
         limiter: RateLimiter::new(ctx.rate),
         ctx,
         targets,
         scope,
+        user_info,
         in_flight: std::sync::Mutex::new(HashMap::new()),
         pass_events: std::sync::Mutex::new(Vec::new()),
     };
@@ -295,7 +330,94 @@ pub(crate) async fn run(
     Ok(())
 }
 
+/// The identity of this process as the API server sees it (a
+/// SelfSubjectReview), or nothing when it cannot be asked.
+async fn own_user_info(client: &Client) -> Value {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await;
+    match review.map(|r| r.status.and_then(|s| s.user_info)) {
+        Ok(Some(user)) => serde_json::to_value(user).unwrap_or_default(),
+        Ok(None) => Value::Object(Default::default()),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot learn the remediator's own identity; policies see an empty userInfo during remediation");
+            Value::Object(Default::default())
+        }
+    }
+}
+
 impl Remediator {
+    /// The policy input: what the webhook will be asked when this object is
+    /// PATCHed (an UPDATE by the remediator, the stored object as
+    /// `oldObject`), so both get the same answer.
+    fn input(&self, i: usize, value: &Value) -> Value {
+        let resource = &self.targets[i].resource;
+        let kind =
+            json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
+        let gvr = json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
+        policy_input(
+            value,
+            &RequestMeta {
+                uid: "",
+                operation: "UPDATE",
+                kind: &kind,
+                resource: &gvr,
+                namespace: value.pointer("/metadata/namespace").and_then(Value::as_str),
+                name: value.pointer("/metadata/name").and_then(Value::as_str),
+                user_info: &self.user_info,
+                dry_run: false,
+                old_object: Some(value),
+            },
+        )
+    }
+
+    /// The blast-radius guard: whether this pass, as one change, must be held
+    /// (reported, not applied) until an administrator confirms it.
+    async fn held(&self, evaluations: &[Evaluation]) -> bool {
+        let placed = evaluations.iter().filter(|e| e.placed).count();
+        let affected: Vec<&Evaluation> = evaluations
+            .iter()
+            .filter(|e| e.replaces_a_placement())
+            .collect();
+        let configmaps = &self.ctx.policy_configmaps;
+        if !self.ctx.blast_radius.holds(affected.len(), placed) {
+            self.ctx.metrics.remediation_held.set(0);
+            configmaps.clear().await;
+            return false;
+        }
+        let objects: Vec<String> = affected
+            .iter()
+            .map(|e| describe(&e.object, &self.targets[e.i].resource))
+            .collect();
+        let id = blast::change_id(
+            affected
+                .iter()
+                .zip(&objects)
+                .map(|(e, name)| {
+                    let patch = match &e.assessment {
+                        Some(Assessment::Stale { patch, .. }) => {
+                            serde_json::to_string(patch).unwrap_or_default()
+                        }
+                        _ => String::new(),
+                    };
+                    (name.clone(), patch)
+                })
+                .collect(),
+        );
+        if configmaps.confirmed(&id).await {
+            tracing::warn!(%id, affected = affected.len(), placed, "applying a confirmed remediation beyond the blast radius");
+            self.ctx.metrics.remediation_held.set(0);
+            configmaps.clear().await;
+            return false;
+        }
+        tracing::warn!(%id, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
+        self.ctx.metrics.remediation_held.set(affected.len() as i64);
+        configmaps
+            .report(&blast::report(&id, &objects, placed, &configmaps.namespace))
+            .await;
+        true
+    }
+
     fn may_act(&self) -> bool {
         *self.ctx.leader.borrow() && self.ctx.state.is_ready()
     }
@@ -359,12 +481,16 @@ impl Remediator {
                 failed = report.failed,
                 unplaceable = report.unplaceable,
                 undefined = report.undefined,
+                held = report.held,
                 aborted = report.aborted,
                 took_ms = started.elapsed().as_millis() as u64,
                 "remediation pass"
             );
             if report.aborted {
                 pending = true;
+            } else if report.held > 0 {
+                // Look for a confirmation again soon.
+                retry_at = Some(Instant::now() + HELD_RECHECK);
             } else if report.failed > 0 {
                 let delay = retry_delays.next().unwrap_or(Duration::from_secs(60));
                 retry_at = Some(Instant::now() + delay);
@@ -388,11 +514,29 @@ impl Remediator {
             .filter(|(_, o)| self.scope.admits(o))
             .collect();
         self.forget_caught_up();
-        // Objects are evaluated and patched concurrently (PATCH round trips, which
-        // also pass through the admission webhook, dominate a pass); the rate
-        // limiter still spaces the PATCHes.
-        let steps = futures::stream::iter(objects)
-            .map(|(i, object)| self.remediate_one(i, object, cancel))
+        // First every object is evaluated (concurrently), then the pass's
+        // PATCHes are weighed as one change before any is sent.
+        let evaluations: Vec<Option<Evaluation>> = futures::stream::iter(objects)
+            .map(|(i, object)| self.evaluate(i, object, cancel))
+            .buffer_unordered(PASS_CONCURRENCY)
+            .collect()
+            .await;
+        let Some(evaluations) = evaluations.into_iter().collect::<Option<Vec<_>>>() else {
+            report.aborted = true;
+            return report;
+        };
+        if self.ctx.mode == RemediationMode::Auto && self.held(&evaluations).await {
+            report.evaluated = evaluations.len();
+            report.held = evaluations
+                .iter()
+                .filter(|e| e.replaces_a_placement())
+                .count();
+            return report;
+        }
+        // PATCH round trips (which also pass through the admission webhook)
+        // dominate a pass: concurrent, the rate limiter still spacing them.
+        let steps = futures::stream::iter(evaluations)
+            .map(|evaluation| self.act(evaluation, cancel))
             .buffer_unordered(PASS_CONCURRENCY);
         let mut steps = std::pin::pin!(steps);
         while let Some(step) = steps.next().await {
@@ -438,35 +582,59 @@ impl Remediator {
         report
     }
 
-    /// Evaluate one object and act on the result.
-    async fn remediate_one(
+    /// Ask the decision for one object and compare; `None` when the pass must
+    /// stop (leadership or the engine's sync lost, or stopping).
+    async fn evaluate(
         &self,
         i: usize,
         object: Arc<DynamicObject>,
         cancel: &CancellationToken,
-    ) -> Step {
+    ) -> Option<Evaluation> {
         if cancel.is_cancelled() || !self.may_act() {
-            return Step::Aborted;
+            return None;
         }
         let value = object_value(&object, &self.targets[i].resource);
-        let input = developer_view(&value);
+        let input = self.input(i, &value);
         let deadline = Instant::now() + self.ctx.query_timeout;
-        let outcome = match self
+        let assessment = match self
             .ctx
             .engine
             .query(&self.ctx.decision, &input, deadline)
             .await
         {
-            Ok(o) => o,
+            Ok(outcome) => Some(assess(&value, &outcome)),
             Err(e) => {
                 tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "placement query failed");
-                return Step::Failed;
+                None
             }
         };
         if cancel.is_cancelled() || !self.may_act() {
-            return Step::Aborted;
+            return None;
         }
-        match assess(&value, &outcome) {
+        let placed = value
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .is_some_and(|a| a.contains_key(OWNERSHIP_ANNOTATION));
+        Some(Evaluation {
+            i,
+            object,
+            placed,
+            assessment,
+        })
+    }
+
+    /// Act on one evaluation: patch, report or note it.
+    async fn act(&self, evaluation: Evaluation, cancel: &CancellationToken) -> Step {
+        let Evaluation {
+            i,
+            object,
+            assessment,
+            ..
+        } = evaluation;
+        let Some(assessment) = assessment else {
+            return Step::Failed;
+        };
+        match assessment {
             Assessment::Placed => Step::Placed,
             Assessment::Undefined => Step::Undefined,
             Assessment::Invalid(reason) => {
@@ -690,6 +858,7 @@ fn truncate(mut s: String, max: usize) -> String {
 mod tests {
     use super::*;
     use policy_client::placement::OWNERSHIP_ANNOTATION;
+    use policy_client::placement::developer_view;
 
     const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
 

@@ -880,7 +880,11 @@ fn embedded_engine_install_places_workloads() {
         json!(r#"{"clusters":{"gce-us-central1":{"weight":1}}}"#);
     let denied = create(cluster, &forbidden);
     assert!(!denied.ok, "denied: {denied:?}");
-    assert!(denied.stderr.contains("gce-us-central1"), "{}", denied.stderr);
+    assert!(
+        denied.stderr.contains("gce-us-central1"),
+        "{}",
+        denied.stderr
+    );
     drop(release);
     let _ = cluster.kubectl(&["delete", "configmap", "clusters", "-n", NAMESPACE]);
 }

@@ -4,9 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use policy_client::placement::{MergeError, developer_view, plan_patch};
+use policy_client::placement::{MergeError, plan_patch};
 use policy_client::text::bounded;
-use policy_client::{Decision, DecisionError, EngineError, PolicyEngine, QueryOutcome};
+use policy_client::{
+    Decision, DecisionError, EngineError, PolicyEngine, QueryOutcome, RequestMeta, policy_input,
+};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -17,10 +19,6 @@ use crate::review::{
     AdmissionRequest, AdmissionResponse, AdmissionReviewResponse, Operation, Parsed, ReviewError,
     parse,
 };
-
-/// The key under which the policy input carries the admission request's metadata;
-/// the input root is the object itself.
-pub const ADMISSION_INPUT_KEY: &str = "_admission";
 
 /// Why no placement could be computed.
 #[derive(Debug, thiserror::Error)]
@@ -325,7 +323,7 @@ impl Admission {
         object: &Value,
         deadline: Instant,
     ) -> Result<Decision, PlacementFailure> {
-        let input = policy_input(request, object);
+        let input = request_input(request, object);
         let outcome = self
             .engine
             .query(&self.settings.decision_path, &input, deadline)
@@ -355,25 +353,23 @@ enum Placement {
     Patch(Option<json_patch::Patch>),
 }
 
-/// The policy input: the object as the developer asked for it, with the request's
-/// metadata under [`ADMISSION_INPUT_KEY`].
-pub fn policy_input(request: &AdmissionRequest, object: &Value) -> Value {
-    let mut input = developer_view(object);
-    if let Value::Object(map) = &mut input {
-        let mut admission = json!({
-            "uid": request.uid,
-            "operation": request.operation.as_str(),
-            "kind": request.kind,
-            "resource": request.resource,
-            "namespace": request.namespace,
-            "name": request.name,
-            "userInfo": request.user_info,
-            "dryRun": request.dry_run.unwrap_or(false),
-        });
-        if let Some(old) = &request.old_object {
-            admission["oldObject"] = developer_view(old);
-        }
-        map.insert(ADMISSION_INPUT_KEY.to_owned(), admission);
-    }
-    input
+/// The policy input for `object` under `request` (one function for the
+/// webhook and the remediator: [`policy_client::policy_input`]).
+pub fn request_input(request: &AdmissionRequest, object: &Value) -> Value {
+    let kind = json!(request.kind);
+    let resource = json!(request.resource);
+    policy_input(
+        object,
+        &RequestMeta {
+            uid: &request.uid,
+            operation: request.operation.as_str(),
+            kind: &kind,
+            resource: &resource,
+            namespace: request.namespace.as_deref(),
+            name: request.name.as_deref(),
+            user_info: &request.user_info,
+            dry_run: request.dry_run.unwrap_or(false),
+            old_object: request.old_object.as_ref(),
+        },
+    )
 }

@@ -16,7 +16,8 @@ pub mod self_managed;
 pub mod server;
 mod throttle;
 
-pub use admission::{ADMISSION_INPUT_KEY, Admission, AdmissionSettings, Mode, PlacementFailure};
+pub use admission::{Admission, AdmissionSettings, Mode, PlacementFailure};
 pub use config::Cli;
 pub use metrics::Metrics;
+pub use policy_client::ADMISSION_INPUT_KEY;
 pub use presence::PolicyPresence;

@@ -1,0 +1,231 @@
+//! One change that would re-place most workloads is held, reported on the
+//! policy ConfigMap, and applied only once an administrator confirms it; a
+//! policy set that lost a module strips no placement.
+
+use std::time::Duration;
+
+use placement_tests::control_plane::POLICY_NAMESPACE;
+use placement_tests::{
+    ControlPlane, OpaServer, SidecarProcess, placed_clusters, unique_name, wait_for,
+};
+use serde_json::{Value, json};
+
+const CLUSTERS: &str = "placement-policy.io/v1alpha1/clusters";
+const HELD: &str = "placement-policy.io/remediation-held";
+const CONFIRM: &str = "placement-policy.io/confirm-remediation";
+
+/// The decision package and its rules in two modules, as the shipped policy
+/// is: every running cluster, evenly.
+const DECISION: &str = r#"package io.k8s.federation.admission
+
+import data.test.rules
+
+annotations := {"federation.kubernetes.io/replica-set-preferences": rules.preferences} if rules.loaded
+
+errors := set() if rules.loaded
+"#;
+
+const RULES: &str = r#"package test.rules
+
+loaded := true
+
+running contains name if {
+	some name, cluster in data.kubernetes.clusters
+	cluster.status.phase == "running"
+}
+
+preferences := json.marshal({"clusters": {name: {"weight": 1} | some name in running}})
+"#;
+
+fn apply(plane: &ControlPlane, manifest: &Value) {
+    let out = plane.kubectl_stdin(&["apply", "-f", "-"], &manifest.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn cluster(plane: &ControlPlane, name: &str, phase: &str) {
+    apply(
+        plane,
+        &json!({"apiVersion": "placement-policy.io/v1alpha1", "kind": "Cluster",
+            "metadata": {"name": name}, "spec": {"address": "https://10.0.0.1", "region": "europe-west1"}}),
+    );
+    plane.kubectl_ok(&[
+        "patch",
+        &format!("clusters.placement-policy.io/{name}"),
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &json!({"status": {"phase": phase}}).to_string(),
+    ]);
+}
+
+fn policy(plane: &ControlPlane, modules: &[(&str, &str)]) {
+    let data: serde_json::Map<String, Value> = modules
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::String((*v).to_owned())))
+        .collect();
+    // Replace, so that a removed key is removed.
+    let manifest = json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "placement", "namespace": POLICY_NAMESPACE}, "data": data});
+    let out = plane.kubectl_stdin(&["replace", "-f", "-"], &manifest.to_string());
+    if !out.status.success() {
+        apply(plane, &manifest);
+    }
+}
+
+fn placements(plane: &ControlPlane, ns: &str) -> Vec<Option<Vec<String>>> {
+    let list: Value =
+        serde_json::from_str(&plane.kubectl_ok(&["get", "rs", "-n", ns, "-o", "json"])).unwrap();
+    list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(placed_clusters)
+        .collect()
+}
+
+#[test]
+fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("blast");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "running");
+    cluster(&plane, "b", "running");
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    for n in 0..12 {
+        apply(
+            &plane,
+            &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": format!("rs-{n}"), "namespace": ns, "labels": {"app": "x"}},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}},
+                    "template": {"metadata": {"labels": {"app": "x"}},
+                        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}),
+        );
+    }
+    let sidecar = SidecarProcess::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            "--remediation-hold-share=0.5",
+            "--remediation-hold-min=10",
+        ],
+    );
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    let both = Some(vec!["a".to_owned(), "b".to_owned()]);
+    // Placing unplaced workloads is not re-placing anything: not held.
+    wait_for(
+        "every ReplicaSet placed on a and b",
+        Duration::from_secs(60),
+        || {
+            placements(&plane, &ns)
+                .iter()
+                .all(|p| *p == both)
+                .then_some(())
+        },
+    );
+
+    // A policy set that lost its rules module: the decision is undefined, and
+    // no placement is stripped.
+    policy(&plane, &[("decision.rego", DECISION)]);
+    std::thread::sleep(Duration::from_secs(5));
+    assert!(
+        placements(&plane, &ns).iter().all(|p| *p == both),
+        "placements kept with a partial policy set\n{}",
+        sidecar.log_tail()
+    );
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+
+    // Cluster b goes offline: all 12 placements would change. Held.
+    cluster(&plane, "b", "offline");
+    let report: Value = wait_for("the held change reported", Duration::from_secs(60), || {
+        let text = plane.kubectl_ok(&[
+            "get",
+            "cm",
+            "placement",
+            "-n",
+            POLICY_NAMESPACE,
+            "-o",
+            &format!(
+                "jsonpath={{.metadata.annotations.{}}}",
+                HELD.replace('.', "\\.")
+            ),
+        ]);
+        serde_json::from_str(&text).ok()
+    });
+    assert_eq!(report["affected"], 12, "{report}");
+    assert_eq!(report["placed"], 12, "{report}");
+    assert_eq!(report["objects"].as_array().map(Vec::len), Some(12));
+    let held = runtime
+        .block_on(sidecar.metric("placement_sync_remediation_held_objects"))
+        .unwrap_or(0.0);
+    assert_eq!(held, 12.0);
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        placements(&plane, &ns).iter().all(|p| *p == both),
+        "nothing patched while held"
+    );
+    let events = plane.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        POLICY_NAMESPACE,
+        "--field-selector=reason=RemediationHeld",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ]);
+    assert!(
+        events.contains("12 of 12"),
+        "a Warning Event on the ConfigMap: {events}"
+    );
+
+    // The administrator confirms exactly this change.
+    let id = report["id"].as_str().expect("change id");
+    plane.kubectl_ok(&[
+        "annotate",
+        "cm",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "--overwrite",
+        &format!("{CONFIRM}={id}"),
+    ]);
+    let only_a = Some(vec!["a".to_owned()]);
+    wait_for(
+        "every ReplicaSet re-placed on a",
+        Duration::from_secs(60),
+        || {
+            placements(&plane, &ns)
+                .iter()
+                .all(|p| *p == only_a)
+                .then_some(())
+        },
+    );
+    let text = plane.kubectl_ok(&[
+        "get",
+        "cm",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "-o",
+        "jsonpath={.metadata.annotations}",
+    ]);
+    assert!(!text.contains(HELD), "the report is cleared: {text}");
+}
