@@ -190,6 +190,11 @@ pub(crate) fn start_webhook(
         "--metrics-listen=127.0.0.1:0".into(),
         format!("--tls-cert={}", certs.cert.display()),
         format!("--tls-key={}", certs.key.display()),
+        // The key the bench's sidecars sign ownership records with.
+        format!(
+            "--ownership-key-file={}",
+            placement_tests::ownership_key_file().display()
+        ),
     ];
     args.extend(extra.iter().cloned());
     let (server, line) = spawn_announced(
@@ -350,6 +355,10 @@ impl Sidecar {
             format!("--opa-url={}", opa.url()),
             format!("--opa-token-file={}", opa.token_file().display()),
             format!("--listen=127.0.0.1:{port}"),
+            format!(
+                "--ownership-key-file={}",
+                placement_tests::ownership_key_file().display()
+            ),
         ];
         args.extend(extra.iter().cloned());
         let env = vec![("RUST_LOG".to_owned(), "info".to_owned())];

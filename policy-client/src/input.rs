@@ -10,6 +10,7 @@
 
 use serde_json::{Value, json};
 
+use crate::ownership_keys::OwnershipKeys;
 use crate::placement::developer_view;
 
 /// Key of the request metadata in the policy input.
@@ -29,11 +30,13 @@ pub struct RequestMeta<'a> {
     pub user_info: &'a Value,
     pub dry_run: bool,
     pub old_object: Option<&'a Value>,
+    /// Verify the ownership records of the object and `oldObject`.
+    pub keys: &'a OwnershipKeys,
 }
 
 /// The input of the placement query for `object`.
 pub fn policy_input(object: &Value, meta: &RequestMeta<'_>) -> Value {
-    let mut input = developer_view(object);
+    let mut input = developer_view(object, meta.keys);
     if let Value::Object(map) = &mut input {
         let mut admission = json!({
             "uid": meta.uid,
@@ -46,7 +49,7 @@ pub fn policy_input(object: &Value, meta: &RequestMeta<'_>) -> Value {
             "dryRun": meta.dry_run,
         });
         if let Some(old) = meta.old_object {
-            admission["oldObject"] = developer_view(old);
+            admission["oldObject"] = developer_view(old, meta.keys);
         }
         map.insert(ADMISSION_INPUT_KEY.to_owned(), admission);
     }
@@ -63,6 +66,7 @@ mod tests {
         let kind = json!({"group": "apps", "version": "v1", "kind": "ReplicaSet"});
         let resource = json!({"group": "apps", "version": "v1", "resource": "replicasets"});
         let user = json!({"username": "alice"});
+        let keys = OwnershipKeys::ephemeral().unwrap();
         let input = policy_input(
             &object,
             &RequestMeta {
@@ -75,6 +79,7 @@ mod tests {
                 user_info: &user,
                 dry_run: false,
                 old_object: Some(&object),
+                keys: &keys,
             },
         );
         assert_eq!(input["kind"], "ReplicaSet");

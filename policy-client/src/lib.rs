@@ -9,6 +9,8 @@ pub mod embedded;
 pub mod engine;
 pub mod input;
 pub mod opa;
+pub mod ownership_keys;
+pub mod ownership_secret;
 pub mod placement;
 pub mod retry;
 pub mod text;
@@ -18,6 +20,7 @@ pub use embedded::Embedded;
 pub use engine::{CompileError, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
 pub use input::{ADMISSION_INPUT_KEY, RequestMeta, policy_input};
 pub use opa::{Opa, OpaConfig, Token};
+pub use ownership_keys::{OwnershipKeys, SharedKeys};
 pub use reqwest::Url;
 pub use retry::RetryPolicy;
 

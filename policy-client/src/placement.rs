@@ -9,6 +9,14 @@
 //! and [`plan_patch`] keeps it up to date. Values the policy set to exactly what the
 //! developer asked for need no record, so an object that already complies gets no
 //! patch at all.
+//!
+//! The record is signed ([`OwnershipKeys`], HMAC-SHA256) over its content and
+//! the object it belongs to (kind, namespace, and name or generateName): a
+//! record that anyone else wrote or edited, or copied from another object, does
+//! not verify and counts as absent, so no client can make the policy mistake a
+//! value for developer intent, nor hide or remove annotations through it. A copy
+//! of a placed object (`kubectl get -o yaml | kubectl create -f -` under another
+//! name) is then simply the developer's request as it reads.
 
 use std::collections::BTreeMap;
 
@@ -18,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::decision::{Decision, json_type};
+use crate::ownership_keys::OwnershipKeys;
 
 /// Annotation recording which annotation values the policy owns.
 pub const OWNERSHIP_ANNOTATION: &str = "placement-policy.io/policy-owned";
@@ -94,14 +103,70 @@ pub fn annotations(object: &Value) -> Result<Option<BTreeMap<String, String>>, M
     }
 }
 
-/// Parse the ownership record from an object's annotations (empty when absent).
-pub fn ownership(annotations: &BTreeMap<String, String>) -> Result<Ownership, MergeError> {
-    match annotations.get(OWNERSHIP_ANNOTATION) {
-        None => Ok(Ownership::new()),
-        Some(raw) => {
-            serde_json::from_str(raw).map_err(|e| MergeError::InvalidOwnership(e.to_string()))
-        }
+/// The record as stored: what the policy owns, signed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SignedRecord {
+    owned: Ownership,
+    mac: String,
+}
+
+/// The object a record belongs to: kind, namespace, and name (or generateName,
+/// which is all a CREATE may have).
+fn record_subject(object: &Value) -> String {
+    let text = |pointer: &str| {
+        object
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    let name = match text("/metadata/generateName") {
+        "" => text("/metadata/name"),
+        generated => generated,
+    };
+    format!(
+        "{}\n{}\n{}",
+        text("/kind"),
+        text("/metadata/namespace"),
+        name
+    )
+}
+
+fn record_message(object: &Value, owned: &Ownership) -> Result<Vec<u8>, MergeError> {
+    let mut message = record_subject(object).into_bytes();
+    message.push(b'\n');
+    // Maps serialize in key order: one text per record.
+    message.extend(
+        serde_json::to_vec(owned).map_err(|e| MergeError::InvalidOwnership(e.to_string()))?,
+    );
+    Ok(message)
+}
+
+/// The object's ownership record, when it verifies; empty otherwise (absent,
+/// unreadable, forged, edited, or copied from another object).
+pub fn ownership(object: &Value, keys: &OwnershipKeys) -> Ownership {
+    let Ok(Some(current)) = annotations(object) else {
+        return Ownership::new();
+    };
+    let Some(raw) = current.get(OWNERSHIP_ANNOTATION) else {
+        return Ownership::new();
+    };
+    let Ok(record) = serde_json::from_str::<SignedRecord>(raw) else {
+        return Ownership::new();
+    };
+    match record_message(object, &record.owned) {
+        Ok(message) if keys.verify(&message, &record.mac) => record.owned,
+        _ => Ownership::new(),
     }
+}
+
+fn encode_record(
+    object: &Value,
+    owned: Ownership,
+    keys: &OwnershipKeys,
+) -> Result<String, MergeError> {
+    let mac = keys.sign(&record_message(object, &owned)?);
+    serde_json::to_string(&SignedRecord { owned, mac })
+        .map_err(|e| MergeError::InvalidOwnership(e.to_string()))
 }
 
 /// The annotations as the developer asked for them: values the policy still owns
@@ -130,16 +195,16 @@ pub fn requested_annotations(
 }
 
 /// The object as the policy should see it: the developer's requested annotations
-/// (see [`requested_annotations`]). An unreadable ownership record is ignored, as
-/// if the object had none.
-pub fn developer_view(object: &Value) -> Value {
+/// (see [`requested_annotations`]), from the object's verified record; the
+/// record itself is never shown.
+pub fn developer_view(object: &Value, keys: &OwnershipKeys) -> Value {
     let Ok(Some(current)) = annotations(object) else {
         return object.clone();
     };
     if !current.contains_key(OWNERSHIP_ANNOTATION) {
         return object.clone();
     }
-    let owned = ownership(&current).unwrap_or_default();
+    let owned = ownership(object, keys);
     let requested = requested_annotations(&current, &owned);
     let mut view = object.clone();
     if let Some(meta) = view.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -156,14 +221,16 @@ pub fn developer_view(object: &Value) -> Value {
     view
 }
 
-/// The annotations the object should carry under `decision`, including the
-/// updated ownership record.
+/// The annotations `object` should carry under `decision`, including the
+/// updated, signed ownership record.
 pub fn desired_annotations(
-    current: &BTreeMap<String, String>,
+    object: &Value,
     decision: &Decision,
+    keys: &OwnershipKeys,
 ) -> Result<BTreeMap<String, String>, MergeError> {
-    let owned = ownership(current).unwrap_or_default();
-    let requested = requested_annotations(current, &owned);
+    let current = annotations(object)?.unwrap_or_default();
+    let owned = ownership(object, keys);
+    let requested = requested_annotations(&current, &owned);
     let mut desired = requested.clone();
     let mut record = Ownership::new();
     for (key, value) in &decision.annotations {
@@ -184,9 +251,10 @@ pub fn desired_annotations(
         desired.insert(key.clone(), value.clone());
     }
     if !record.is_empty() {
-        let encoded = serde_json::to_string(&record)
-            .map_err(|e| MergeError::InvalidOwnership(e.to_string()))?;
-        desired.insert(OWNERSHIP_ANNOTATION.to_owned(), encoded);
+        desired.insert(
+            OWNERSHIP_ANNOTATION.to_owned(),
+            encode_record(object, record, keys)?,
+        );
     }
     let size: usize = desired.iter().map(|(k, v)| k.len() + v.len()).sum();
     if size > TOTAL_ANNOTATION_SIZE_LIMIT {
@@ -200,10 +268,14 @@ pub fn desired_annotations(
 
 /// The minimal JSON patch that brings `object`'s annotations to what `decision`
 /// requires, or `None` when they already are.
-pub fn plan_patch(object: &Value, decision: &Decision) -> Result<Option<Patch>, MergeError> {
+pub fn plan_patch(
+    object: &Value,
+    decision: &Decision,
+    keys: &OwnershipKeys,
+) -> Result<Option<Patch>, MergeError> {
     let current = annotations(object)?;
     let has_metadata = object.get("metadata").is_some_and(Value::is_object);
-    let desired = desired_annotations(current.as_ref().unwrap_or(&BTreeMap::new()), decision)?;
+    let desired = desired_annotations(object, decision, keys)?;
     let ops = match current {
         None if desired.is_empty() => Vec::new(),
         None => {
@@ -353,6 +425,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// One key for the whole test run, as webhook and remediator share one.
+    fn keys() -> &'static OwnershipKeys {
+        static KEYS: std::sync::OnceLock<OwnershipKeys> = std::sync::OnceLock::new();
+        KEYS.get_or_init(|| OwnershipKeys::ephemeral().unwrap())
+    }
+
     fn decision(pairs: &[(&str, &str)]) -> Decision {
         Decision {
             annotations: pairs
@@ -376,7 +454,7 @@ mod tests {
     #[test]
     fn adds_whole_map_when_annotations_absent() {
         let obj = json!({"metadata": {"name": "rs"}});
-        let patch = plan_patch(&obj, &decision(&[("example.com/placement", "eu")]))
+        let patch = plan_patch(&obj, &decision(&[("example.com/placement", "eu")]), keys())
             .unwrap()
             .unwrap();
         let ops = patch_json(&patch);
@@ -395,7 +473,9 @@ mod tests {
     #[test]
     fn adds_metadata_when_absent() {
         let obj = json!({"kind": "ReplicaSet"});
-        let patch = plan_patch(&obj, &decision(&[("a", "b")])).unwrap().unwrap();
+        let patch = plan_patch(&obj, &decision(&[("a", "b")]), keys())
+            .unwrap()
+            .unwrap();
         assert_eq!(patch_json(&patch)[0]["path"], "/metadata");
         assert_eq!(apply(&obj, &patch)["metadata"]["annotations"]["a"], "b");
     }
@@ -403,16 +483,22 @@ mod tests {
     #[test]
     fn null_annotations_are_treated_as_absent() {
         let obj = json!({"metadata": {"annotations": null}});
-        let patch = plan_patch(&obj, &decision(&[("a", "b")])).unwrap().unwrap();
+        let patch = plan_patch(&obj, &decision(&[("a", "b")]), keys())
+            .unwrap()
+            .unwrap();
         assert_eq!(patch_json(&patch)[0]["path"], "/metadata/annotations");
     }
 
     #[test]
     fn escapes_json_pointer_tokens() {
         let obj = json!({"metadata": {"annotations": {"keep": "me"}}});
-        let patch = plan_patch(&obj, &decision(&[("federation.kubernetes.io/x", "1")]))
-            .unwrap()
-            .unwrap();
+        let patch = plan_patch(
+            &obj,
+            &decision(&[("federation.kubernetes.io/x", "1")]),
+            keys(),
+        )
+        .unwrap()
+        .unwrap();
         let ops = patch_json(&patch);
         assert_eq!(
             ops[0]["path"],
@@ -431,24 +517,26 @@ mod tests {
     #[test]
     fn no_patch_when_nothing_changes() {
         let obj = json!({"metadata": {"annotations": {"a": "b", "c": "d"}}});
-        assert_eq!(plan_patch(&obj, &decision(&[("a", "b")])).unwrap(), None);
-        assert_eq!(plan_patch(&obj, &decision(&[])).unwrap(), None);
+        assert_eq!(
+            plan_patch(&obj, &decision(&[("a", "b")]), keys()).unwrap(),
+            None
+        );
+        assert_eq!(plan_patch(&obj, &decision(&[]), keys()).unwrap(), None);
         let bare = json!({"metadata": {}});
-        assert_eq!(plan_patch(&bare, &decision(&[])).unwrap(), None);
+        assert_eq!(plan_patch(&bare, &decision(&[]), keys()).unwrap(), None);
     }
 
     #[test]
     fn policy_value_replaces_developer_value_and_records_the_request() {
         let obj = json!({"metadata": {"annotations": {"p": "developer", "other": "x"}}});
-        let patch = plan_patch(&obj, &decision(&[("p", "policy")]))
+        let patch = plan_patch(&obj, &decision(&[("p", "policy")]), keys())
             .unwrap()
             .unwrap();
         let out = apply(&obj, &patch);
         let ann = &out["metadata"]["annotations"];
         assert_eq!(ann["p"], "policy");
         assert_eq!(ann["other"], "x");
-        let record: Ownership =
-            serde_json::from_str(ann[OWNERSHIP_ANNOTATION].as_str().unwrap()).unwrap();
+        let record = ownership(&out, keys());
         assert_eq!(
             record["p"],
             OwnedValue {
@@ -470,8 +558,8 @@ mod tests {
     fn merge_is_idempotent() {
         let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
         let d = decision(&[("p", "policy"), ("q", "{\"a\":1}")]);
-        let once = apply(&obj, &plan_patch(&obj, &d).unwrap().unwrap());
-        assert_eq!(plan_patch(&once, &d).unwrap(), None);
+        let once = apply(&obj, &plan_patch(&obj, &d, keys()).unwrap().unwrap());
+        assert_eq!(plan_patch(&once, &d, keys()).unwrap(), None);
     }
 
     #[test]
@@ -479,11 +567,11 @@ mod tests {
         let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
         let placed = apply(
             &obj,
-            &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "new")]))
+            &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "new")]), keys())
                 .unwrap()
                 .unwrap(),
         );
-        let view = developer_view(&placed);
+        let view = developer_view(&placed, keys());
         assert_eq!(view, obj);
     }
 
@@ -491,9 +579,9 @@ mod tests {
     fn changed_value_is_a_new_developer_request() {
         let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
         let d = decision(&[("p", "policy")]);
-        let mut placed = apply(&obj, &plan_patch(&obj, &d).unwrap().unwrap());
+        let mut placed = apply(&obj, &plan_patch(&obj, &d, keys()).unwrap().unwrap());
         placed["metadata"]["annotations"]["p"] = json!("edited");
-        let view = developer_view(&placed);
+        let view = developer_view(&placed, keys());
         assert_eq!(view["metadata"]["annotations"]["p"], "edited");
         assert!(
             view["metadata"]["annotations"]
@@ -501,8 +589,8 @@ mod tests {
                 .is_none()
         );
         // Re-placing records the new request.
-        let again = apply(&placed, &plan_patch(&placed, &d).unwrap().unwrap());
-        let record = ownership(&annotations(&again).unwrap().unwrap()).unwrap();
+        let again = apply(&placed, &plan_patch(&placed, &d, keys()).unwrap().unwrap());
+        let record = ownership(&again, keys());
         assert_eq!(record["p"].requested.as_deref(), Some("edited"));
     }
 
@@ -511,11 +599,13 @@ mod tests {
         let obj = json!({"metadata": {"annotations": {"p": "developer"}}});
         let placed = apply(
             &obj,
-            &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "x")]))
+            &plan_patch(&obj, &decision(&[("p", "policy"), ("n", "x")]), keys())
                 .unwrap()
                 .unwrap(),
         );
-        let patch = plan_patch(&placed, &decision(&[])).unwrap().unwrap();
+        let patch = plan_patch(&placed, &decision(&[]), keys())
+            .unwrap()
+            .unwrap();
         let restored = apply(&placed, &patch);
         assert_eq!(restored, obj);
     }
@@ -523,7 +613,10 @@ mod tests {
     #[test]
     fn no_record_when_policy_agrees_with_developer() {
         let obj = json!({"metadata": {"annotations": {"p": "same"}}});
-        assert_eq!(plan_patch(&obj, &decision(&[("p", "same")])).unwrap(), None);
+        assert_eq!(
+            plan_patch(&obj, &decision(&[("p", "same")]), keys()).unwrap(),
+            None
+        );
     }
 
     #[test]
@@ -537,7 +630,7 @@ mod tests {
             ("-leading", "must start and end"),
             ("has space", "must consist"),
         ] {
-            let err = plan_patch(&obj, &decision(&[(key, "v")])).unwrap_err();
+            let err = plan_patch(&obj, &decision(&[(key, "v")]), keys()).unwrap_err();
             match &err {
                 MergeError::InvalidKey { key: k, reason } => {
                     assert_eq!(k, key);
@@ -559,7 +652,7 @@ mod tests {
     fn reserved_key_is_refused() {
         let obj = json!({"metadata": {}});
         assert_eq!(
-            plan_patch(&obj, &decision(&[(OWNERSHIP_ANNOTATION, "{}")])).unwrap_err(),
+            plan_patch(&obj, &decision(&[(OWNERSHIP_ANNOTATION, "{}")]), keys()).unwrap_err(),
             MergeError::ReservedKey(OWNERSHIP_ANNOTATION.into())
         );
     }
@@ -567,7 +660,8 @@ mod tests {
     #[test]
     fn oversize_annotations_are_a_named_error() {
         let obj = json!({"metadata": {"annotations": {"dev": "x".repeat(200 * 1024)}}});
-        let err = plan_patch(&obj, &decision(&[("p", &"y".repeat(60 * 1024))])).unwrap_err();
+        let err =
+            plan_patch(&obj, &decision(&[("p", &"y".repeat(60 * 1024))]), keys()).unwrap_err();
         assert!(
             matches!(
                 err,
@@ -581,27 +675,118 @@ mod tests {
         assert!(err.to_string().contains("limit of 262144 bytes"));
         // The ownership record costs a digest, not a copy of the value.
         let obj = json!({"metadata": {}});
-        let near = TOTAL_ANNOTATION_SIZE_LIMIT - 200;
-        assert!(plan_patch(&obj, &decision(&[("p", &"y".repeat(near))])).is_ok());
+        let near = TOTAL_ANNOTATION_SIZE_LIMIT - 300;
+        assert!(plan_patch(&obj, &decision(&[("p", &"y".repeat(near))]), keys()).is_ok());
         let at = TOTAL_ANNOTATION_SIZE_LIMIT;
-        assert!(plan_patch(&obj, &decision(&[("p", &"y".repeat(at))])).is_err());
+        assert!(plan_patch(&obj, &decision(&[("p", &"y".repeat(at))]), keys()).is_err());
+    }
+
+    /// A record someone else wrote (or edited) is not honoured: it can neither
+    /// hide an annotation from the policy nor make the webhook remove it.
+    #[test]
+    fn a_forged_record_hides_and_removes_nothing() {
+        let forged = serde_json::to_string(&json!({
+            "owned": {"team": {"written": digest("payments"), "requested": null}},
+            "mac": "hmac-sha256:AAAA"
+        }))
+        .unwrap();
+        let obj = json!({"kind": "ReplicaSet", "metadata": {"name": "rs", "namespace": "ns",
+            "annotations": {"team": "payments", OWNERSHIP_ANNOTATION: forged}}});
+        assert_eq!(
+            developer_view(&obj, keys())["metadata"]["annotations"]["team"],
+            "payments",
+            "the policy sees the annotation"
+        );
+        let out = apply(
+            &obj,
+            &plan_patch(&obj, &decision(&[]), keys()).unwrap().unwrap(),
+        );
+        assert_eq!(
+            out["metadata"]["annotations"]["team"], "payments",
+            "not removed"
+        );
+        assert!(
+            out["metadata"]["annotations"]
+                .get(OWNERSHIP_ANNOTATION)
+                .is_none()
+        );
+        // The same record with a tag the keys made for other content fails too.
+        let (placed, _) = placed_object("rs");
+        let mut edited = placed.clone();
+        let record = edited["metadata"]["annotations"][OWNERSHIP_ANNOTATION]
+            .as_str()
+            .unwrap()
+            .replace("\"requested\":\"developer\"", "\"requested\":\"forged\"");
+        edited["metadata"]["annotations"][OWNERSHIP_ANNOTATION] = json!(record);
+        assert!(
+            ownership(&edited, keys()).is_empty(),
+            "an edited record does not verify"
+        );
+    }
+
+    fn placed_object(name: &str) -> (Value, Patch) {
+        let obj = json!({"kind": "ReplicaSet", "metadata": {"name": name, "namespace": "ns",
+            "annotations": {"p": "developer"}}});
+        let patch = plan_patch(&obj, &decision(&[("p", "policy")]), keys())
+            .unwrap()
+            .unwrap();
+        (apply(&obj, &patch), patch)
+    }
+
+    /// The record belongs to its object: on the same object it restores the
+    /// developer's request; copied to another object (another name, namespace
+    /// or kind) it is ignored and the copy's annotations are its request.
+    #[test]
+    fn a_record_verifies_only_on_its_own_object() {
+        let (placed, _) = placed_object("rs");
+        assert_eq!(
+            developer_view(&placed, keys())["metadata"]["annotations"]["p"],
+            "developer"
+        );
+        let mut copy = placed.clone();
+        copy["metadata"]["name"] = json!("rs-copy");
+        assert!(ownership(&copy, keys()).is_empty());
+        let view = developer_view(&copy, keys());
+        assert_eq!(view["metadata"]["annotations"]["p"], "policy");
+        assert!(
+            view["metadata"]["annotations"]
+                .get(OWNERSHIP_ANNOTATION)
+                .is_none()
+        );
+        // The copy placed again: a record of its own, which verifies.
+        let again = apply(
+            &copy,
+            &plan_patch(&copy, &decision(&[("p", "policy")]), keys())
+                .unwrap()
+                .unwrap_or(json_patch::Patch(vec![])),
+        );
+        assert_eq!(again["metadata"]["annotations"]["p"], "policy");
+        let mut moved = placed.clone();
+        moved["metadata"]["namespace"] = json!("elsewhere");
+        assert!(ownership(&moved, keys()).is_empty());
+        let other_keys = OwnershipKeys::ephemeral().unwrap();
+        assert!(
+            ownership(&placed, &other_keys).is_empty(),
+            "another key does not verify"
+        );
     }
 
     #[test]
     fn malformed_objects_are_errors() {
         assert!(matches!(
-            plan_patch(&json!([1]), &decision(&[])),
+            plan_patch(&json!([1]), &decision(&[]), keys()),
             Err(MergeError::InvalidObject(_))
         ));
         assert!(matches!(
             plan_patch(
                 &json!({"metadata": {"annotations": {"a": 1}}}),
-                &decision(&[])
+                &decision(&[]),
+                keys()
             ),
             Err(MergeError::InvalidObject(_))
         ));
         assert!(matches!(
-            plan_patch(&json!({"metadata": "x"}), &decision(&[])),
+            plan_patch(&json!({"metadata": "x"}), &decision(&[]), keys()),
             Err(MergeError::InvalidObject(_))
         ));
     }
@@ -610,9 +795,9 @@ mod tests {
     fn unreadable_record_is_ignored() {
         let obj =
             json!({"metadata": {"annotations": {"p": "v", OWNERSHIP_ANNOTATION: "not json"}}});
-        let view = developer_view(&obj);
+        let view = developer_view(&obj, keys());
         assert_eq!(view["metadata"]["annotations"], json!({"p": "v"}));
-        let patch = plan_patch(&obj, &decision(&[])).unwrap().unwrap();
+        let patch = plan_patch(&obj, &decision(&[]), keys()).unwrap().unwrap();
         assert_eq!(
             apply(&obj, &patch)["metadata"]["annotations"],
             json!({"p": "v"})

@@ -12,6 +12,7 @@ use crate::blast::BlastRadius;
 use crate::error::SyncError;
 use crate::gvr::Gvr;
 use crate::scope::Scope;
+use policy_client::OwnershipKeys;
 
 /// Default namespace whose ConfigMaps hold the Rego modules.
 pub const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
@@ -31,6 +32,19 @@ pub enum RemediationMode {
     Report,
     /// No remediation at all (no leader election either).
     Off,
+}
+
+/// Where the keys of the ownership record come from.
+#[derive(Debug, Clone)]
+pub enum OwnershipKeySource {
+    /// A Secret the webhook fills.
+    Secret {
+        namespace: String,
+        name: String,
+    },
+    Fixed(OwnershipKeys),
+    /// A key of this process only (records nobody else verifies).
+    Ephemeral,
 }
 
 /// Flags of `placement-sync`. Every flag also reads an environment variable.
@@ -155,6 +169,19 @@ pub struct Args {
     )]
     pub remediation_hold_min: usize,
 
+    /// Secret (`NAMESPACE/NAME`) holding the keys that sign the ownership record,
+    /// shared with the webhook (which creates them); read and followed.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_OWNERSHIP_SECRET",
+        conflicts_with = "ownership_key_file"
+    )]
+    pub ownership_secret: Option<String>,
+
+    /// File holding those keys (one base64 key per line, the signing key first).
+    #[arg(long, env = "PLACEMENT_SYNC_OWNERSHIP_KEY_FILE")]
+    pub ownership_key_file: Option<PathBuf>,
+
     /// Maximum remediation patches per second (0 = unlimited).
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
     pub remediation_rate: f64,
@@ -247,6 +274,8 @@ pub struct Settings {
     pub scope: Scope,
     /// When a pass is held until confirmed.
     pub blast_radius: BlastRadius,
+    /// Where the ownership record's keys come from.
+    pub ownership_keys: OwnershipKeySource,
     /// `None` when leader election is off (this replica always remediates).
     pub leader: Option<LeaderSettings>,
     pub listen: SocketAddr,
@@ -391,6 +420,33 @@ impl Settings {
             remediate: args.remediate,
             remediation_rate: args.remediation_rate,
             remediation_debounce: args.remediation_debounce,
+            ownership_keys: match (&args.ownership_secret, &args.ownership_key_file) {
+                (Some(secret), _) => match secret.split_once('/') {
+                    Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+                        OwnershipKeySource::Secret {
+                            namespace: namespace.to_owned(),
+                            name: name.to_owned(),
+                        }
+                    }
+                    _ => {
+                        return Err(config(format!(
+                            "--ownership-secret must be NAMESPACE/NAME, got {secret:?}"
+                        )));
+                    }
+                },
+                (None, Some(path)) => {
+                    let text = std::fs::read_to_string(path).map_err(|e| {
+                        config(format!(
+                            "cannot read --ownership-key-file {}: {e}",
+                            path.display()
+                        ))
+                    })?;
+                    OwnershipKeySource::Fixed(OwnershipKeys::from_text(&text).map_err(|e| {
+                        config(format!("--ownership-key-file {}: {e}", path.display()))
+                    })?)
+                }
+                (None, None) => OwnershipKeySource::Ephemeral,
+            },
             blast_radius: {
                 if !(0.0..=1.0).contains(&args.remediation_hold_share) {
                     return Err(config(format!(

@@ -245,6 +245,7 @@ impl Sidecar {
                     debounce: settings.remediation_debounce,
                     scope: settings.scope.clone(),
                     blast_radius: settings.blast_radius,
+                    ownership_keys: settings.ownership_keys.clone(),
                     policy_configmaps: blast::PolicyConfigMaps {
                         api: kube::Api::namespaced(client.clone(), &settings.policy_namespace),
                         namespace: settings.policy_namespace.clone(),

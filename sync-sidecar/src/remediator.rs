@@ -25,10 +25,13 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
+use policy_client::ownership_secret::KeySecret;
 use policy_client::placement::{
     OWNERSHIP_ANNOTATION, annotations, desired_annotations, plan_patch,
 };
-use policy_client::{Decision, PolicyEngine, QueryOutcome, RequestMeta, policy_input};
+use policy_client::{
+    Decision, OwnershipKeys, PolicyEngine, QueryOutcome, RequestMeta, SharedKeys, policy_input,
+};
 use serde_json::{Value, json};
 use tokio::sync::{Mutex, Notify, watch};
 use tokio::time::Instant;
@@ -36,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::blast::{self, BlastRadius, PolicyConfigMaps};
 use crate::component::discover_until_found;
-use crate::config::RemediationMode;
+use crate::config::{OwnershipKeySource, RemediationMode};
 use crate::document::{ObjectKey, object_value};
 use crate::error::SyncError;
 use crate::gvr::Gvr;
@@ -74,7 +77,7 @@ pub enum Assessment {
 
 /// Compare `object` (as stored, not the developer view) with the decision the
 /// engine returned for its developer view.
-pub fn assess(object: &Value, outcome: &QueryOutcome) -> Assessment {
+pub fn assess(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKeys) -> Assessment {
     let result = match outcome {
         QueryOutcome::Undefined => return Assessment::Undefined,
         QueryOutcome::Defined(result) => result,
@@ -89,14 +92,14 @@ pub fn assess(object: &Value, outcome: &QueryOutcome) -> Assessment {
     if decision.is_denied() && decision.annotations.is_empty() {
         return Assessment::Unplaceable(decision.errors);
     }
-    let patch = match plan_patch(object, &decision) {
+    let patch = match plan_patch(object, &decision, keys) {
         Ok(None) if decision.is_denied() => return Assessment::Unplaceable(decision.errors),
         Ok(None) => return Assessment::Placed,
         Ok(Some(patch)) => patch,
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
     let current = annotations(object).ok().flatten().unwrap_or_default();
-    let changed = match desired_annotations(&current, &decision) {
+    let changed = match desired_annotations(object, &decision, keys) {
         Ok(desired) => current
             .keys()
             .chain(desired.keys())
@@ -239,6 +242,8 @@ pub(crate) struct RemediatorContext {
     pub(crate) debounce: Duration,
     pub(crate) scope: Scope,
     pub(crate) blast_radius: BlastRadius,
+    /// Where the keys of the ownership record come from (shared with the webhook).
+    pub(crate) ownership_keys: OwnershipKeySource,
     /// Where held changes are reported and confirmed.
     pub(crate) policy_configmaps: PolicyConfigMaps,
     pub(crate) query_timeout: Duration,
@@ -254,6 +259,8 @@ struct Remediator {
     /// Who this remediator's PATCHes come from, as the API server tells the
     /// webhook (`userInfo` of the policy input).
     user_info: Value,
+    /// Sign and verify the ownership record.
+    keys: SharedKeys,
     limiter: RateLimiter,
     /// Objects patched from a resourceVersion the cache still shows: skipped until
     /// the cache catches up, so the same patch is not sent twice.
@@ -314,12 +321,33 @@ pub(crate) async fn run(
     }
     let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
     let user_info = own_user_info(&ctx.client).await;
+    let keys = match &ctx.ownership_keys {
+        OwnershipKeySource::Secret { namespace, name } => KeySecret {
+            api: Api::namespaced(ctx.client.clone(), namespace),
+            namespace: namespace.clone(),
+            name: name.clone(),
+            create: false,
+        }
+        .keys()
+        .await
+        .map_err(|e| SyncError::Config(e.to_string()))?,
+        OwnershipKeySource::Fixed(keys) => SharedKeys::new(keys.clone()),
+        OwnershipKeySource::Ephemeral => {
+            tracing::warn!(
+                "no --ownership-secret or --ownership-key-file: the ownership records this remediator writes verify nowhere else; give it the webhook's keys"
+            );
+            SharedKeys::new(
+                OwnershipKeys::ephemeral().map_err(|e| SyncError::Config(e.to_string()))?,
+            )
+        }
+    };
     let remediator = Remediator {
         limiter: RateLimiter::new(ctx.rate),
         ctx,
         targets,
         scope,
         user_info,
+        keys,
         in_flight: std::sync::Mutex::new(HashMap::new()),
         pass_events: std::sync::Mutex::new(Vec::new()),
     };
@@ -367,6 +395,7 @@ impl Remediator {
                 user_info: &self.user_info,
                 dry_run: false,
                 old_object: Some(value),
+                keys: &self.keys.current(),
             },
         )
     }
@@ -602,7 +631,7 @@ impl Remediator {
             .query(&self.ctx.decision, &input, deadline)
             .await
         {
-            Ok(outcome) => Some(assess(&value, &outcome)),
+            Ok(outcome) => Some(assess(&value, &outcome, &self.keys.current())),
             Err(e) => {
                 tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "placement query failed");
                 None
@@ -857,6 +886,11 @@ fn truncate(mut s: String, max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn keys() -> &'static OwnershipKeys {
+        static KEYS: std::sync::OnceLock<OwnershipKeys> = std::sync::OnceLock::new();
+        KEYS.get_or_init(|| OwnershipKeys::ephemeral().unwrap())
+    }
     use policy_client::placement::OWNERSHIP_ANNOTATION;
     use policy_client::placement::developer_view;
 
@@ -877,7 +911,7 @@ mod tests {
         let object =
             json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7"}});
         let outcome = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
-        let Assessment::Stale { patch, changed, .. } = assess(&object, &outcome) else {
+        let Assessment::Stale { patch, changed, .. } = assess(&object, &outcome, keys()) else {
             panic!("expected stale");
         };
         assert_eq!(changed, [PREFS]);
@@ -889,12 +923,12 @@ mod tests {
         assert!(patched["metadata"]["annotations"][OWNERSHIP_ANNOTATION].is_string());
         // Evaluating the patched object again (the webhook on the PATCH, or the next
         // pass) finds it placed: no loop.
-        let view = developer_view(&patched);
+        let view = developer_view(&patched, keys());
         assert!(
             view["metadata"]["annotations"].get(PREFS).is_none(),
             "developer asked for nothing"
         );
-        assert_eq!(assess(&patched, &outcome), Assessment::Placed);
+        assert_eq!(assess(&patched, &outcome, keys()), Assessment::Placed);
     }
 
     #[test]
@@ -903,18 +937,18 @@ mod tests {
         let object = json!({"metadata": {"name": "rs", "annotations": {PREFS: developer_prefs}}});
         // The policy narrows to eu-1.
         let first = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
-        let Assessment::Stale { patch, .. } = assess(&object, &first) else {
+        let Assessment::Stale { patch, .. } = assess(&object, &first, keys()) else {
             panic!()
         };
         let placed = apply(&object, &patch);
         // The developer's request survives in the developer view.
         assert_eq!(
-            developer_view(&placed)["metadata"]["annotations"][PREFS],
+            developer_view(&placed, keys())["metadata"]["annotations"][PREFS],
             developer_prefs
         );
         // The policy now allows both: the object goes back to the developer's request.
         let second = decision(developer_prefs);
-        let Assessment::Stale { patch, changed, .. } = assess(&placed, &second) else {
+        let Assessment::Stale { patch, changed, .. } = assess(&placed, &second, keys()) else {
             panic!("expected stale")
         };
         assert_eq!(changed, [PREFS]);
@@ -925,7 +959,7 @@ mod tests {
                 .get(OWNERSHIP_ANNOTATION)
                 .is_none()
         );
-        assert_eq!(assess(&replaced, &second), Assessment::Placed);
+        assert_eq!(assess(&replaced, &second, keys()), Assessment::Placed);
     }
 
     #[test]
@@ -936,34 +970,41 @@ mod tests {
                 &object,
                 &QueryOutcome::Defined(
                     json!({"annotations": {}, "errors": ["no cluster allowed"]})
-                )
+                ),
+                keys()
             ),
             Assessment::Unplaceable(vec!["no cluster allowed".into()])
         );
         assert_eq!(
-            assess(&object, &QueryOutcome::Undefined),
+            assess(&object, &QueryOutcome::Undefined, keys()),
             Assessment::Undefined
         );
         assert!(matches!(
-            assess(&object, &QueryOutcome::Defined(json!("x"))),
+            assess(&object, &QueryOutcome::Defined(json!("x")), keys()),
             Assessment::Invalid(_)
         ));
         assert!(matches!(
             assess(
                 &object,
-                &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}, "errors": []}))
+                &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}, "errors": []})),
+                keys()
             ),
             Assessment::Invalid(_)
         ));
         // A decision without `errors` (or `annotations`) is an incomplete policy.
         assert!(matches!(
-            assess(&object, &QueryOutcome::Defined(json!({"annotations": {}}))),
+            assess(
+                &object,
+                &QueryOutcome::Defined(json!({"annotations": {}})),
+                keys()
+            ),
             Assessment::Invalid(_)
         ));
         assert_eq!(
             assess(
                 &object,
-                &QueryOutcome::Defined(json!({"annotations": {}, "errors": []}))
+                &QueryOutcome::Defined(json!({"annotations": {}, "errors": []})),
+                keys()
             ),
             Assessment::Placed
         );
@@ -982,7 +1023,7 @@ mod tests {
         }));
         let Assessment::Stale {
             patch, conflicts, ..
-        } = assess(&object, &outcome)
+        } = assess(&object, &outcome, keys())
         else {
             panic!("a conflict is stale")
         };
@@ -992,7 +1033,7 @@ mod tests {
         );
         let placed = apply(&object, &patch);
         assert!(matches!(
-            assess(&placed, &outcome),
+            assess(&placed, &outcome, keys()),
             Assessment::Unplaceable(_)
         ));
     }

@@ -241,6 +241,22 @@ fn rbac_names_fixed_objects_and_splits_the_webhook_from_the_remediator() {
     for rule in rules("Role", "placement-policy-remediator-lease") {
         assert_eq!(rule["resourceNames"][0], "placement-policy-remediator");
     }
+    for role in [
+        "placement-policy-ownership",
+        "placement-policy-remediator-ownership",
+    ] {
+        for rule in rules("Role", role) {
+            assert_eq!(
+                rule["resourceNames"][0], "placement-policy-ownership",
+                "{role}"
+            );
+        }
+    }
+    let remediator_reads: Vec<Value> = rules("Role", "placement-policy-remediator-ownership");
+    assert!(
+        !remediator_reads[0]["verbs"].to_string().contains("update"),
+        "the remediator only reads the ownership keys"
+    );
     for rule in rules("ClusterRole", "placement-policy-webhook") {
         let verbs = rule["verbs"].to_string();
         assert!(

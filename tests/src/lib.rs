@@ -114,6 +114,18 @@ pub fn shipped_policy_modules() -> Vec<(String, String)> {
     modules
 }
 
+/// A file with the ownership-record key that this test process's webhooks and
+/// sidecars share (as the webhook and the remediator share a Secret's).
+pub fn ownership_key_file() -> &'static Path {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let path = scratch_dir("ownership-key").join("ownership.keys");
+        let text = policy_client::OwnershipKeys::generate_text().expect("an ownership key");
+        std::fs::write(&path, text).expect("write the ownership key");
+        path
+    })
+}
+
 /// Install the process-wide rustls provider (ring), as the binaries do.
 pub fn install_crypto() {
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -35,6 +35,12 @@ impl SidecarProcess {
             "--engine-check-interval=500ms".into(),
             "--remediation-debounce=200ms".into(),
         ];
+        if !extra.iter().any(|a| a.starts_with("--ownership-")) {
+            args.push(format!(
+                "--ownership-key-file={}",
+                crate::ownership_key_file().display()
+            ));
+        }
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let env = vec![(
             "RUST_LOG".to_owned(),

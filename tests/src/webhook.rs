@@ -33,6 +33,12 @@ impl WebhookProcess {
             format!("--tls-cert={}", paths.cert.display()),
             format!("--tls-key={}", paths.key.display()),
         ];
+        if !args.iter().any(|a| a.starts_with("--ownership-")) {
+            full.push(format!(
+                "--ownership-key-file={}",
+                crate::ownership_key_file().display()
+            ));
+        }
         full.extend(args.iter().cloned());
         let env = vec![(
             "RUST_LOG".to_owned(),

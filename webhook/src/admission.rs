@@ -7,7 +7,8 @@ use std::time::Duration;
 use policy_client::placement::{MergeError, plan_patch};
 use policy_client::text::bounded;
 use policy_client::{
-    Decision, DecisionError, EngineError, PolicyEngine, QueryOutcome, RequestMeta, policy_input,
+    Decision, DecisionError, EngineError, OwnershipKeys, PolicyEngine, QueryOutcome, RequestMeta,
+    SharedKeys, policy_input,
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -90,6 +91,8 @@ pub struct AdmissionSettings {
     /// Total time for the engine, retries included; keep it below the webhook's
     /// `timeoutSeconds`.
     pub engine_deadline: Duration,
+    /// Sign and verify the ownership record (shared with the remediator).
+    pub ownership_keys: SharedKeys,
 }
 
 /// Answers AdmissionReviews.
@@ -293,7 +296,8 @@ impl Admission {
         let deadline = Instant::now() + self.settings.engine_deadline;
         let decision = self.decision(request, object, deadline).await?;
         if !decision.is_denied() {
-            return Ok(Placement::Patch(plan_patch(object, &decision)?));
+            let keys = self.settings.ownership_keys.current();
+            return Ok(Placement::Patch(plan_patch(object, &decision, &keys)?));
         }
         // An UPDATE that adds no violation is not denied (Kyverno's
         // allowExistingViolations): the controllers that scale, roll out and
@@ -308,8 +312,9 @@ impl Admission {
             .cloned()
             .partition(|error| existing.contains(error));
         if new.is_empty() {
+            let keys = self.settings.ownership_keys.current();
             return Ok(Placement::Tolerated {
-                patch: plan_patch(object, &decision)?,
+                patch: plan_patch(object, &decision, &keys)?,
                 existing,
             });
         }
@@ -323,7 +328,7 @@ impl Admission {
         object: &Value,
         deadline: Instant,
     ) -> Result<Decision, PlacementFailure> {
-        let input = request_input(request, object);
+        let input = request_input(request, object, &self.settings.ownership_keys.current());
         let outcome = self
             .engine
             .query(&self.settings.decision_path, &input, deadline)
@@ -355,7 +360,7 @@ enum Placement {
 
 /// The policy input for `object` under `request` (one function for the
 /// webhook and the remediator: [`policy_client::policy_input`]).
-pub fn request_input(request: &AdmissionRequest, object: &Value) -> Value {
+pub fn request_input(request: &AdmissionRequest, object: &Value, keys: &OwnershipKeys) -> Value {
     let kind = json!(request.kind);
     let resource = json!(request.resource);
     policy_input(
@@ -370,6 +375,7 @@ pub fn request_input(request: &AdmissionRequest, object: &Value) -> Value {
             user_info: &request.user_info,
             dry_run: request.dry_run.unwrap_or(false),
             old_object: request.old_object.as_ref(),
+            keys,
         },
     )
 }

@@ -212,6 +212,19 @@ pub struct ServeArgs {
     /// webhook then fails closed with its own message naming the engine).
     #[arg(long, env = "PLACEMENT_ENGINE_STARTUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
     pub engine_startup_grace: Duration,
+    /// Secret (`NAMESPACE/NAME`) holding the keys that sign the ownership
+    /// record, shared with the remediator; created when it holds none.
+    #[arg(
+        long,
+        env = "PLACEMENT_OWNERSHIP_SECRET",
+        conflicts_with = "ownership_key_file"
+    )]
+    pub ownership_secret: Option<crate::self_managed::SecretRef>,
+    /// File holding those keys (one base64 key per line, the signing key
+    /// first). Without this or --ownership-secret a key of this process only
+    /// is used.
+    #[arg(long, env = "PLACEMENT_OWNERSHIP_KEY_FILE")]
+    pub ownership_key_file: Option<PathBuf>,
     /// On SIGTERM, keep serving this long before stopping (so that a pod
     /// leaving the Service's endpoints loses no request).
     #[arg(long, env = "PLACEMENT_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]

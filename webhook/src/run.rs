@@ -5,7 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
+use kube::{Api, Client, Config};
+use policy_client::ownership_keys::KeyError;
+use policy_client::ownership_secret::KeySecret;
+use policy_client::{OwnershipKeys, SharedKeys};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -50,6 +53,8 @@ pub enum RunError {
     },
     #[error("cannot create directory for generated certificates: {0}")]
     CertDir(std::io::Error),
+    #[error("ownership record keys: {0}")]
+    Ownership(String),
     #[error("self-managed certificates: {0}")]
     SelfManaged(#[from] crate::self_managed::SelfManagedError),
 }
@@ -127,6 +132,44 @@ fn serve_settings(args: &ServeArgs) -> Result<ServeSettings, ConfigError> {
     })
 }
 
+/// The keys of the ownership record: from the Secret (created when missing) or
+/// the file; else a key of this process only.
+async fn ownership_keys(args: &ServeArgs, client: Option<&Client>) -> Result<SharedKeys, RunError> {
+    if let Some(secret) = &args.ownership_secret {
+        let client = client.ok_or_else(|| {
+            RunError::Ownership("--ownership-secret needs access to the Kubernetes API".to_owned())
+        })?;
+        return KeySecret {
+            api: Api::namespaced(client.clone(), &secret.namespace),
+            namespace: secret.namespace.clone(),
+            name: secret.name.clone(),
+            create: true,
+        }
+        .keys()
+        .await
+        .map_err(|e| RunError::Ownership(e.to_string()));
+    }
+    if let Some(path) = &args.ownership_key_file {
+        let text = std::fs::read_to_string(path).map_err(|source| RunError::Input {
+            path: path.clone(),
+            source,
+        })?;
+        return OwnershipKeys::from_text(&text)
+            .map(SharedKeys::new)
+            .map_err(|e| RunError::Ownership(format!("{}: {e}", path.display())));
+    }
+    tracing::warn!(
+        "no --ownership-secret or --ownership-key-file: ownership records are signed with a key of this process only, which no other replica or remediator can verify"
+    );
+    Ok(SharedKeys::new(
+        OwnershipKeys::ephemeral().map_err(ownership_error)?,
+    ))
+}
+
+fn ownership_error(e: KeyError) -> RunError {
+    RunError::Ownership(e.to_string())
+}
+
 /// `placement-webhook serve`.
 pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
     let settings = serve_settings(&args)?;
@@ -172,11 +215,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         ),
         None => EventSink::disabled(),
     };
+    let ownership_keys = ownership_keys(&args, client.as_ref()).await?;
     let admission = Admission::new(
         resolved.engine,
         AdmissionSettings {
             decision_path: resolved.decision_path.clone(),
             engine_deadline: args.engine.engine_deadline,
+            ownership_keys,
         },
         presence,
         events,
@@ -310,6 +355,8 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
         AdmissionSettings {
             decision_path: resolved.decision_path,
             engine_deadline: args.engine.engine_deadline,
+            // Offline: nothing to share the records with.
+            ownership_keys: SharedKeys::new(OwnershipKeys::ephemeral().map_err(ownership_error)?),
         },
         presence,
         EventSink::disabled(),

@@ -1,0 +1,160 @@
+//! Keys that sign and verify the ownership record (HMAC-SHA256), so that no
+//! client can forge what the policy sees as the developer's request.
+//!
+//! Keys are kept as text, one base64 key per line: the first signs, every one
+//! verifies (during a rotation the old key stays on a later line until every
+//! record has been rewritten). The webhook and the remediator share them
+//! through a Secret ([`crate::ownership_secret`]) or a file.
+
+use std::fmt;
+use std::sync::{Arc, RwLock};
+
+use base64::Engine as _;
+use ring::hmac;
+
+/// Prefix of a record's signature.
+const TAG_PREFIX: &str = "hmac-sha256:";
+/// Bytes of a generated key; shorter keys are refused.
+const KEY_BYTES: usize = 32;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("ownership keys: no key")]
+    Empty,
+    #[error("ownership keys: line {line} is not base64")]
+    NotBase64 { line: usize },
+    #[error("ownership keys: line {line} holds {bytes} bytes, at least {KEY_BYTES} are needed")]
+    TooShort { line: usize, bytes: usize },
+    #[error("ownership keys: no randomness to generate a key")]
+    Random,
+}
+
+/// The keys in force. `Debug` never shows them.
+#[derive(Clone)]
+pub struct OwnershipKeys {
+    keys: Vec<hmac::Key>,
+}
+
+impl fmt::Debug for OwnershipKeys {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnershipKeys(<{} redacted>)", self.keys.len())
+    }
+}
+
+impl OwnershipKeys {
+    /// From text: one base64 key per line, the signing key first.
+    pub fn from_text(text: &str) -> Result<OwnershipKeys, KeyError> {
+        let mut keys = Vec::new();
+        for (index, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(line)
+                .map_err(|_| KeyError::NotBase64 { line: index + 1 })?;
+            if bytes.len() < KEY_BYTES {
+                return Err(KeyError::TooShort {
+                    line: index + 1,
+                    bytes: bytes.len(),
+                });
+            }
+            keys.push(hmac::Key::new(hmac::HMAC_SHA256, &bytes));
+        }
+        if keys.is_empty() {
+            return Err(KeyError::Empty);
+        }
+        Ok(OwnershipKeys { keys })
+    }
+
+    /// A new random key, as the text [`OwnershipKeys::from_text`] reads.
+    pub fn generate_text() -> Result<String, KeyError> {
+        let mut bytes = [0u8; KEY_BYTES];
+        ring::rand::SecureRandom::fill(&ring::rand::SystemRandom::new(), &mut bytes)
+            .map_err(|_| KeyError::Random)?;
+        Ok(format!(
+            "{}\n",
+            base64::engine::general_purpose::STANDARD.encode(bytes)
+        ))
+    }
+
+    /// A key for this process only: records it signs verify nowhere else.
+    pub fn ephemeral() -> Result<OwnershipKeys, KeyError> {
+        OwnershipKeys::from_text(&OwnershipKeys::generate_text()?)
+    }
+
+    pub(crate) fn sign(&self, message: &[u8]) -> String {
+        let tag = hmac::sign(&self.keys[0], message);
+        format!(
+            "{TAG_PREFIX}{}",
+            base64::engine::general_purpose::STANDARD_NO_PAD.encode(tag.as_ref())
+        )
+    }
+
+    pub(crate) fn verify(&self, message: &[u8], tag: &str) -> bool {
+        let Some(encoded) = tag.strip_prefix(TAG_PREFIX) else {
+            return false;
+        };
+        let Ok(tag) = base64::engine::general_purpose::STANDARD_NO_PAD.decode(encoded) else {
+            return false;
+        };
+        self.keys
+            .iter()
+            .any(|key| hmac::verify(key, message, &tag).is_ok())
+    }
+}
+
+/// Keys that may be replaced while in use (a rotated Secret).
+#[derive(Debug, Clone)]
+pub struct SharedKeys(Arc<RwLock<Arc<OwnershipKeys>>>);
+
+impl SharedKeys {
+    pub fn new(keys: OwnershipKeys) -> SharedKeys {
+        SharedKeys(Arc::new(RwLock::new(Arc::new(keys))))
+    }
+
+    /// The keys in force now.
+    pub fn current(&self) -> Arc<OwnershipKeys> {
+        Arc::clone(&self.0.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    pub fn replace(&self, keys: OwnershipKeys) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signs_with_the_first_key_and_verifies_with_any() {
+        let old = OwnershipKeys::generate_text().unwrap();
+        let new = OwnershipKeys::generate_text().unwrap();
+        let before = OwnershipKeys::from_text(&old).unwrap();
+        let rotated = OwnershipKeys::from_text(&format!("{new}{old}")).unwrap();
+        let tag = before.sign(b"record");
+        assert!(
+            rotated.verify(b"record", &tag),
+            "the old key still verifies"
+        );
+        assert!(!rotated.verify(b"other", &tag));
+        let tag = rotated.sign(b"record");
+        assert!(!before.verify(b"record", &tag), "signed with the new key");
+        assert!(!format!("{rotated:?}").contains(new.trim()));
+    }
+
+    #[test]
+    fn bad_key_text_is_a_named_error() {
+        assert_eq!(OwnershipKeys::from_text("\n").unwrap_err(), KeyError::Empty);
+        assert_eq!(
+            OwnershipKeys::from_text("not base64!").unwrap_err(),
+            KeyError::NotBase64 { line: 1 }
+        );
+        assert_eq!(
+            OwnershipKeys::from_text("c2hvcnQ=").unwrap_err(),
+            KeyError::TooShort { line: 1, bytes: 5 }
+        );
+        assert!(!OwnershipKeys::ephemeral().unwrap().verify(b"x", "sha1:abc"));
+    }
+}
