@@ -23,6 +23,7 @@ mod leader;
 pub mod metrics;
 pub mod policies;
 pub mod queue;
+pub mod rego_refs;
 pub mod remediator;
 mod replicator;
 pub mod scope;
@@ -205,6 +206,13 @@ impl Sidecar {
                 state: state.clone(),
                 namespace: settings.policy_namespace.clone(),
                 label: settings.policy_label.clone(),
+                data_roots: settings
+                    .replicate_path
+                    .split('/')
+                    .next()
+                    .map(str::to_owned)
+                    .into_iter()
+                    .collect(),
                 permits: permits.clone(),
                 changed: trigger.clone(),
             },

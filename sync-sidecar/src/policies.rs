@@ -7,6 +7,14 @@
 //! engine (OPA rejects the PUT and keeps what it had); after an engine restart
 //! the loader puts that last good version back, so a restart does not change
 //! which policy is in force.
+//!
+//! A policy set is whole or not in force: a change after which some module
+//! would need a package that no module defines (a module removed, or one
+//! added before what it imports) is refused the same way, with an error naming
+//! the missing package, and the last good set stays. The modules of one change
+//! are put dependencies first (the decision last), and so are all modules on a
+//! reload after an engine restart, so that no query sees a module before the
+//! modules it needs ([`crate::rego_refs`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -27,6 +35,7 @@ use crate::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
+use crate::rego_refs;
 use crate::state::SyncState;
 
 /// Annotation on a policy ConfigMap with the load outcome of its modules.
@@ -104,14 +113,21 @@ pub struct ModuleSync {
 pub struct ModuleSet {
     namespace: String,
     engine: Arc<dyn PolicyEngine>,
+    /// Top-level `data` names that hold replicated data, not packages.
+    data_roots: Vec<String>,
     records: Mutex<BTreeMap<String, ModuleRecord>>,
 }
 
 impl ModuleSet {
-    pub fn new(namespace: impl Into<String>, engine: Arc<dyn PolicyEngine>) -> Self {
+    pub fn new(
+        namespace: impl Into<String>,
+        engine: Arc<dyn PolicyEngine>,
+        data_roots: Vec<String>,
+    ) -> Self {
         ModuleSet {
             namespace: namespace.into(),
             engine,
+            data_roots,
             records: Mutex::new(BTreeMap::new()),
         }
     }
@@ -133,6 +149,74 @@ impl ModuleSet {
             .filter(|r| r.outcome.is_ok() || r.last_good.is_some())
             .count();
         (loaded, failed)
+    }
+
+    /// The modules in force: each one's accepted source.
+    fn in_force(&self) -> BTreeMap<String, String> {
+        self.records()
+            .iter()
+            .filter_map(|(id, r)| {
+                let source = match &r.outcome {
+                    Ok(()) => Some(&r.source),
+                    Err(_) => r.last_good.as_ref(),
+                };
+                source.map(|s| (id.clone(), s.clone()))
+            })
+            .collect()
+    }
+
+    /// Packages the set would need after ConfigMap `name` becomes `desired`
+    /// that it does not need now: a change that would leave a module without
+    /// a package it uses.
+    fn newly_missing(
+        &self,
+        name: &str,
+        desired: &BTreeMap<String, &String>,
+    ) -> (BTreeMap<String, String>, Vec<rego_refs::Missing>) {
+        let now = self.in_force();
+        let prefix = self.prefix(name);
+        let mut after: BTreeMap<String, String> = now
+            .iter()
+            .filter(|(id, _)| !id.starts_with(&prefix))
+            .map(|(id, s)| (id.clone(), s.clone()))
+            .collect();
+        after.extend(desired.iter().map(|(id, s)| (id.clone(), (*s).clone())));
+        let before: Vec<String> = rego_refs::missing_packages(&now, &self.data_roots)
+            .into_iter()
+            .map(|m| m.package)
+            .collect();
+        let missing = rego_refs::missing_packages(&after, &self.data_roots)
+            .into_iter()
+            .filter(|m| !before.contains(&m.package))
+            .collect();
+        (after, missing)
+    }
+
+    /// The order to load ConfigMaps `names` in so that no module arrives
+    /// before the modules it needs (by their current data `sources`).
+    pub fn configmap_order(
+        &self,
+        sources: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Vec<String> {
+        let all: BTreeMap<String, String> = sources
+            .iter()
+            .flat_map(|(name, data)| {
+                data.iter().map(move |(key, source)| {
+                    (module_id(&self.namespace, name, key), source.clone())
+                })
+            })
+            .collect();
+        let order = rego_refs::load_order(&all);
+        let mut names: Vec<String> = sources.keys().cloned().collect();
+        let position = |name: &String| {
+            let prefix = self.prefix(name);
+            order
+                .iter()
+                .position(|id| id.starts_with(&prefix))
+                .unwrap_or(usize::MAX)
+        };
+        names.sort_by_key(position);
+        names
     }
 
     /// Names of ConfigMaps that have modules on record.
@@ -166,9 +250,21 @@ impl ModuleSet {
             .flatten()
             .map(|(key, source)| (module_id(&self.namespace, name, key), source))
             .collect();
-        for (id, source) in &desired {
+        let (after, missing) = self.newly_missing(name, &desired);
+        if !missing.is_empty() {
+            return self.refuse(name, data, &desired, &missing, reload).await;
+        }
+        // Dependencies first, so that no query sees a module before what it needs.
+        let order = rego_refs::load_order(&after);
+        let mut puts: Vec<(&String, &&String)> = desired.iter().collect();
+        puts.sort_by_key(|(id, _)| order.iter().position(|o| o == *id));
+        for (id, source) in puts {
             let previous = self.records().get(id).cloned();
-            if !reload && previous.as_ref().is_some_and(|p| &&p.source == source) {
+            if !reload
+                && previous
+                    .as_ref()
+                    .is_some_and(|p| &&p.source == source && p.outcome.is_ok())
+            {
                 continue;
             }
             let last_good = previous.and_then(|p| p.last_good);
@@ -221,6 +317,78 @@ impl ModuleSet {
                     .filter_map(|id| records.get(id).map(|r| &r.outcome)),
             )
         });
+        Ok(ModuleSync { changed, status })
+    }
+
+    /// Keep the set in force when a change would leave it incomplete: nothing
+    /// of the change reaches the engine (after an engine restart, the last good
+    /// modules are put back), and the ConfigMap's status names what is missing.
+    async fn refuse(
+        &self,
+        name: &str,
+        data: Option<&BTreeMap<String, String>>,
+        desired: &BTreeMap<String, &String>,
+        missing: &[rego_refs::Missing],
+        reload: bool,
+    ) -> Result<ModuleSync, EngineError> {
+        let errors: Vec<CompileError> = missing
+            .iter()
+            .map(|m| CompileError {
+                file: Some(m.module.clone()),
+                row: None,
+                col: None,
+                code: Some("missing_package".to_owned()),
+                message: format!(
+                    "needs package {} (data.{}), which no loaded module defines; the last good policy set stays in force",
+                    m.package, m.package
+                ),
+            })
+            .collect();
+        tracing::warn!(configmap = %name, missing = %missing.iter().map(|m| m.package.as_str()).collect::<Vec<_>>().join(", "), "policy set would be incomplete; the last good set stays in force");
+        let mut changed = false;
+        let prefix = self.prefix(name);
+        let kept: Vec<(String, ModuleRecord)> = self
+            .records()
+            .iter()
+            .filter(|(id, _)| id.starts_with(&prefix))
+            .map(|(id, r)| (id.clone(), r.clone()))
+            .collect();
+        if reload {
+            for (id, record) in &kept {
+                if let Some(good) = &record.last_good {
+                    self.engine.put_policy(id, good).await?;
+                    changed = true;
+                }
+            }
+        }
+        // The change is recorded as failing; what was good stays good.
+        for (id, source) in desired {
+            let last_good = kept
+                .iter()
+                .find(|(k, _)| k == id)
+                .and_then(|(_, r)| r.last_good.clone());
+            let own: Vec<CompileError> = errors
+                .iter()
+                .filter(|e| e.file.as_deref() == Some(id.as_str()))
+                .cloned()
+                .collect();
+            let outcome = if own.is_empty() && last_good.as_deref() == Some(source.as_str()) {
+                Ok(())
+            } else if own.is_empty() {
+                Err(errors.clone())
+            } else {
+                Err(own)
+            };
+            self.records().insert(
+                id.clone(),
+                ModuleRecord {
+                    source: (*source).clone(),
+                    outcome,
+                    last_good,
+                },
+            );
+        }
+        let status = data.map(|_| PolicyStatus::Error { errors });
         Ok(ModuleSync { changed, status })
     }
 
@@ -324,6 +492,17 @@ impl PolicyLoader {
         let mut names: BTreeSet<String> =
             self.store.state().iter().map(|cm| cm.name_any()).collect();
         names.extend(self.modules.configmaps());
+        // Dependencies first across ConfigMaps too: OPA lost everything, and
+        // queries go on while it is filled again.
+        let sources: BTreeMap<String, BTreeMap<String, String>> = self
+            .store
+            .state()
+            .iter()
+            .map(|cm| (cm.name_any(), Self::data_of(cm)))
+            .collect();
+        let mut ordered = self.modules.configmap_order(&sources);
+        ordered.extend(names.into_iter().filter(|n| !sources.contains_key(n)));
+        let names = ordered;
         for name in &names {
             self.sync_configmap(name, true).await?;
         }
@@ -345,6 +524,8 @@ pub(crate) struct PolicyLoaderContext {
     pub(crate) state: Arc<SyncState>,
     pub(crate) namespace: String,
     pub(crate) label: Option<String>,
+    /// Top-level `data` names of replicated data (not packages).
+    pub(crate) data_roots: Vec<String>,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) changed: Arc<Notify>,
 }
@@ -368,7 +549,11 @@ pub(crate) async fn run(
         namespace: ctx.namespace.clone(),
         api,
         store: store.clone(),
-        modules: ModuleSet::new(ctx.namespace.clone(), ctx.engine.clone()),
+        modules: ModuleSet::new(
+            ctx.namespace.clone(),
+            ctx.engine.clone(),
+            ctx.data_roots.clone(),
+        ),
         gate: Gate::default(),
         state: ctx.state.clone(),
         metrics: ctx.metrics.clone(),
@@ -510,7 +695,7 @@ mod tests {
     #[tokio::test]
     async fn broken_update_keeps_the_last_good_module_and_reports_the_error() {
         let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
-        let set = ModuleSet::new(NS, engine.clone());
+        let set = ModuleSet::new(NS, engine.clone(), vec!["kubernetes".into()]);
 
         let out = set
             .sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
@@ -569,7 +754,7 @@ mod tests {
     #[tokio::test]
     async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
         let first: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
-        let set = ModuleSet::new(NS, first.clone());
+        let set = ModuleSet::new(NS, first.clone(), vec!["kubernetes".into()]);
         set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
             .await
             .unwrap();
@@ -582,6 +767,7 @@ mod tests {
         let reloaded = ModuleSet {
             namespace: NS.to_owned(),
             engine: fresh.clone(),
+            data_roots: vec!["kubernetes".into()],
             records: Mutex::new(set.records().clone()),
         };
         let out = reloaded
@@ -603,7 +789,7 @@ mod tests {
             .put_policy("elsewhere/keep.rego", "package keep\n")
             .await
             .unwrap();
-        let set = ModuleSet::new(NS, engine.clone());
+        let set = ModuleSet::new(NS, engine.clone(), vec!["kubernetes".into()]);
         set.sync(
             "a",
             Some(&data(&[

@@ -1,6 +1,8 @@
-//! One change that would re-place most workloads is held, reported on the
-//! policy ConfigMap, and applied only once an administrator confirms it; a
-//! policy set that lost a module strips no placement.
+//! A policy set is whole or not in force, and one change that would re-place
+//! most workloads is held until confirmed: a set that lost a module is
+//! refused (its status names the missing package) and strips no placement;
+//! queries never see half a set; a large re-placement is reported on the
+//! policy ConfigMap and applied only once an administrator confirms it.
 
 use std::time::Duration;
 
@@ -139,10 +141,28 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         },
     );
 
-    // A policy set that lost its rules module: the decision is undefined, and
-    // no placement is stripped.
+    // A policy set that lost its rules module: refused, the ConfigMap's status
+    // names the missing package, the last good set stays, no placement is
+    // stripped.
     policy(&plane, &[("decision.rego", DECISION)]);
-    std::thread::sleep(Duration::from_secs(5));
+    let status = wait_for(
+        "the status to name the missing package",
+        Duration::from_secs(30),
+        || {
+            let status = plane.kubectl_ok(&[
+                "get",
+                "cm",
+                "placement",
+                "-n",
+                POLICY_NAMESPACE,
+                "-o",
+                "jsonpath={.metadata.annotations.placement-policy\\.io/policy-status}",
+            ]);
+            status.contains("test.rules").then_some(status)
+        },
+    );
+    assert!(status.contains("\"error\""), "{status}");
+    std::thread::sleep(Duration::from_secs(3));
     assert!(
         placements(&plane, &ns).iter().all(|p| *p == both),
         "placements kept with a partial policy set\n{}",
@@ -228,4 +248,102 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         "jsonpath={.metadata.annotations}",
     ]);
     assert!(!text.contains(HELD), "the report is cleared: {text}");
+}
+
+/// The modules of one change reach OPA dependencies first, and so do all
+/// modules when the sidecar refills a restarted OPA: a query in between sees
+/// the old set, the new set, or (OPA empty) no decision, never a decision
+/// without the rules it needs.
+#[test]
+fn queries_never_see_half_a_policy_set() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let mut opa = OpaServer::start();
+    let decision = |field: &str| {
+        format!(
+            "package io.k8s.federation.admission\n\nimport data.test.rules\n\nannotations := {{\"v\": rules.{field}}} if rules.loaded\n\nerrors := set() if rules.loaded\n"
+        )
+    };
+    let rules_v1 = "package test.rules\n\nloaded := true\n\nvalue := \"1\"\n";
+    let rules_v2 = "package test.rules\n\nloaded := true\n\nvalue := \"1\"\n\nvalue2 := \"2\"\n";
+    // Key order would load the decision ("a-...") before its rules ("b-...").
+    policy(
+        &plane,
+        &[
+            ("a-decision.rego", &decision("value")),
+            ("b-rules.rego", rules_v1),
+        ],
+    );
+    let sidecar = SidecarProcess::start(&plane, &opa, &["--remediation=off"]);
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+
+    let client = opa.client();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let watcher = runtime.spawn({
+        let (stop, seen) = (stop.clone(), seen.clone());
+        async move {
+            let mut answers = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+                let outcome = policy_client::PolicyEngine::query(
+                    &client,
+                    "io/k8s/federation/admission",
+                    &json!({}),
+                    deadline,
+                )
+                .await;
+                answers += 1;
+                if let Ok(policy_client::QueryOutcome::Defined(result)) = outcome {
+                    let whole =
+                        result.get("annotations").is_some() && result.get("errors").is_some();
+                    if !whole {
+                        seen.lock().unwrap().push(result.to_string());
+                    }
+                }
+            }
+            answers
+        }
+    });
+
+    // One change: the decision starts using a rule the same change adds.
+    policy(
+        &plane,
+        &[
+            ("a-decision.rego", &decision("value2")),
+            ("b-rules.rego", rules_v2),
+        ],
+    );
+    let ok = |plane: &ControlPlane| {
+        plane
+            .kubectl_ok(&[
+                "get",
+                "cm",
+                "placement",
+                "-n",
+                POLICY_NAMESPACE,
+                "-o",
+                "jsonpath={.metadata.annotations.placement-policy\\.io/policy-status}",
+            ])
+            .contains("\"ok\"")
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(ok(&plane));
+    // OPA restarts; the sidecar fills it again.
+    opa.restart();
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    std::thread::sleep(Duration::from_secs(1));
+    stop.store(true, Ordering::Relaxed);
+    let answers = runtime.block_on(watcher).unwrap();
+    assert!(answers > 50, "the queries ran ({answers})");
+    let seen = seen.lock().unwrap();
+    assert!(seen.is_empty(), "answers from half a policy set: {seen:?}");
 }

@@ -1,0 +1,292 @@
+//! What a Rego module defines and needs, read from its source: its package,
+//! the packages it imports and the `data` paths it refers to. The policy
+//! loader uses it to refuse a policy set that needs a package no module
+//! defines (it would evaluate to a defined but empty decision) and to load the
+//! modules of one change dependencies first, so that no query sees a module
+//! without the ones it needs.
+//!
+//! A scanner, not a parser: comments and string literals are skipped, then
+//! `package`, `import data.…` and dotted `data.…` references are read. A
+//! reference in a rule body only counts as a package reference when its first
+//! segment is also the first segment of a package of the set (anything else
+//! is data, which policies may read without a module defining it).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The package a module defines and the `data` paths it needs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModuleRefs {
+    pub package: Option<String>,
+    /// `import data.<path>` statements.
+    pub imports: BTreeSet<String>,
+    /// Dotted `data.<path>` references elsewhere.
+    pub references: BTreeSet<String>,
+}
+
+/// Read a module's package, imports and references.
+pub fn scan(source: &str) -> ModuleRefs {
+    let code = strip_comments_and_strings(source);
+    let mut refs = ModuleRefs::default();
+    for line in code.lines() {
+        let trimmed = line.trim_start();
+        if let Some(rest) = trimmed.strip_prefix("package ") {
+            refs.package = Some(path_at(rest.trim_start()));
+            continue;
+        }
+        if let Some(rest) = trimmed.strip_prefix("import ") {
+            if let Some(path) = rest.trim_start().strip_prefix("data.") {
+                let path = path_at(path);
+                if !path.is_empty() {
+                    refs.imports.insert(path);
+                }
+            }
+            continue;
+        }
+        let bytes = line.as_bytes();
+        let mut start = 0;
+        while let Some(found) = line[start..].find("data.") {
+            let at = start + found;
+            let boundary = at == 0 || !is_ident(bytes[at - 1] as char) && bytes[at - 1] != b'.';
+            let path = path_at(&line[at + 5..]);
+            if boundary && !path.is_empty() {
+                refs.references.insert(path);
+            }
+            start = at + 5;
+        }
+    }
+    refs
+}
+
+/// A module id that needs a package which no module of the set defines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Missing {
+    pub module: String,
+    pub package: String,
+}
+
+/// The packages the modules of `set` (id -> source) need and nobody defines.
+/// Paths under `data_roots` (replicated data) are data, never packages.
+pub fn missing_packages(set: &BTreeMap<String, String>, data_roots: &[String]) -> Vec<Missing> {
+    let scanned: BTreeMap<&String, ModuleRefs> =
+        set.iter().map(|(id, source)| (id, scan(source))).collect();
+    let packages: Vec<Vec<&str>> = scanned
+        .values()
+        .filter_map(|r| r.package.as_deref())
+        .map(|p| p.split('.').collect())
+        .collect();
+    let package_roots: BTreeSet<&str> =
+        packages.iter().filter_map(|p| p.first().copied()).collect();
+    let mut missing = Vec::new();
+    for (id, refs) in &scanned {
+        let needed = refs
+            .imports
+            .iter()
+            .chain(refs.references.iter().filter(|r| {
+                r.split('.')
+                    .next()
+                    .is_some_and(|root| package_roots.contains(root))
+            }));
+        for path in needed {
+            let segments: Vec<&str> = path.split('.').collect();
+            if data_roots.iter().any(|root| root == segments[0]) {
+                continue;
+            }
+            // A package deeper than the path (a parent document) or one the
+            // path lies in (a rule of it) satisfies it.
+            let defined = packages.iter().any(|p| {
+                let n = p.len().min(segments.len());
+                p[..n] == segments[..n]
+            });
+            let entry = Missing {
+                module: (*id).clone(),
+                package: path.clone(),
+            };
+            if !defined && !missing.contains(&entry) {
+                missing.push(entry);
+            }
+        }
+    }
+    missing
+}
+
+/// The ids of `set`, each after the modules whose packages it needs (ties and
+/// cycles in id order): loading in this order, no module arrives before what
+/// it imports.
+pub fn load_order(set: &BTreeMap<String, String>) -> Vec<String> {
+    let scanned: BTreeMap<&String, ModuleRefs> =
+        set.iter().map(|(id, source)| (id, scan(source))).collect();
+    let needs = |id: &String| -> BTreeSet<String> {
+        let refs = &scanned[id];
+        scanned
+            .iter()
+            .filter(|(other, r)| {
+                **other != id
+                    && r.package.as_deref().is_some_and(|p| {
+                        refs.imports
+                            .iter()
+                            .chain(&refs.references)
+                            .any(|path| path == p || path.starts_with(&format!("{p}.")))
+                    })
+            })
+            .map(|(other, _)| (*other).clone())
+            .collect()
+    };
+    let mut order: Vec<String> = Vec::new();
+    let mut pending: Vec<String> = set.keys().cloned().collect();
+    while !pending.is_empty() {
+        let ready = pending
+            .iter()
+            .position(|id| needs(id).iter().all(|n| order.contains(n)))
+            // A cycle: take the first and go on.
+            .unwrap_or(0);
+        order.push(pending.remove(ready));
+    }
+    order
+}
+
+fn is_ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The dotted identifier path at the start of `text`.
+fn path_at(text: &str) -> String {
+    let end = text
+        .find(|c: char| !(is_ident(c) || c == '.'))
+        .unwrap_or(text.len());
+    text[..end].trim_end_matches('.').to_owned()
+}
+
+/// The source with comments removed and string literals emptied (line
+/// structure kept).
+fn strip_comments_and_strings(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut chars = source.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '#' => {
+                for c in chars.by_ref() {
+                    if c == '\n' {
+                        out.push('\n');
+                        break;
+                    }
+                }
+            }
+            '"' => {
+                out.push('"');
+                while let Some(c) = chars.next() {
+                    match c {
+                        '\\' => {
+                            chars.next();
+                        }
+                        '"' => break,
+                        '\n' => out.push('\n'),
+                        _ => {}
+                    }
+                }
+                out.push('"');
+            }
+            '`' => {
+                out.push('`');
+                for c in chars.by_ref() {
+                    match c {
+                        '`' => break,
+                        '\n' => out.push('\n'),
+                        _ => {}
+                    }
+                }
+                out.push('`');
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shipped() -> BTreeMap<String, String> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        ["placement.rego", "placement_rules.rego"]
+            .iter()
+            .map(|name| {
+                (
+                    format!("ns/placement/{name}"),
+                    std::fs::read_to_string(dir.join(name)).unwrap(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_shipped_policy_is_whole_and_loads_rules_first() {
+        let set = shipped();
+        assert!(missing_packages(&set, &["kubernetes".into()]).is_empty());
+        assert_eq!(
+            load_order(&set),
+            [
+                "ns/placement/placement_rules.rego",
+                "ns/placement/placement.rego"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_decision_without_its_rules_names_the_missing_package() {
+        let mut set = shipped();
+        set.remove("ns/placement/placement_rules.rego");
+        assert_eq!(
+            missing_packages(&set, &["kubernetes".into()]),
+            [Missing {
+                module: "ns/placement/placement.rego".into(),
+                package: "io.k8s.federation.placement".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn data_references_comments_and_strings_are_not_packages() {
+        let source = r#"package a.b
+# import data.nowhere
+import data.kubernetes.clusters
+msg := "data.nowhere.either"
+raw := `data.not.this`
+x := data.inventory.hosts
+y := data.a.c.rule
+"#;
+        let refs = scan(source);
+        assert_eq!(refs.package.as_deref(), Some("a.b"));
+        assert_eq!(
+            refs.imports,
+            BTreeSet::from(["kubernetes.clusters".to_owned()])
+        );
+        assert_eq!(
+            refs.references,
+            BTreeSet::from(["inventory.hosts".to_owned(), "a.c.rule".to_owned()])
+        );
+        let set = BTreeMap::from([("m".to_owned(), source.to_owned())]);
+        // `data.a.c.rule` lies in the set's package tree ("a") and nothing
+        // defines it; `data.inventory` is data; kubernetes is replicated.
+        assert_eq!(
+            missing_packages(&set, &["kubernetes".into()]),
+            [Missing {
+                module: "m".into(),
+                package: "a.c.rule".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn a_parent_document_or_a_rule_inside_a_package_is_satisfied() {
+        let set = BTreeMap::from([
+            ("p".to_owned(), "package x.y.z\nr := 1\n".to_owned()),
+            (
+                "q".to_owned(),
+                "package x.main\nimport data.x.y\nv := data.x.y.z.r\n".to_owned(),
+            ),
+        ]);
+        assert!(missing_packages(&set, &[]).is_empty());
+        assert_eq!(load_order(&set), ["p", "q"]);
+    }
+}
