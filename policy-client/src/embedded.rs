@@ -664,8 +664,13 @@ errors contains msg if {
         );
     }
 
+    /// The memory ceiling is process-wide: the test that sets it and the test
+    /// whose runaway evaluations allocate gigabytes must not overlap.
+    static MEMORY_HUNGRY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn deadline_stops_a_runaway_evaluation() {
+        let _serial = MEMORY_HUNGRY.lock().await;
         let engine = Embedded::new();
         engine
             .put_policy(
@@ -707,6 +712,7 @@ errors contains msg if {
 
     #[tokio::test]
     async fn memory_limit_stops_a_huge_builtin_call() {
+        let _serial = MEMORY_HUNGRY.lock().await;
         let engine = Embedded::new();
         engine
             .put_policy(

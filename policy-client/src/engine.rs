@@ -201,6 +201,13 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
 
     /// Whether the engine is up and answering.
     async fn health(&self) -> Result<(), EngineError>;
+
+    /// An id of the running engine that changes whenever it restarts (and so
+    /// loses what it held), without writing anything into it; `None` when the
+    /// engine has none to offer (then a sentinel document tells).
+    async fn instance_id(&self) -> Result<Option<String>, EngineError> {
+        Ok(None)
+    }
 }
 
 /// Split and check a slash-separated document path.

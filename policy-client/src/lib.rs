@@ -4,6 +4,7 @@
 //!
 //! No Kubernetes server code lives here.
 
+pub mod configmaps;
 pub mod decision;
 pub mod embedded;
 pub mod engine;

@@ -48,6 +48,9 @@ pub struct OpaConfig {
     /// CA (PEM) to trust for an `https` OPA: the only one trusted when given;
     /// without it, the system's CA certificates are.
     pub ca_pem: Option<Vec<u8>>,
+    /// Accept any certificate from an `https` OPA (kube-mgmt's
+    /// `--opa-allow-insecure`; for tests only).
+    pub insecure: bool,
 }
 
 impl fmt::Debug for OpaConfig {
@@ -82,6 +85,7 @@ impl OpaConfig {
             request_timeout: Duration::from_secs(2),
             retry: RetryPolicy::default(),
             ca_pem: None,
+            insecure: false,
         }
     }
 }
@@ -148,6 +152,9 @@ impl Opa {
             builder = builder.tls_certs_only([cert]);
         } else if !https {
             builder = builder.tls_certs_only([]);
+        }
+        if config.insecure {
+            builder = builder.tls_danger_accept_invalid_certs(true);
         }
         let http = builder.build().map_err(|e| {
             let hint = if https && config.ca_pem.is_none() {
@@ -529,6 +536,41 @@ impl PolicyEngine for Opa {
         let url = self.url(&["health"], "")?;
         self.send(Method::GET, url, None).await.map(drop)
     }
+
+    /// OPA's `labels.id` (`GET /v1/config`): a random id each start, unless
+    /// the operator configured one (then `None`: a sentinel must tell).
+    async fn instance_id(&self) -> Result<Option<String>, EngineError> {
+        let url = self.url(&["v1", "config"], "")?;
+        let (_, bytes) = match self.send(Method::GET, url, None).await {
+            Ok(answer) => answer,
+            // An OPA whose authorization hides its configuration.
+            Err(EngineError::Http {
+                status: 401 | 403 | 404,
+                ..
+            }) => {
+                return Ok(None);
+            }
+            Err(e) => return Err(e),
+        };
+        let config: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::InvalidResponse(format!("OPA configuration: {e}")))?;
+        Ok(config
+            .pointer("/result/labels/id")
+            .and_then(Value::as_str)
+            // A configured id survives restarts and tells nothing.
+            .filter(|id| uuid_like(id))
+            .map(str::to_owned))
+    }
+}
+
+/// Whether `id` looks like the UUID OPA generates at start.
+fn uuid_like(id: &str) -> bool {
+    let parts: Vec<&str> = id.split('-').collect();
+    parts.len() == 5
+        && parts
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(p, n)| p.len() == n && p.chars().all(|c| c.is_ascii_hexdigit()))
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
+use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 use serde_json::{Value, json};
 
 /// Annotation on the policy ConfigMaps reporting a held change.
@@ -79,19 +80,51 @@ pub fn report(id: &str, objects: &[String], placed: usize, namespace: &str) -> V
 /// The policy ConfigMaps, where held changes are reported and confirmed.
 #[derive(Clone)]
 pub(crate) struct PolicyConfigMaps {
-    pub(crate) api: Api<ConfigMap>,
-    pub(crate) namespace: String,
-    pub(crate) label: Option<String>,
+    pub(crate) client: kube::Client,
+    pub(crate) selection: ConfigMapSelection,
     pub(crate) recorder: Recorder,
 }
 
 impl PolicyConfigMaps {
     async fn list(&self) -> Result<Vec<ConfigMap>, kube::Error> {
-        let params = match &self.label {
-            Some(label) => ListParams::default().labels(label),
-            None => ListParams::default(),
+        let apis: Vec<Api<ConfigMap>> = match self.selection.watched_namespaces() {
+            Some(namespaces) => namespaces
+                .iter()
+                .map(|ns| Api::namespaced(self.client.clone(), ns))
+                .collect(),
+            None => vec![Api::all(self.client.clone())],
         };
-        Ok(self.api.list(&params).await?.items)
+        let mut policies = Vec::new();
+        for api in apis {
+            for cm in api.list(&ListParams::default()).await?.items {
+                let namespace = cm.metadata.namespace.as_deref().unwrap_or_default();
+                let name = cm.metadata.name.as_deref().unwrap_or_default();
+                if self
+                    .selection
+                    .classify(namespace, name, cm.metadata.labels.as_ref())
+                    == Some(ConfigMapKind::Policy)
+                {
+                    policies.push(cm);
+                }
+            }
+        }
+        Ok(policies)
+    }
+
+    fn api(&self, cm: &ConfigMap) -> Api<ConfigMap> {
+        Api::namespaced(
+            self.client.clone(),
+            cm.metadata.namespace.as_deref().unwrap_or_default(),
+        )
+    }
+
+    /// Where the report goes, for the confirmation command.
+    pub(crate) fn namespace(&self) -> String {
+        self.selection
+            .policy_namespace
+            .clone()
+            .or_else(|| self.selection.namespaces.first().cloned())
+            .unwrap_or_default()
     }
 
     /// Whether an administrator confirmed the change `id`.
@@ -124,7 +157,7 @@ impl PolicyConfigMaps {
             let name = cm.metadata.name.clone().unwrap_or_default();
             let patch = json!({"metadata": {"annotations": {HELD_ANNOTATION: text}}});
             if let Err(e) = self
-                .api
+                .api(&cm)
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
@@ -162,7 +195,7 @@ impl PolicyConfigMaps {
             let name = cm.metadata.name.clone().unwrap_or_default();
             let patch = json!({"metadata": {"annotations": {HELD_ANNOTATION: null}}});
             if let Err(e) = self
-                .api
+                .api(&cm)
                 .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {

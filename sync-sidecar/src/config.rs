@@ -13,6 +13,10 @@ use crate::error::SyncError;
 use crate::gvr::Gvr;
 use crate::scope::Scope;
 use policy_client::OwnershipKeys;
+use policy_client::configmaps::{
+    ConfigMapSelection, DEFAULT_DATA_LABEL, DEFAULT_DATA_VALUE, DEFAULT_POLICY_LABEL,
+    DEFAULT_POLICY_VALUE,
+};
 
 /// Default namespace whose ConfigMaps hold the Rego modules.
 pub const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
@@ -85,9 +89,28 @@ pub struct Args {
     )]
     pub opa_url: String,
 
-    /// File holding the bearer token for OPA (never logged).
-    #[arg(long, env = "PLACEMENT_SYNC_OPA_TOKEN_FILE")]
+    /// File holding the bearer token for OPA (never logged). kube-mgmt's
+    /// `--opa-auth-token-file` is the same flag.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_OPA_TOKEN_FILE",
+        alias = "opa-auth-token-file"
+    )]
     pub opa_token_file: Option<PathBuf>,
+
+    /// The bearer token for OPA itself (kube-mgmt's flag; prefer the file,
+    /// which keeps it out of the process list). Never logged.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_OPA_AUTH_TOKEN",
+        conflicts_with = "opa_token_file",
+        hide_env_values = true
+    )]
+    pub opa_auth_token: Option<String>,
+
+    /// Accept any certificate from an https OPA (kube-mgmt's flag; for tests).
+    #[arg(long, env = "PLACEMENT_SYNC_OPA_ALLOW_INSECURE")]
+    pub opa_allow_insecure: bool,
 
     /// PEM file of a CA to trust for an https OPA.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_CA_FILE")]
@@ -101,13 +124,44 @@ pub struct Args {
     #[arg(long, env = "PLACEMENT_SYNC_KUBECONFIG")]
     pub kubeconfig: Option<PathBuf>,
 
-    /// Namespace whose ConfigMaps are the policy modules.
-    #[arg(long, env = "PLACEMENT_SYNC_POLICY_NAMESPACE", default_value = DEFAULT_POLICY_NAMESPACE)]
-    pub policy_namespace: String,
+    /// Namespace whose ConfigMaps are all policy modules (unless labelled as
+    /// data) [default: kube-federation-scheduling-policy, unless --namespaces
+    /// is given].
+    #[arg(long, env = "PLACEMENT_SYNC_POLICY_NAMESPACE")]
+    pub policy_namespace: Option<String>,
 
-    /// Only ConfigMaps with this label (`key=value`, or `key` for any value) are policies.
-    #[arg(long, env = "PLACEMENT_SYNC_POLICY_LABEL")]
-    pub policy_label: Option<String>,
+    /// Namespaces to load labelled policy and data ConfigMaps from, as
+    /// kube-mgmt does (comma-separated; `*` for all).
+    #[arg(long, env = "PLACEMENT_SYNC_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+
+    /// Load policies from ConfigMaps.
+    #[arg(long, env = "PLACEMENT_SYNC_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_policies: bool,
+
+    /// Load JSON/YAML data from ConfigMaps.
+    #[arg(long, env = "PLACEMENT_SYNC_ENABLE_DATA", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_data: bool,
+
+    /// Label name of policy ConfigMaps in --namespaces.
+    #[arg(long, env = "PLACEMENT_SYNC_POLICY_LABEL", default_value = DEFAULT_POLICY_LABEL)]
+    pub policy_label: String,
+
+    /// Label value of policy ConfigMaps.
+    #[arg(long, env = "PLACEMENT_SYNC_POLICY_VALUE", default_value = DEFAULT_POLICY_VALUE)]
+    pub policy_value: String,
+
+    /// Label name of data ConfigMaps (in --namespaces and the policy namespace).
+    #[arg(long, env = "PLACEMENT_SYNC_DATA_LABEL", default_value = DEFAULT_DATA_LABEL)]
+    pub data_label: String,
+
+    /// Label value of data ConfigMaps.
+    #[arg(long, env = "PLACEMENT_SYNC_DATA_VALUE", default_value = DEFAULT_DATA_VALUE)]
+    pub data_value: String,
+
+    /// Log level: `error`, `warn`, `info` or `debug` (RUST_LOG, when set, wins).
+    #[arg(long, env = "PLACEMENT_SYNC_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
 
     /// Decision path the remediator queries.
     #[arg(long, env = "PLACEMENT_SYNC_DECISION", default_value = DEFAULT_DECISION_PATH)]
@@ -211,9 +265,20 @@ pub struct Args {
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
     pub lease_duration: Duration,
 
-    /// Plain-HTTP address for `/metrics`, `/healthz` and `/readyz`.
-    #[arg(long, env = "PLACEMENT_SYNC_LISTEN", default_value = "0.0.0.0:8182")]
+    /// Plain-HTTP address for `/metrics`, `/healthz` (also `/health`) and
+    /// `/readyz`. kube-mgmt's `--health-endpoint` is the same flag.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_LISTEN",
+        alias = "health-endpoint",
+        default_value = "0.0.0.0:8182"
+    )]
     pub listen: SocketAddr,
+
+    /// kube-mgmt's bundle-driven replication (`--opa-config`), which
+    /// placement-sync does not do: refused with a message rather than ignored.
+    #[arg(long, hide = true)]
+    pub opa_config: Option<PathBuf>,
 
     /// How often the engine is checked for a restart, e.g. `2s`.
     #[arg(long, env = "PLACEMENT_SYNC_ENGINE_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
@@ -263,8 +328,9 @@ pub struct Settings {
     pub opa_ca_pem: Option<Vec<u8>>,
     pub opa_timeout: Duration,
     pub kubeconfig: Option<PathBuf>,
-    pub policy_namespace: String,
-    pub policy_label: Option<String>,
+    /// Which ConfigMaps are policies and which are data.
+    pub configmaps: ConfigMapSelection,
+    pub opa_allow_insecure: bool,
     pub decision: String,
     pub remediation: RemediationMode,
     pub remediate: Vec<Gvr>,
@@ -330,6 +396,11 @@ impl Settings {
             .map(str::to_owned)
             .collect();
         let opa_url = parse_opa_url(&args.opa_url)?;
+        if args.opa_config.is_some() {
+            return Err(config(
+                "--opa-config (kube-mgmt's replication driven by bundles) is not supported; replicate types with --replicate and --replicate-cluster".to_owned(),
+            ));
+        }
         let opa_token = match &args.opa_token_file {
             Some(path) => {
                 let raw = std::fs::read_to_string(path).map_err(|e| {
@@ -347,7 +418,12 @@ impl Settings {
                 }
                 Some(Token::new(token))
             }
-            None => None,
+            None => args
+                .opa_auth_token
+                .as_deref()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(Token::new),
         };
         let opa_ca_pem = match &args.opa_ca_file {
             Some(path) => Some(std::fs::read(path).map_err(|e| {
@@ -355,9 +431,23 @@ impl Settings {
             })?),
             None => None,
         };
-        if let Some(label) = &args.policy_label {
-            parse_label_selector(label)?;
-        }
+        check_label("--policy-label", &args.policy_label, false)?;
+        check_label("--policy-value", &args.policy_value, true)?;
+        check_label("--data-label", &args.data_label, false)?;
+        check_label("--data-value", &args.data_value, true)?;
+        let configmaps = ConfigMapSelection::resolve(
+            args.policy_namespace.clone(),
+            args.namespaces.clone(),
+            ConfigMapSelection {
+                enable_policies: args.enable_policies,
+                enable_data: args.enable_data,
+                policy_label: args.policy_label.clone(),
+                policy_value: args.policy_value.clone(),
+                data_label: args.data_label.clone(),
+                data_value: args.data_value.clone(),
+                ..ConfigMapSelection::default()
+            },
+        );
         if !(args.remediation_rate >= 0.0 && args.remediation_rate.is_finite()) {
             return Err(config(
                 "--remediation-rate must be a non-negative number".to_owned(),
@@ -386,7 +476,8 @@ impl Settings {
                         .ok()
                         .filter(|s| !s.is_empty())
                 })
-                .unwrap_or_else(|| args.policy_namespace.clone());
+                .or_else(|| configmaps.policy_namespace.clone())
+                .unwrap_or_else(|| DEFAULT_POLICY_NAMESPACE.to_owned());
             let identity = args
                 .identity
                 .clone()
@@ -413,8 +504,8 @@ impl Settings {
             opa_ca_pem,
             opa_timeout: args.opa_timeout,
             kubeconfig: args.kubeconfig,
-            policy_namespace: args.policy_namespace,
-            policy_label: args.policy_label,
+            configmaps,
+            opa_allow_insecure: args.opa_allow_insecure,
             decision,
             remediation: args.remediation,
             remediate: args.remediate,
@@ -481,22 +572,41 @@ impl Settings {
     }
 }
 
-/// `key=value` or `key`: checked here so a typo fails at start, not in a watch.
-pub(crate) fn parse_label_selector(label: &str) -> Result<(), SyncError> {
-    let (key, value) = match label.split_once('=') {
-        Some((k, v)) => (k.trim(), Some(v.trim())),
-        None => (label.trim(), None),
+/// A label name (`[prefix/]name`) or value, checked at start so that a typo
+/// fails here, not as a watch that never matches.
+pub(crate) fn check_label(flag: &str, text: &str, is_value: bool) -> Result<(), SyncError> {
+    let segment_ok = |s: &str| {
+        s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
     };
-    let ok_chars = |s: &str| {
-        s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+    let ok = if is_value {
+        segment_ok(text)
+    } else {
+        match text.split_once('/') {
+            Some((prefix, name)) => {
+                !prefix.is_empty() && !name.is_empty() && segment_ok(prefix) && segment_ok(name)
+            }
+            None => !text.is_empty() && segment_ok(text),
+        }
     };
-    if key.is_empty() || !ok_chars(key) || value.is_some_and(|v| !ok_chars(v) || v.contains('/')) {
-        return Err(SyncError::Config(format!(
-            "--policy-label {label:?} must be key=value or key"
-        )));
+    if ok {
+        Ok(())
+    } else {
+        let what = if is_value {
+            "a label value"
+        } else {
+            "a label name"
+        };
+        Err(SyncError::Config(format!(
+            "{flag} {text:?} is not {what} (letters, digits, '-', '_', '.'{})",
+            if is_value {
+                ""
+            } else {
+                ", one optional 'prefix/'"
+            }
+        )))
     }
-    Ok(())
 }
 
 /// Trim slashes; `None` when nothing is left.
@@ -580,7 +690,11 @@ mod tests {
     fn defaults() {
         let s = Settings::from_args(args(&["--identity=pod-a"])).unwrap();
         assert_eq!(s.replicate_path, "kubernetes");
-        assert_eq!(s.policy_namespace, DEFAULT_POLICY_NAMESPACE);
+        assert_eq!(
+            s.configmaps.policy_namespace.as_deref(),
+            Some(DEFAULT_POLICY_NAMESPACE)
+        );
+        assert!(s.configmaps.namespaces.is_empty());
         assert_eq!(s.decision, "io/k8s/federation/admission");
         assert_eq!(s.remediation, RemediationMode::Auto);
         assert_eq!(
@@ -633,10 +747,14 @@ mod tests {
     }
 
     #[test]
-    fn label_selectors() {
-        assert!(parse_label_selector("openpolicyagent.org/policy=rego").is_ok());
-        assert!(parse_label_selector("placement-policy").is_ok());
-        assert!(parse_label_selector("=x").is_err());
-        assert!(parse_label_selector("a b=c").is_err());
+    fn label_names_and_values() {
+        assert!(check_label("--policy-label", "openpolicyagent.org/policy", false).is_ok());
+        assert!(check_label("--policy-label", "placement-policy", false).is_ok());
+        assert!(check_label("--policy-label", "", false).is_err());
+        assert!(check_label("--policy-label", "a=b", false).is_err());
+        assert!(check_label("--policy-label", "a b", false).is_err());
+        assert!(check_label("--policy-value", "rego", true).is_ok());
+        assert!(check_label("--policy-value", "", true).is_ok());
+        assert!(check_label("--policy-value", "a/b", true).is_err());
     }
 }

@@ -16,6 +16,7 @@
 pub mod blast;
 mod component;
 pub mod config;
+pub mod data;
 pub mod document;
 pub mod error;
 pub mod gvr;
@@ -69,6 +70,7 @@ pub fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
     let mut config = OpaConfig::new(settings.opa_url.clone());
     config.token = settings.opa_token.clone();
     config.ca_pem = settings.opa_ca_pem.clone();
+    config.insecure = settings.opa_allow_insecure;
     config.request_timeout = settings.opa_timeout;
     Ok(Opa::new(config)?)
 }
@@ -204,8 +206,7 @@ impl Sidecar {
                 engine: engine.clone(),
                 metrics: metrics.clone(),
                 state: state.clone(),
-                namespace: settings.policy_namespace.clone(),
-                label: settings.policy_label.clone(),
+                selection: settings.configmaps.clone(),
                 data_roots: settings
                     .replicate_path
                     .split('/')
@@ -255,9 +256,8 @@ impl Sidecar {
                     blast_radius: settings.blast_radius,
                     ownership_keys: settings.ownership_keys.clone(),
                     policy_configmaps: blast::PolicyConfigMaps {
-                        api: kube::Api::namespaced(client.clone(), &settings.policy_namespace),
-                        namespace: settings.policy_namespace.clone(),
-                        label: settings.policy_label.clone(),
+                        client: client.clone(),
+                        selection: settings.configmaps.clone(),
                         recorder: recorder.clone(),
                     },
                     query_timeout: settings.opa_timeout,
@@ -270,7 +270,7 @@ impl Sidecar {
         }
         tracing::info!(
             replicate = settings.replicate.len(),
-            policy_namespace = %settings.policy_namespace,
+            policies = %settings.configmaps.describe(),
             remediation = ?settings.remediation,
             "placement-sync started"
         );

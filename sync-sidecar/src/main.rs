@@ -8,14 +8,17 @@ use tracing_subscriber::EnvFilter;
 async fn main() -> anyhow::Result<()> {
     // One crypto provider in the tree (ring); install it before any TLS use.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    // Colours only for a person at a terminal, not in a pod's log.
+    let args = Args::parse();
+    // RUST_LOG, when set, wins over --log-level. Colours only for a person at
+    // a terminal, not in a pod's log.
     tracing_subscriber::fmt()
         .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new(args.log_level.trim())),
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
-    let settings = Settings::from_args(Args::parse()).context("invalid configuration")?;
+    let settings = Settings::from_args(args).context("invalid configuration")?;
     let cancel = CancellationToken::new();
     tokio::spawn({
         let cancel = cancel.clone();

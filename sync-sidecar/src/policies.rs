@@ -32,11 +32,13 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{Gate, full_sync_loop};
+use crate::data::DataSet;
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
 use crate::rego_refs;
 use crate::state::SyncState;
+use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 
 /// Annotation on a policy ConfigMap with the load outcome of its modules.
 pub const STATUS_ANNOTATION: &str = "placement-policy.io/policy-status";
@@ -64,6 +66,16 @@ pub enum PolicyStatus {
 }
 
 impl PolicyStatus {
+    /// kube-mgmt's form: `{"status":"ok"}` or `{"status":"error","error":[..]}`.
+    pub fn to_kube_mgmt_annotation(&self) -> String {
+        match self {
+            PolicyStatus::Ok => r#"{"status":"ok"}"#.to_owned(),
+            PolicyStatus::Error { errors } => {
+                json!({"status": "error", "error": errors}).to_string()
+            }
+        }
+    }
+
     /// The annotation text: compact JSON, stable for equal content so an
     /// unchanged outcome is never written again.
     pub fn to_annotation(&self) -> String {
@@ -111,7 +123,9 @@ pub struct ModuleSync {
 /// Independent of Kubernetes, so it is tested against the embedded engine.
 #[derive(Debug)]
 pub struct ModuleSet {
-    namespace: String,
+    /// Namespaces whose modules no ConfigMap holds are ours to remove (the
+    /// policy namespace and listed namespaces; never "every namespace").
+    owned_namespaces: Vec<String>,
     engine: Arc<dyn PolicyEngine>,
     /// Top-level `data` names that hold replicated data, not packages.
     data_roots: Vec<String>,
@@ -120,12 +134,12 @@ pub struct ModuleSet {
 
 impl ModuleSet {
     pub fn new(
-        namespace: impl Into<String>,
+        owned_namespaces: Vec<String>,
         engine: Arc<dyn PolicyEngine>,
         data_roots: Vec<String>,
     ) -> Self {
         ModuleSet {
-            namespace: namespace.into(),
+            owned_namespaces,
             engine,
             data_roots,
             records: Mutex::new(BTreeMap::new()),
@@ -136,8 +150,9 @@ impl ModuleSet {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn prefix(&self, name: &str) -> String {
-        format!("{}/{name}/", self.namespace)
+    /// Module ids of ConfigMap `key` (`namespace/name`) start with this.
+    fn prefix(&self, key: &str) -> String {
+        format!("{key}/")
     }
 
     /// `(loaded, failed)`: modules in force, and modules whose current source fails.
@@ -200,10 +215,9 @@ impl ModuleSet {
     ) -> Vec<String> {
         let all: BTreeMap<String, String> = sources
             .iter()
-            .flat_map(|(name, data)| {
-                data.iter().map(move |(key, source)| {
-                    (module_id(&self.namespace, name, key), source.clone())
-                })
+            .flat_map(|(cm, data)| {
+                data.iter()
+                    .map(move |(key, source)| (format!("{cm}/{key}"), source.clone()))
             })
             .collect();
         let order = rego_refs::load_order(&all);
@@ -219,16 +233,11 @@ impl ModuleSet {
         names
     }
 
-    /// Names of ConfigMaps that have modules on record.
+    /// ConfigMaps (`namespace/name`) that have modules on record.
     pub fn configmaps(&self) -> BTreeSet<String> {
-        let ns_prefix = format!("{}/", self.namespace);
         self.records()
             .keys()
-            .filter_map(|id| {
-                id.strip_prefix(&ns_prefix)?
-                    .split_once('/')
-                    .map(|(n, _)| n.to_owned())
-            })
+            .filter_map(|id| id.rsplit_once('/').map(|(key, _)| key.to_owned()))
             .collect()
     }
 
@@ -248,7 +257,7 @@ impl ModuleSet {
         let desired: BTreeMap<String, &String> = data
             .into_iter()
             .flatten()
-            .map(|(key, source)| (module_id(&self.namespace, name, key), source))
+            .map(|(key, source)| (format!("{prefix}{key}"), source))
             .collect();
         let (after, missing) = self.newly_missing(name, &desired);
         if !missing.is_empty() {
@@ -395,11 +404,14 @@ impl ModuleSet {
     /// Delete engine modules in our namespace that no ConfigMap holds any more
     /// (ConfigMaps deleted while the sidecar was not running).
     pub async fn remove_orphans(&self) -> Result<bool, EngineError> {
-        let ns_prefix = format!("{}/", self.namespace);
         let ids = self.engine.policy_ids().await?;
         let mut changed = false;
         for id in ids {
-            if id.starts_with(&ns_prefix) && !self.records().contains_key(&id) {
+            let ours = self
+                .owned_namespaces
+                .iter()
+                .any(|ns| id.starts_with(&format!("{ns}/")) && id.matches('/').count() == 2);
+            if ours && !self.records().contains_key(&id) {
                 self.engine.delete_policy(&id).await?;
                 tracing::info!(module = %id, "removed a policy module no ConfigMap holds");
                 changed = true;
@@ -409,55 +421,173 @@ impl ModuleSet {
     }
 }
 
-/// The Kubernetes side: ConfigMap watch, status annotations.
-struct PolicyLoader {
-    namespace: String,
-    api: Api<ConfigMap>,
-    store: Store<ConfigMap>,
+/// kube-mgmt's status annotation, written beside ours so that kube-mgmt users'
+/// tooling keeps working.
+pub const KUBE_MGMT_STATUS_ANNOTATION: &str = "openpolicyagent.org/kube-mgmt-status";
+/// kube-mgmt's retry counter; placement-sync retries by itself, so always "0".
+pub const KUBE_MGMT_RETRIES_ANNOTATION: &str = "openpolicyagent.org/kube-mgmt-retries";
+
+/// The ConfigMaps watched: one reflector per namespace of the selection, or
+/// one over every namespace.
+struct Watched {
+    stores: Vec<(Option<String>, Store<ConfigMap>)>,
+}
+
+impl Watched {
+    /// The ConfigMap `namespace/name`, if any reflector holds it.
+    fn get(&self, key: &str) -> Option<Arc<ConfigMap>> {
+        let (namespace, name) = key.split_once('/')?;
+        self.stores
+            .iter()
+            .filter(|(ns, _)| ns.as_deref().is_none_or(|ns| ns == namespace))
+            .find_map(|(_, store)| store.get(&ObjectRef::new(name).within(namespace)))
+    }
+
+    fn all(&self) -> Vec<Arc<ConfigMap>> {
+        self.stores.iter().flat_map(|(_, s)| s.state()).collect()
+    }
+}
+
+fn key_of(cm: &ConfigMap) -> String {
+    format!(
+        "{}/{}",
+        cm.metadata.namespace.as_deref().unwrap_or_default(),
+        cm.name_any()
+    )
+}
+
+/// The Kubernetes side: ConfigMap watches, status annotations.
+struct ConfigMapLoader {
+    client: Client,
+    selection: ConfigMapSelection,
+    watched: Watched,
     modules: ModuleSet,
+    data: DataSet,
+    /// What each ConfigMap was last loaded as.
+    kinds: Mutex<BTreeMap<String, ConfigMapKind>>,
     gate: Gate,
     state: Arc<SyncState>,
     metrics: Arc<Metrics>,
     changed: Arc<Notify>,
 }
 
-impl PolicyLoader {
+impl ConfigMapLoader {
     fn data_of(cm: &ConfigMap) -> BTreeMap<String, String> {
         cm.data.clone().unwrap_or_default().into_iter().collect()
     }
 
-    async fn sync_configmap(&self, name: &str, reload: bool) -> Result<(), SyncError> {
-        let cm = self
-            .store
-            .get(&ObjectRef::new(name).within(&self.namespace));
+    fn kind_of(&self, cm: &ConfigMap) -> Option<ConfigMapKind> {
+        if cm.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        self.selection.classify(
+            cm.metadata.namespace.as_deref().unwrap_or_default(),
+            &cm.name_any(),
+            cm.metadata.labels.as_ref(),
+        )
+    }
+
+    /// Bring the engine to ConfigMap `key` (`namespace/name`) as it is now:
+    /// loaded as policy or data, unloaded when gone or no longer selected
+    /// (a ConfigMap that lost its label), moved when its kind changed.
+    async fn sync_configmap(&self, key: &str, reload: bool) -> Result<(), SyncError> {
+        let cm = self.watched.get(key);
+        let kind = cm.as_deref().and_then(|cm| self.kind_of(cm));
         let data = cm.as_deref().map(Self::data_of);
-        let result = self.modules.sync(name, data.as_ref(), reload).await;
-        self.update_gauges();
-        let outcome = match result {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                self.metrics.write_error(COMPONENT, e.kind());
-                return Err(e.into());
-            }
+        let previous = self.lock_kinds().get(key).copied();
+        let mut changed = false;
+        let mut fail = |e: EngineError| {
+            self.metrics.write_error(COMPONENT, e.kind());
+            SyncError::from(e)
         };
-        if outcome.changed {
+        if previous == Some(ConfigMapKind::Policy) && kind != Some(ConfigMapKind::Policy) {
+            changed |= self
+                .modules
+                .sync(key, None, false)
+                .await
+                .map_err(&mut fail)?
+                .changed;
+        }
+        if previous == Some(ConfigMapKind::Data) && kind != Some(ConfigMapKind::Data) {
+            changed |= self
+                .data
+                .sync(key, None, false)
+                .await
+                .map_err(&mut fail)?
+                .changed;
+        }
+        let outcome = match kind {
+            Some(ConfigMapKind::Policy) => Some(
+                self.modules
+                    .sync(key, data.as_ref(), reload)
+                    .await
+                    .map_err(&mut fail)?,
+            ),
+            Some(ConfigMapKind::Data) => Some(
+                self.data
+                    .sync(key, data.as_ref(), reload)
+                    .await
+                    .map_err(&mut fail)?,
+            ),
+            None => None,
+        };
+        {
+            let mut kinds = self.lock_kinds();
+            match kind {
+                Some(kind) => kinds.insert(key.to_owned(), kind),
+                None => kinds.remove(key),
+            };
+        }
+        self.update_gauges();
+        if let Some(outcome) = &outcome {
+            changed |= outcome.changed;
+        }
+        if changed {
             self.metrics.write_ok(COMPONENT, "put_policy");
             self.changed.notify_one();
         }
-        if let (Some(cm), Some(status)) = (cm, outcome.status) {
+        if let (
+            Some(cm),
+            Some(ModuleSync {
+                status: Some(status),
+                ..
+            }),
+        ) = (cm, outcome)
+        {
             self.write_status(&cm, &status).await?;
         }
         Ok(())
     }
 
+    fn lock_kinds(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ConfigMapKind>> {
+        self.kinds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ours and kube-mgmt's status annotations, when they differ from what the
+    /// ConfigMap says already.
     async fn write_status(&self, cm: &ConfigMap, status: &PolicyStatus) -> Result<(), SyncError> {
-        let value = status.to_annotation();
-        if cm.annotations().get(STATUS_ANNOTATION) == Some(&value) {
+        let ours = status.to_annotation();
+        let kube_mgmt = status.to_kube_mgmt_annotation();
+        let current = cm.annotations();
+        if current.get(STATUS_ANNOTATION) == Some(&ours)
+            && current.get(KUBE_MGMT_STATUS_ANNOTATION) == Some(&kube_mgmt)
+            && current
+                .get(KUBE_MGMT_RETRIES_ANNOTATION)
+                .map(String::as_str)
+                == Some("0")
+        {
             return Ok(());
         }
-        let patch = json!({"metadata": {"annotations": {STATUS_ANNOTATION: value}}});
-        match self
-            .api
+        let patch = json!({"metadata": {"annotations": {
+            STATUS_ANNOTATION: ours,
+            KUBE_MGMT_STATUS_ANNOTATION: kube_mgmt,
+            KUBE_MGMT_RETRIES_ANNOTATION: "0",
+        }}});
+        let api: Api<ConfigMap> = Api::namespaced(
+            self.client.clone(),
+            cm.metadata.namespace.as_deref().unwrap_or_default(),
+        );
+        match api
             .patch(
                 &cm.name_any(),
                 &PatchParams {
@@ -480,80 +610,110 @@ impl PolicyLoader {
         self.metrics.policies_failed.set(failed as i64);
     }
 
-    async fn sync_single(&self, name: String) -> Result<(), SyncError> {
+    async fn sync_single(&self, key: String) -> Result<(), SyncError> {
         let Some(_single) = self.gate.single(self.state.epoch()).await else {
             return Ok(());
         };
-        self.sync_configmap(&name, false).await
+        self.sync_configmap(&key, false).await
     }
 
     async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         let _full = self.gate.full().await;
-        let mut names: BTreeSet<String> =
-            self.store.state().iter().map(|cm| cm.name_any()).collect();
-        names.extend(self.modules.configmaps());
-        // Dependencies first across ConfigMaps too: OPA lost everything, and
-        // queries go on while it is filled again.
-        let sources: BTreeMap<String, BTreeMap<String, String>> = self
-            .store
-            .state()
-            .iter()
-            .map(|cm| (cm.name_any(), Self::data_of(cm)))
+        let current = self.watched.all();
+        // Data first, then policies in dependency order: OPA lost everything,
+        // and queries go on while it is filled again.
+        let mut data = BTreeSet::new();
+        let mut policies: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for cm in &current {
+            match self.kind_of(cm) {
+                Some(ConfigMapKind::Data) => {
+                    data.insert(key_of(cm));
+                }
+                Some(ConfigMapKind::Policy) => {
+                    policies.insert(key_of(cm), Self::data_of(cm));
+                }
+                None => {}
+            }
+        }
+        let mut keys: Vec<String> = data.into_iter().collect();
+        keys.extend(self.modules.configmap_order(&policies));
+        // What is on record but no longer selected or there: unload.
+        let known: BTreeSet<String> = self
+            .lock_kinds()
+            .keys()
+            .cloned()
+            .chain(self.modules.configmaps())
+            .chain(self.data.configmaps())
             .collect();
-        let mut ordered = self.modules.configmap_order(&sources);
-        ordered.extend(names.into_iter().filter(|n| !sources.contains_key(n)));
-        let names = ordered;
-        for name in &names {
-            self.sync_configmap(name, true).await?;
+        let listed: BTreeSet<String> = keys.iter().cloned().collect();
+        keys.extend(known.into_iter().filter(|k| !listed.contains(k)));
+        for key in &keys {
+            self.sync_configmap(key, true).await?;
         }
         if self.modules.remove_orphans().await? {
             self.changed.notify_one();
         }
         self.gate.set_loaded(epoch);
-        tracing::info!(configmaps = names.len(), "policies loaded");
+        tracing::info!(configmaps = keys.len(), "policies and data loaded");
         Ok(())
     }
 }
 
-/// Everything the policy loader needs.
+/// Everything the ConfigMap loader needs.
 #[derive(Clone)]
 pub(crate) struct PolicyLoaderContext {
     pub(crate) client: Client,
     pub(crate) engine: Arc<dyn PolicyEngine>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) state: Arc<SyncState>,
-    pub(crate) namespace: String,
-    pub(crate) label: Option<String>,
+    pub(crate) selection: ConfigMapSelection,
     /// Top-level `data` names of replicated data (not packages).
     pub(crate) data_roots: Vec<String>,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) changed: Arc<Notify>,
 }
 
-/// Watch the policy ConfigMaps and keep the engine's modules equal to them until `cancel`.
+/// Watch the policy and data ConfigMaps and keep the engine equal to them
+/// until `cancel`.
 pub(crate) async fn run(
     ctx: PolicyLoaderContext,
     cancel: CancellationToken,
 ) -> Result<(), SyncError> {
-    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
-    let mut config = watcher::Config::default();
-    if let Some(label) = &ctx.label {
-        config = config.labels(label);
+    let namespaces: Vec<Option<String>> = match ctx.selection.watched_namespaces() {
+        Some(namespaces) => namespaces.into_iter().map(Some).collect(),
+        None => vec![None],
+    };
+    let mut stores = Vec::new();
+    let mut streams = Vec::new();
+    for namespace in &namespaces {
+        let api: Api<ConfigMap> = match namespace {
+            Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+            None => Api::all(ctx.client.clone()),
+        };
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
+            .reflect(writer);
+        stores.push((namespace.clone(), store));
+        streams.push(stream.boxed());
     }
-    let (store, writer) = reflector::store::<ConfigMap>();
-    let stream = watcher(api.clone(), config)
-        .default_backoff()
-        .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
-        .reflect(writer);
-    let loader = Arc::new(PolicyLoader {
-        namespace: ctx.namespace.clone(),
-        api,
-        store: store.clone(),
+    // Data ConfigMaps land at data.<namespace>: data, not packages.
+    let mut data_roots = ctx.data_roots.clone();
+    data_roots.extend(namespaces.iter().flatten().cloned());
+    let loader = Arc::new(ConfigMapLoader {
+        client: ctx.client.clone(),
         modules: ModuleSet::new(
-            ctx.namespace.clone(),
+            namespaces.iter().flatten().cloned().collect(),
             ctx.engine.clone(),
-            ctx.data_roots.clone(),
+            data_roots,
         ),
+        data: DataSet::new(ctx.engine.clone()),
+        selection: ctx.selection.clone(),
+        watched: Watched {
+            stores: stores.clone(),
+        },
+        kinds: Mutex::new(BTreeMap::new()),
         gate: Gate::default(),
         state: ctx.state.clone(),
         metrics: ctx.metrics.clone(),
@@ -563,9 +723,9 @@ pub(crate) async fn run(
         let loader = loader.clone();
         KeyedQueue::new(
             COMPONENT,
-            move |name: String| {
+            move |key: String| {
                 let loader = loader.clone();
-                async move { loader.sync_single(name).await }
+                async move { loader.sync_single(key).await }
             },
             ctx.permits.clone(),
             Backoff::default(),
@@ -576,20 +736,22 @@ pub(crate) async fn run(
     let full = {
         let loader = loader.clone();
         let state = ctx.state.clone();
-        let ready_store = store.clone();
+        let ready: Vec<Store<ConfigMap>> = stores.iter().map(|(_, s)| s.clone()).collect();
         tokio::spawn(full_sync_loop(
             COMPONENT.to_owned(),
             ctx.state.clone(),
             async move {
-                let _ = ready_store.wait_until_ready().await;
+                for store in ready {
+                    let _ = store.wait_until_ready().await;
+                }
             },
             relist.clone(),
             move |epoch| {
                 let (loader, state) = (loader.clone(), state.clone());
                 async move {
-                    // Data first, policies last: until the policies are in, a
-                    // restarted engine answers "undefined" rather than deciding on
-                    // partial data.
+                    // Replicated data first, policies last: until the policies
+                    // are in, a restarted engine answers "undefined" rather
+                    // than deciding on partial data.
                     state.wait_loaded_except(COMPONENT, epoch).await;
                     loader.full_sync(epoch).await
                 }
@@ -597,8 +759,9 @@ pub(crate) async fn run(
             cancel.clone(),
         ))
     };
-    let mut stream = std::pin::pin!(stream);
-    let mut listed_once = false;
+    let watches = streams.len();
+    let mut stream = futures::stream::select_all(streams);
+    let mut listed = 0usize;
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
@@ -606,18 +769,19 @@ pub(crate) async fn run(
         };
         match event {
             Some(Ok(watcher::Event::Apply(cm) | watcher::Event::Delete(cm))) => {
-                queue.push(cm.name_any());
+                queue.push(key_of(&cm));
             }
             Some(Ok(watcher::Event::InitDone)) => {
-                if listed_once {
+                // Every watch lists once at start; a later list is a relist.
+                listed += 1;
+                if listed > watches {
                     relist.notify_one();
                 }
-                listed_once = true;
             }
             Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
             Some(Err(e)) => {
                 ctx.metrics.watch_error(COMPONENT);
-                tracing::warn!(namespace = %ctx.namespace, error = %e, "policy ConfigMap watch error; the watch recovers by itself");
+                tracing::warn!(error = %e, "ConfigMap watch error; the watch recovers by itself");
             }
             None => break,
         }
@@ -637,6 +801,8 @@ mod tests {
     const BETTER: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \"2\"\n";
     const BROKEN: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \n";
     const NS: &str = "kube-federation-scheduling-policy";
+    const PLACEMENT: &str = "kube-federation-scheduling-policy/placement";
+    const A: &str = "kube-federation-scheduling-policy/a";
 
     fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -695,10 +861,10 @@ mod tests {
     #[tokio::test]
     async fn broken_update_keeps_the_last_good_module_and_reports_the_error() {
         let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
-        let set = ModuleSet::new(NS, engine.clone(), vec!["kubernetes".into()]);
+        let set = ModuleSet::new(vec![NS.into()], engine.clone(), vec!["kubernetes".into()]);
 
         let out = set
-            .sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
+            .sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
             .await
             .unwrap();
         assert_eq!(
@@ -712,13 +878,13 @@ mod tests {
 
         // Unchanged source: nothing to do.
         let out = set
-            .sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
+            .sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
             .await
             .unwrap();
         assert!(!out.changed);
 
         let out = set
-            .sync("placement", Some(&data(&[("main.rego", BROKEN)])), false)
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), false)
             .await
             .unwrap();
         assert!(!out.changed);
@@ -737,7 +903,7 @@ mod tests {
         assert_eq!(set.counts(), (1, 1));
 
         let out = set
-            .sync("placement", Some(&data(&[("main.rego", BETTER)])), false)
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BETTER)])), false)
             .await
             .unwrap();
         assert_eq!(
@@ -754,24 +920,24 @@ mod tests {
     #[tokio::test]
     async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
         let first: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
-        let set = ModuleSet::new(NS, first.clone(), vec!["kubernetes".into()]);
-        set.sync("placement", Some(&data(&[("main.rego", GOOD)])), false)
+        let set = ModuleSet::new(vec![NS.into()], first.clone(), vec!["kubernetes".into()]);
+        set.sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
             .await
             .unwrap();
-        set.sync("placement", Some(&data(&[("main.rego", BROKEN)])), false)
+        set.sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), false)
             .await
             .unwrap();
 
         // Same records, new engine: what an engine restart looks like to the loader.
         let fresh: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
         let reloaded = ModuleSet {
-            namespace: NS.to_owned(),
+            owned_namespaces: vec![NS.into()],
             engine: fresh.clone(),
             data_roots: vec!["kubernetes".into()],
             records: Mutex::new(set.records().clone()),
         };
         let out = reloaded
-            .sync("placement", Some(&data(&[("main.rego", BROKEN)])), true)
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), true)
             .await
             .unwrap();
         assert!(matches!(out.status, Some(PolicyStatus::Error { .. })));
@@ -789,9 +955,9 @@ mod tests {
             .put_policy("elsewhere/keep.rego", "package keep\n")
             .await
             .unwrap();
-        let set = ModuleSet::new(NS, engine.clone(), vec!["kubernetes".into()]);
+        let set = ModuleSet::new(vec![NS.into()], engine.clone(), vec!["kubernetes".into()]);
         set.sync(
-            "a",
+            A,
             Some(&data(&[
                 ("one.rego", "package one\n"),
                 ("two.rego", "package two\n"),
@@ -801,7 +967,7 @@ mod tests {
         .await
         .unwrap();
         let out = set
-            .sync("a", Some(&data(&[("one.rego", "package one\n")])), false)
+            .sync(A, Some(&data(&[("one.rego", "package one\n")])), false)
             .await
             .unwrap();
         assert!(out.changed);
@@ -817,7 +983,7 @@ mod tests {
         );
 
         assert!(set.remove_orphans().await.unwrap());
-        let out = set.sync("a", None, false).await.unwrap();
+        let out = set.sync(A, None, false).await.unwrap();
         assert_eq!(
             out,
             ModuleSync {

@@ -442,7 +442,12 @@ impl Remediator {
         tracing::warn!(%id, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
         self.ctx.metrics.remediation_held.set(affected.len() as i64);
         configmaps
-            .report(&blast::report(&id, &objects, placed, &configmaps.namespace))
+            .report(&blast::report(
+                &id,
+                &objects,
+                placed,
+                &configmaps.namespace(),
+            ))
             .await;
         true
     }

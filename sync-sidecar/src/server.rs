@@ -24,6 +24,10 @@ pub fn router(metrics: Arc<Metrics>, sync: Arc<SyncState>) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
+        // kube-mgmt's path (`--health-endpoint`): there it answers 200 unless
+        // its bundle-driven sync is not ready, so probes written for it are
+        // liveness probes; it means what /healthz means.
+        .route("/health", get(|| async { "ok" }))
         .route("/readyz", get(ready_handler))
         .with_state(AppState { metrics, sync })
 }

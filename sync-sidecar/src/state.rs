@@ -1,11 +1,13 @@
 //! Whether the engine holds everything: the sync state, and the engine monitor
 //! that notices engine restarts.
 //!
-//! OPA keeps policies and data in memory only. The monitor writes a *sentinel*
-//! document with a fresh random token to the engine and then checks periodically
-//! that the token is still there. When it is gone (or different), the engine
-//! restarted or lost its state: the monitor writes a new token and starts a new
-//! *epoch*. Every component (each replicated type, the policy loader) reloads
+//! OPA keeps policies and data in memory only. The monitor recognises the engine
+//! it loaded by its instance id (OPA's `labels.id`, new at every start; nothing
+//! is written into the engine, so its data stays exactly what users put there,
+//! as kube-mgmt users expect) or, when the engine offers none, by a *sentinel*
+//! document with a fresh random token that it writes and checks. When the id
+//! changes or the token is gone (or different), the engine restarted or lost
+//! its state: the monitor starts a new *epoch*. Every component (each replicated type, the policy loader) reloads
 //! everything it holds from its watch cache when the epoch changes and reports
 //! the epoch it finished loading. The engine is *synced* when every component
 //! has loaded the current epoch and the sentinel, written before those loads,
@@ -229,6 +231,55 @@ fn new_token() -> String {
     )
 }
 
+/// How the monitor recognises the engine instance it loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Marker {
+    Instance(String),
+    Sentinel(String),
+}
+
+impl Marker {
+    fn kind(&self) -> &'static str {
+        match self {
+            Marker::Instance(_) => "instance id",
+            Marker::Sentinel(_) => "sentinel",
+        }
+    }
+}
+
+/// Identify the engine: its instance id, else a freshly written sentinel.
+async fn mark(engine: &dyn PolicyEngine, sentinel_path: &str) -> Result<Marker, String> {
+    match engine.instance_id().await {
+        Ok(Some(id)) => return Ok(Marker::Instance(id)),
+        Ok(None) => {}
+        Err(e) => return Err(e.to_string()),
+    }
+    let token = new_token();
+    let doc = json!({"token": token, "writer": "placement-sync"});
+    engine
+        .put_data(sentinel_path, &doc)
+        .await
+        .map(|()| Marker::Sentinel(token))
+        .map_err(|e| e.to_string())
+}
+
+/// Whether the engine is still the instance `marker` recognised.
+async fn check(
+    engine: &dyn PolicyEngine,
+    marker: &Marker,
+    sentinel_path: &str,
+    timeout: Duration,
+) -> SentinelCheck {
+    match marker {
+        Marker::Sentinel(token) => check_sentinel(engine, sentinel_path, token, timeout).await,
+        Marker::Instance(id) => match engine.instance_id().await {
+            Ok(Some(now)) if &now == id => SentinelCheck::Intact,
+            Ok(_) => SentinelCheck::Lost,
+            Err(e) => SentinelCheck::Unreachable(e.to_string()),
+        },
+    }
+}
+
 /// Run the engine monitor until `cancel`. See the module documentation.
 pub async fn monitor_engine(
     engine: Arc<dyn PolicyEngine>,
@@ -237,25 +288,27 @@ pub async fn monitor_engine(
     interval: Duration,
     cancel: CancellationToken,
 ) {
-    let mut token: Option<String> = None;
+    let mut marker: Option<Marker> = None;
     let mut epoch_started = Instant::now();
     let check_timeout = interval.max(Duration::from_secs(1));
     loop {
-        if token.is_none() {
-            let candidate = new_token();
-            let doc = json!({"token": candidate, "writer": "placement-sync"});
-            match engine.put_data(&sentinel_path, &doc).await {
-                Ok(()) => {
+        if marker.is_none() {
+            match mark(engine.as_ref(), &sentinel_path).await {
+                Ok(found) => {
                     state.set_engine_up(true);
                     let epoch = state.begin_epoch();
                     epoch_started = Instant::now();
-                    token = Some(candidate);
-                    tracing::info!(epoch, "loading all policies and data into the engine");
+                    tracing::info!(
+                        epoch,
+                        recognised_by = found.kind(),
+                        "loading all policies and data into the engine"
+                    );
+                    marker = Some(found);
                 }
-                Err(e) => {
+                Err(error) => {
                     state.set_engine_up(false);
                     state.set_synced(false);
-                    tracing::debug!(error = %e, "cannot write the engine sentinel");
+                    tracing::debug!(%error, "cannot identify the engine");
                     tokio::select! {
                         _ = tokio::time::sleep(interval) => continue,
                         _ = cancel.cancelled() => return,
@@ -269,10 +322,10 @@ pub async fn monitor_engine(
             _ = state.progress.notified(), if !state.is_synced() => {}
             _ = cancel.cancelled() => return,
         }
-        let Some(current) = token.clone() else {
+        let Some(current) = marker.clone() else {
             continue;
         };
-        match check_sentinel(engine.as_ref(), &sentinel_path, &current, check_timeout).await {
+        match check(engine.as_ref(), &current, &sentinel_path, check_timeout).await {
             SentinelCheck::Intact => {
                 state.set_engine_up(true);
                 if !state.is_synced() && state.pending().is_empty() {
@@ -294,7 +347,7 @@ pub async fn monitor_engine(
                     "policy engine restarted or lost its state; reloading everything"
                 );
                 state.set_synced(false);
-                token = None;
+                marker = None;
             }
             SentinelCheck::Unreachable(error) => {
                 tracing::debug!(%error, "engine check failed");

@@ -918,7 +918,7 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
     );
     let owned: Value =
         serde_json::from_str(&annotation(&requested, OWNED).expect("ownership record")).unwrap();
-    assert_eq!(owned[PREFS]["requested"], developer_request);
+    assert_eq!(owned["owned"][PREFS]["requested"], developer_request);
 
     // Case 5: editing the policy ConfigMap (pending clusters become eligible)
     // re-annotates the affected workloads; the request still narrows "requested".
@@ -961,7 +961,7 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
     let owned: Value =
         serde_json::from_str(&annotation(&rs("requested"), OWNED).expect("ownership record"))
             .unwrap();
-    assert_eq!(owned[PREFS]["requested"], developer_request);
+    assert_eq!(owned["owned"][PREFS]["requested"], developer_request);
 
     // Converged: no patch loop.
     tokio::time::sleep(Duration::from_secs(2)).await;

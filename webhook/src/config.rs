@@ -139,16 +139,8 @@ pub struct ServeArgs {
     /// Where generated certificates go [default: a new temporary directory].
     #[arg(long, env = "PLACEMENT_CERT_DIR")]
     pub cert_dir: Option<PathBuf>,
-    /// Namespace whose ConfigMaps are the policies (fail closed iff one exists).
-    #[arg(
-        long,
-        env = "PLACEMENT_POLICY_NAMESPACE",
-        default_value = "kube-federation-scheduling-policy"
-    )]
-    pub policy_namespace: String,
-    /// Only ConfigMaps matching this label selector count as policies.
-    #[arg(long, env = "PLACEMENT_POLICY_LABEL")]
-    pub policy_label: Option<String>,
+    #[command(flatten)]
+    pub policies: PolicySelectionArgs,
     /// Kubeconfig for Events and the policy ConfigMap watch [default: in-cluster
     /// or $KUBECONFIG].
     #[arg(long, env = "PLACEMENT_KUBECONFIG")]
@@ -286,6 +278,53 @@ pub struct CertsArgs {
     /// DNS names and IP addresses of the serving certificate.
     #[arg(long = "name", default_values = ["localhost", "127.0.0.1"])]
     pub names: Vec<String>,
+}
+
+/// Which ConfigMaps are policies (fail closed iff one exists): the same flags,
+/// with the same meaning, as placement-sync's (and kube-mgmt's).
+#[derive(Debug, Clone, Args)]
+pub struct PolicySelectionArgs {
+    /// Namespace whose ConfigMaps are all policies (unless labelled as data)
+    /// [default: kube-federation-scheduling-policy, unless --namespaces is given].
+    #[arg(long, env = "PLACEMENT_POLICY_NAMESPACE")]
+    pub policy_namespace: Option<String>,
+    /// Namespaces of labelled policy ConfigMaps, as kube-mgmt discovers them
+    /// (comma-separated; `*` for all).
+    #[arg(long, env = "PLACEMENT_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Whether ConfigMaps are policies at all.
+    #[arg(long, env = "PLACEMENT_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub enable_policies: bool,
+    /// Label name of policy ConfigMaps in --namespaces.
+    #[arg(long, env = "PLACEMENT_POLICY_LABEL", default_value = policy_client::configmaps::DEFAULT_POLICY_LABEL)]
+    pub policy_label: String,
+    /// Label value of policy ConfigMaps.
+    #[arg(long, env = "PLACEMENT_POLICY_VALUE", default_value = policy_client::configmaps::DEFAULT_POLICY_VALUE)]
+    pub policy_value: String,
+    /// Label name of data ConfigMaps (never policies).
+    #[arg(long, env = "PLACEMENT_DATA_LABEL", default_value = policy_client::configmaps::DEFAULT_DATA_LABEL)]
+    pub data_label: String,
+    /// Label value of data ConfigMaps.
+    #[arg(long, env = "PLACEMENT_DATA_VALUE", default_value = policy_client::configmaps::DEFAULT_DATA_VALUE)]
+    pub data_value: String,
+}
+
+impl PolicySelectionArgs {
+    pub fn selection(&self) -> policy_client::configmaps::ConfigMapSelection {
+        use policy_client::configmaps::ConfigMapSelection;
+        ConfigMapSelection::resolve(
+            self.policy_namespace.clone(),
+            self.namespaces.clone(),
+            ConfigMapSelection {
+                enable_policies: self.enable_policies,
+                policy_label: self.policy_label.clone(),
+                policy_value: self.policy_value.clone(),
+                data_label: self.data_label.clone(),
+                data_value: self.data_value.clone(),
+                ..ConfigMapSelection::default()
+            },
+        )
+    }
 }
 
 /// The seed's admission config file.

@@ -9,9 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-
-/// The ConfigMap the API server publishes into every namespace; never a policy.
-const ROOT_CA_CONFIGMAP: &str = "kube-root-ca.crt";
+use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 
 /// Where the webhook learns whether policies exist.
 #[derive(Clone)]
@@ -19,11 +17,13 @@ pub enum PolicyPresence {
     /// Known up front: the embedded engine's policy directory, or a deployment
     /// without API access (which must assume policies exist).
     Fixed { exist: bool, source: String },
-    /// ConfigMaps in the policy namespace, kept by a reflector (no API call per
-    /// request). Until the first list completes, policies are assumed to exist.
+    /// The ConfigMaps the selection names (the policy namespace and labelled
+    /// ConfigMaps, as placement-sync loads them), kept by reflectors (no API
+    /// call per request). Until every first list completes, policies are
+    /// assumed to exist.
     ConfigMaps {
-        store: Store<ConfigMap>,
-        namespace: String,
+        stores: Vec<Store<ConfigMap>>,
+        selection: Arc<ConfigMapSelection>,
         synced: Arc<AtomicBool>,
     },
 }
@@ -42,45 +42,50 @@ impl PolicyPresence {
         }
     }
 
-    /// Watch the ConfigMaps of `namespace` (optionally only those matching
-    /// `label_selector`). The reflector runs until the process ends.
-    pub fn watch_config_maps(
-        client: Client,
-        namespace: &str,
-        label_selector: Option<&str>,
-    ) -> Self {
-        let api: Api<ConfigMap> = Api::namespaced(client, namespace);
-        let mut config = watcher::Config::default();
-        if let Some(selector) = label_selector {
-            config = config.labels(selector);
-        }
-        let (store, writer) = reflector::store();
+    /// Watch the ConfigMaps `selection` may call policies: each namespace it
+    /// names, or every namespace for `*`. The reflectors run until the process
+    /// ends.
+    pub fn watch_config_maps(client: Client, selection: ConfigMapSelection) -> Self {
+        let apis: Vec<(String, Api<ConfigMap>)> = match selection.watched_namespaces() {
+            Some(namespaces) => namespaces
+                .into_iter()
+                .map(|ns| (ns.clone(), Api::namespaced(client.clone(), &ns)))
+                .collect(),
+            None => vec![("*".to_owned(), Api::all(client.clone()))],
+        };
         let synced = Arc::new(AtomicBool::new(false));
-        let ns = namespace.to_owned();
+        let mut stores = Vec::new();
+        for (ns, api) in apis {
+            let (store, writer) = reflector::store();
+            tokio::spawn(async move {
+                let stream = watcher(api, watcher::Config::default())
+                    .default_backoff()
+                    .reflect(writer)
+                    .touched_objects();
+                futures::pin_mut!(stream);
+                while let Some(item) = stream.next().await {
+                    if let Err(e) = item {
+                        tracing::warn!(namespace = %ns, error = %e, "watching policy ConfigMaps");
+                    }
+                }
+            });
+            stores.push(store);
+        }
+        let flag = Arc::clone(&synced);
+        let ready: Vec<Store<ConfigMap>> = stores.clone();
+        let describe = selection.describe();
         tokio::spawn(async move {
-            let stream = watcher(api, config)
-                .default_backoff()
-                .reflect(writer)
-                .touched_objects();
-            futures::pin_mut!(stream);
-            while let Some(item) = stream.next().await {
-                if let Err(e) = item {
-                    tracing::warn!(namespace = %ns, error = %e, "watching policy ConfigMaps");
+            for store in ready {
+                if store.wait_until_ready().await.is_err() {
+                    return;
                 }
             }
-        });
-        let flag = Arc::clone(&synced);
-        let ready_store = store.clone();
-        let ns = namespace.to_owned();
-        tokio::spawn(async move {
-            if ready_store.wait_until_ready().await.is_ok() {
-                flag.store(true, Ordering::Release);
-                tracing::info!(namespace = %ns, "policy ConfigMaps listed");
-            }
+            flag.store(true, Ordering::Release);
+            tracing::info!(policies = %describe, "policy ConfigMaps listed");
         });
         PolicyPresence::ConfigMaps {
-            store,
-            namespace: namespace.to_owned(),
+            stores,
+            selection: Arc::new(selection),
             synced,
         }
     }
@@ -96,9 +101,22 @@ impl PolicyPresence {
     pub fn policies_exist(&self) -> bool {
         match self {
             PolicyPresence::Fixed { exist, .. } => *exist,
-            PolicyPresence::ConfigMaps { store, synced, .. } => {
-                !synced.load(Ordering::Acquire) || !store.state_filter(is_policy).is_empty()
+            PolicyPresence::ConfigMaps { synced, .. } => {
+                !synced.load(Ordering::Acquire) || self.count() > 0
             }
+        }
+    }
+
+    /// Policy ConfigMaps known now.
+    fn count(&self) -> usize {
+        match self {
+            PolicyPresence::Fixed { exist, .. } => usize::from(*exist),
+            PolicyPresence::ConfigMaps {
+                stores, selection, ..
+            } => stores
+                .iter()
+                .map(|store| store.state_filter(|cm| is_policy(selection, cm)).len())
+                .sum(),
         }
     }
 
@@ -107,24 +125,31 @@ impl PolicyPresence {
         match self {
             PolicyPresence::Fixed { source, .. } => source.clone(),
             PolicyPresence::ConfigMaps {
-                store,
-                namespace,
-                synced,
+                selection, synced, ..
             } => {
                 if !synced.load(Ordering::Acquire) {
-                    format!("policy ConfigMaps in namespace {namespace} not listed yet")
+                    format!(
+                        "policy ConfigMaps ({}) not listed yet",
+                        selection.describe()
+                    )
                 } else {
-                    let count = store.state_filter(is_policy).len();
-                    format!("{count} policy ConfigMap(s) in namespace {namespace}")
+                    format!(
+                        "{} policy ConfigMap(s): {}",
+                        self.count(),
+                        selection.describe()
+                    )
                 }
             }
         }
     }
 }
 
-/// A ConfigMap counts as a policy when it holds data and is not the root CA bundle.
-fn is_policy(cm: &ConfigMap) -> bool {
-    cm.metadata.name.as_deref() != Some(ROOT_CA_CONFIGMAP)
+/// A ConfigMap counts as a policy when the selection says so and it holds
+/// something (and is not being deleted).
+fn is_policy(selection: &ConfigMapSelection, cm: &ConfigMap) -> bool {
+    let namespace = cm.metadata.namespace.as_deref().unwrap_or_default();
+    let name = cm.metadata.name.as_deref().unwrap_or_default();
+    selection.classify(namespace, name, cm.metadata.labels.as_ref()) == Some(ConfigMapKind::Policy)
         && cm.metadata.deletion_timestamp.is_none()
         && (cm.data.as_ref().is_some_and(|d| !d.is_empty())
             || cm.binary_data.as_ref().is_some_and(|d| !d.is_empty()))
@@ -134,11 +159,24 @@ fn is_policy(cm: &ConfigMap) -> bool {
 mod tests {
     use super::*;
     use kube::api::ObjectMeta;
+    use policy_client::configmaps::ROOT_CA_CONFIGMAP;
 
-    fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    fn cm(
+        namespace: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        data: &[(&str, &str)],
+    ) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
+                namespace: Some(namespace.into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).into(), (*v).into()))
+                        .collect(),
+                ),
                 ..Default::default()
             },
             data: Some(
@@ -151,10 +189,37 @@ mod tests {
     }
 
     #[test]
-    fn root_ca_and_empty_config_maps_are_not_policies() {
-        assert!(is_policy(&cm("placement", &[("main.rego", "package x")])));
-        assert!(!is_policy(&cm(ROOT_CA_CONFIGMAP, &[("ca.crt", "...")])));
-        assert!(!is_policy(&cm("empty", &[])));
+    fn policies_are_what_the_sidecar_loads() {
+        let selection = ConfigMapSelection::resolve(
+            Some("policies".into()),
+            vec!["team-a".into()],
+            ConfigMapSelection::default(),
+        );
+        let rego = [("main.rego", "package x")];
+        assert!(is_policy(
+            &selection,
+            &cm("policies", "placement", &[], &rego)
+        ));
+        assert!(!is_policy(
+            &selection,
+            &cm("policies", ROOT_CA_CONFIGMAP, &[], &[("ca.crt", "...")])
+        ));
+        assert!(!is_policy(&selection, &cm("policies", "empty", &[], &[])));
+        let data_label = [("openpolicyagent.org/data", "opa")];
+        assert!(!is_policy(
+            &selection,
+            &cm("policies", "clusters", &data_label, &[("c.json", "{}")])
+        ));
+        let policy_label = [("openpolicyagent.org/policy", "rego")];
+        assert!(is_policy(
+            &selection,
+            &cm("team-a", "p", &policy_label, &rego)
+        ));
+        assert!(!is_policy(&selection, &cm("team-a", "p", &[], &rego)));
+        assert!(!is_policy(
+            &selection,
+            &cm("team-b", "p", &policy_label, &rego)
+        ));
     }
 
     #[test]

@@ -188,11 +188,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
             *modules > 0,
             format!("{modules} Rego module(s) in {}", dir.display()),
         ),
-        (EngineKind::Opa { .. }, Some(client)) => PolicyPresence::watch_config_maps(
-            client.clone(),
-            &args.policy_namespace,
-            args.policy_label.as_deref(),
-        ),
+        (EngineKind::Opa { .. }, Some(client)) => {
+            PolicyPresence::watch_config_maps(client.clone(), args.policies.selection())
+        }
         (EngineKind::Opa { .. }, None) => {
             tracing::warn!(
                 "no Kubernetes API access: cannot see policy ConfigMaps, so policies are assumed to exist (fail closed)"

@@ -108,13 +108,22 @@ capabilities:
   securityContext: {{- include "pp.containerSecurity" . | nindent 4 }}
 {{- end -}}
 
+{{/* Which ConfigMaps are policies and data: the same flags for the webhook and placement-sync. */}}
+{{- define "pp.policySelection" -}}
+- --policy-namespace={{ .Values.policy.namespace }}
+{{- with .Values.policy.namespaces }}
+- --namespaces={{ join "," . }}
+{{- end }}
+- --policy-label={{ .Values.policy.label }}
+- --policy-value={{ .Values.policy.value }}
+- --data-label={{ .Values.policy.dataLabel }}
+- --data-value={{ .Values.policy.dataValue }}
+{{- end -}}
+
 {{/* Flags of placement-sync shared by its two roles. */}}
 {{- define "pp.syncArgs" -}}
 - --opa-url=http://127.0.0.1:8181
-- --policy-namespace={{ .Values.policy.namespace }}
-{{- with .Values.policy.labelSelector }}
-- --policy-label={{ . }}
-{{- end }}
+{{ include "pp.policySelection" . }}
 - --decision={{ .Values.policy.decision }}
 {{- range .Values.sync.replicate }}
 - --replicate={{ . }}

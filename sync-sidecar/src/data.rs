@@ -1,0 +1,183 @@
+//! Data ConfigMaps, as kube-mgmt loads them: every data key of a ConfigMap
+//! labelled as data is a JSON (or YAML) document, written to the engine at
+//! `{namespace}/{name}/{key}`; a key or ConfigMap that goes is removed, and on
+//! a reload after an engine restart everything is written again.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use policy_client::{CompileError, EngineError, PolicyEngine};
+use serde_json::Value;
+
+use crate::policies::{ModuleSync, PolicyStatus};
+
+/// The engine side of data ConfigMaps: what is written where.
+#[derive(Debug)]
+pub struct DataSet {
+    engine: Arc<dyn PolicyEngine>,
+    /// ConfigMap (`namespace/name`) -> key -> the document written.
+    written: Mutex<BTreeMap<String, BTreeMap<String, Value>>>,
+}
+
+/// A data key's text as a document: JSON, else YAML.
+pub fn parse_document(text: &str) -> Result<Value, String> {
+    serde_json::from_str(text).or_else(|json_error| {
+        yaml_serde::from_str::<Value>(text)
+            .map_err(|_| format!("neither JSON nor YAML: {json_error}"))
+    })
+}
+
+impl DataSet {
+    pub fn new(engine: Arc<dyn PolicyEngine>) -> DataSet {
+        DataSet {
+            engine,
+            written: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeMap<String, Value>>> {
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// ConfigMaps (`namespace/name`) with data written.
+    pub fn configmaps(&self) -> Vec<String> {
+        self.written().keys().cloned().collect()
+    }
+
+    /// Bring the engine's documents of ConfigMap `key` (`namespace/name`) to
+    /// `data` (`None`: gone, or no longer data). With `reload`, every document
+    /// is written again. A key that does not parse is reported and not written.
+    pub async fn sync(
+        &self,
+        key: &str,
+        data: Option<&BTreeMap<String, String>>,
+        reload: bool,
+    ) -> Result<ModuleSync, EngineError> {
+        let Some(data) = data else {
+            let had = self.written().remove(key).is_some();
+            if had {
+                self.engine.delete_data(key).await?;
+                tracing::info!(configmap = %key, "data removed");
+            }
+            return Ok(ModuleSync {
+                changed: had,
+                status: None,
+            });
+        };
+        let mut changed = false;
+        let mut errors = Vec::new();
+        let previous = self.written().get(key).cloned().unwrap_or_default();
+        let mut now = BTreeMap::new();
+        for (name, text) in data {
+            let path = format!("{key}/{name}");
+            match parse_document(text) {
+                Ok(document) => {
+                    if reload || previous.get(name) != Some(&document) {
+                        self.engine.put_data(&path, &document).await?;
+                        changed = true;
+                        tracing::info!(document = %path, "data loaded");
+                    }
+                    now.insert(name.clone(), document);
+                }
+                Err(message) => {
+                    errors.push(CompileError {
+                        file: Some(path),
+                        row: None,
+                        col: None,
+                        code: Some("invalid_data".to_owned()),
+                        message,
+                    });
+                    // The last document written stays.
+                    if let Some(old) = previous.get(name) {
+                        now.insert(name.clone(), old.clone());
+                    }
+                }
+            }
+        }
+        for name in previous.keys().filter(|n| !data.contains_key(*n)) {
+            self.engine.delete_data(&format!("{key}/{name}")).await?;
+            changed = true;
+        }
+        self.written().insert(key.to_owned(), now);
+        let status = if errors.is_empty() {
+            PolicyStatus::Ok
+        } else {
+            PolicyStatus::Error { errors }
+        };
+        Ok(ModuleSync {
+            changed,
+            status: Some(status),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy_client::{Embedded, QueryOutcome};
+    use serde_json::json;
+    use std::time::Duration;
+
+    async fn read(engine: &dyn PolicyEngine, path: &str) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        match engine.query(path, &json!({}), deadline).await.unwrap() {
+            QueryOutcome::Defined(v) => Some(v),
+            QueryOutcome::Undefined => None,
+        }
+    }
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn json_and_yaml_documents_follow_their_configmap() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = DataSet::new(engine.clone());
+        let out = set
+            .sync(
+                "default/inventory",
+                Some(&data(&[
+                    ("hosts.json", r#"{"a": 1}"#),
+                    ("zones.yaml", "eu: [west1]\n"),
+                ])),
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.status, Some(PolicyStatus::Ok));
+        assert_eq!(
+            read(engine.as_ref(), "default/inventory/hosts.json/a").await,
+            Some(json!(1))
+        );
+        assert_eq!(
+            read(engine.as_ref(), "default/inventory/zones.yaml/eu").await,
+            Some(json!(["west1"]))
+        );
+        // A key that does not parse is reported; the rest stays.
+        let out = set
+            .sync(
+                "default/inventory",
+                Some(&data(&[("hosts.json", "{not json")])),
+                false,
+            )
+            .await
+            .unwrap();
+        assert!(matches!(out.status, Some(PolicyStatus::Error { .. })));
+        assert_eq!(
+            read(engine.as_ref(), "default/inventory/hosts.json/a").await,
+            Some(json!(1))
+        );
+        assert_eq!(
+            read(engine.as_ref(), "default/inventory/zones.yaml").await,
+            None,
+            "key removed"
+        );
+        // The ConfigMap goes (or loses its label): its documents go.
+        set.sync("default/inventory", None, false).await.unwrap();
+        assert_eq!(read(engine.as_ref(), "default/inventory").await, None);
+    }
+}
