@@ -167,14 +167,11 @@ pub struct Args {
     #[arg(long, env = "PLACEMENT_SYNC_DECISION", default_value = DEFAULT_DECISION_PATH)]
     pub decision: String,
 
-    /// Remediation mode.
-    #[arg(
-        long,
-        env = "PLACEMENT_SYNC_REMEDIATION",
-        value_enum,
-        default_value = "auto"
-    )]
-    pub remediation: RemediationMode,
+    /// Remediation mode [default: `auto` with a policy namespace; `off` in
+    /// kube-mgmt's mode (`--namespaces` without `--policy-namespace`), whose
+    /// deployments have neither the webhook nor the RBAC to re-place workloads].
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION", value_enum)]
+    pub remediation: Option<RemediationMode>,
 
     /// Workload type the remediator keeps placed, `[group/]version/resource`
     /// (repeatable, or comma-separated).
@@ -279,6 +276,10 @@ pub struct Args {
     /// placement-sync does not do: refused with a message rather than ignored.
     #[arg(long, hide = true)]
     pub opa_config: Option<PathBuf>,
+
+    /// kube-mgmt's decision analysed for that replication; refused likewise.
+    #[arg(long, hide = true)]
+    pub analysis_entrypoint: Option<String>,
 
     /// How often the engine is checked for a restart, e.g. `2s`.
     #[arg(long, env = "PLACEMENT_SYNC_ENGINE_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
@@ -396,9 +397,9 @@ impl Settings {
             .map(str::to_owned)
             .collect();
         let opa_url = parse_opa_url(&args.opa_url)?;
-        if args.opa_config.is_some() {
+        if args.opa_config.is_some() || args.analysis_entrypoint.is_some() {
             return Err(config(
-                "--opa-config (kube-mgmt's replication driven by bundles) is not supported; replicate types with --replicate and --replicate-cluster".to_owned(),
+                "--opa-config and --analysis-entrypoint (kube-mgmt's replication driven by bundles) are not supported; replicate types with --replicate and --replicate-cluster".to_owned(),
             ));
         }
         let opa_token = match &args.opa_token_file {
@@ -461,13 +462,20 @@ impl Settings {
                 "--engine-check-interval must be positive".to_owned(),
             ));
         }
-        if args.remediation != RemediationMode::Off && args.remediate.is_empty() {
+        let remediation = args
+            .remediation
+            .unwrap_or(if configmaps.policy_namespace.is_some() {
+                RemediationMode::Auto
+            } else {
+                RemediationMode::Off
+            });
+        if remediation != RemediationMode::Off && args.remediate.is_empty() {
             return Err(config(
                 "--remediate names no workload type; use --remediation=off to disable remediation"
                     .to_owned(),
             ));
         }
-        let leader = if args.leader_election && args.remediation != RemediationMode::Off {
+        let leader = if args.leader_election && remediation != RemediationMode::Off {
             let lease_namespace = args
                 .lease_namespace
                 .clone()
@@ -507,7 +515,7 @@ impl Settings {
             configmaps,
             opa_allow_insecure: args.opa_allow_insecure,
             decision,
-            remediation: args.remediation,
+            remediation,
             remediate: args.remediate,
             remediation_rate: args.remediation_rate,
             remediation_debounce: args.remediation_debounce,
@@ -723,6 +731,8 @@ mod tests {
         assert!(dup.to_string().contains("replicated twice"), "{dup}");
         let label = Settings::from_args(args(&["--policy-label=a=b=c"])).unwrap_err();
         assert!(label.to_string().contains("--policy-label"), "{label}");
+        let bundles = Settings::from_args(args(&["--analysis-entrypoint=main/main"])).unwrap_err();
+        assert!(bundles.to_string().contains("not supported"), "{bundles}");
         let token =
             Settings::from_args(args(&["--opa-token-file=/nonexistent/token"])).unwrap_err();
         assert!(token.to_string().contains("--opa-token-file"), "{token}");
@@ -744,6 +754,42 @@ mod tests {
         );
         assert!(parse_opa_url("ftp://x").is_err());
         assert!(parse_opa_url("not a url").is_err());
+    }
+
+    #[test]
+    fn kube_mgmt_flags_mean_kube_mgmt_mode() {
+        let s = Settings::from_args(args(&[
+            "--opa-url=https://127.0.0.1:8181/v1",
+            "--namespaces=default,team-a",
+            "--enable-data=false",
+            "--policy-label=qweqwe/policy",
+            "--policy-value=111",
+            "--opa-allow-insecure",
+            "--health-endpoint=0.0.0.0:8182",
+            "--log-level=debug",
+        ]))
+        .unwrap();
+        assert_eq!(s.configmaps.policy_namespace, None);
+        assert_eq!(s.configmaps.namespaces, ["default", "team-a"]);
+        assert!(s.configmaps.enable_policies && !s.configmaps.enable_data);
+        assert_eq!(s.configmaps.policy_label, "qweqwe/policy");
+        assert_eq!(s.opa_url.as_str(), "https://127.0.0.1:8181/");
+        assert!(s.opa_allow_insecure);
+        assert_eq!(s.listen.to_string(), "0.0.0.0:8182");
+        // No webhook, no RBAC for workloads: nothing to remediate, no Lease.
+        assert_eq!(s.remediation, RemediationMode::Off);
+        assert!(s.leader.is_none());
+        let asked = Settings::from_args(args(&[
+            "--namespaces=default",
+            "--remediation=report",
+            "--identity=pod-a",
+        ]))
+        .unwrap();
+        assert_eq!(asked.remediation, RemediationMode::Report);
+        assert_eq!(
+            asked.leader.unwrap().lease_namespace,
+            DEFAULT_POLICY_NAMESPACE
+        );
     }
 
     #[test]

@@ -66,13 +66,16 @@ pub enum PolicyStatus {
 }
 
 impl PolicyStatus {
-    /// kube-mgmt's form: `{"status":"ok"}` or `{"status":"error","error":[..]}`.
+    /// kube-mgmt's form: `{"status":"ok"}`, or `{"status":"error","error":E}`
+    /// where `E` is the error itself when there is one and a list otherwise
+    /// (kube-mgmt's own shape, kept for the tools that parse it).
     pub fn to_kube_mgmt_annotation(&self) -> String {
         match self {
             PolicyStatus::Ok => r#"{"status":"ok"}"#.to_owned(),
-            PolicyStatus::Error { errors } => {
-                json!({"status": "error", "error": errors}).to_string()
-            }
+            PolicyStatus::Error { errors } => match errors.as_slice() {
+                [one] => json!({"status": "error", "error": one}).to_string(),
+                many => json!({"status": "error", "error": many}).to_string(),
+            },
         }
     }
 
@@ -842,6 +845,22 @@ mod tests {
         assert_eq!(
             error.to_annotation(),
             r#"{"status":"error","errors":[{"file":"ns/cm/key","row":3,"col":22,"code":"rego_parse_error","message":"unexpected eof token"}]}"#
+        );
+        // kube-mgmt's shape: one error as itself, several as a list.
+        let kube_mgmt: Value = serde_json::from_str(&error.to_kube_mgmt_annotation()).unwrap();
+        assert_eq!(kube_mgmt["status"], "error");
+        assert_eq!(kube_mgmt["error"]["code"], "rego_parse_error");
+        let PolicyStatus::Error { errors } = &error else {
+            unreachable!()
+        };
+        let two = PolicyStatus::Error {
+            errors: vec![errors[0].clone(), errors[0].clone()],
+        };
+        let kube_mgmt: Value = serde_json::from_str(&two.to_kube_mgmt_annotation()).unwrap();
+        assert_eq!(kube_mgmt["error"].as_array().map(Vec::len), Some(2));
+        assert_eq!(
+            PolicyStatus::Ok.to_kube_mgmt_annotation(),
+            r#"{"status":"ok"}"#
         );
         let ok: Result<(), Vec<CompileError>> = Ok(());
         assert_eq!(PolicyStatus::from_outcomes([&ok, &ok]), PolicyStatus::Ok);

@@ -22,34 +22,66 @@ pub struct OpaServer {
     dir: PathBuf,
     pub port: u16,
     restarts: u32,
+    /// Served over HTTPS with a certificate of a CA of its own (`ca.crt`).
+    tls: Option<placement_certs::CertPaths>,
+    /// Token authentication and the authorization policy above; without it
+    /// anyone on loopback may use the API (as OPA's default is).
+    authz: bool,
 }
 
 impl OpaServer {
     /// Start OPA on a free loopback port and wait until it answers `/health`.
     pub fn start() -> OpaServer {
+        Self::start_with(false, true)
+    }
+
+    /// Start OPA; with `tls`, serving HTTPS with a certificate for `127.0.0.1`
+    /// from a CA of its own (see [`OpaServer::ca_file`]); with `authz`, only
+    /// [`OPA_TOKEN`] may use its API.
+    pub fn start_with(tls: bool, authz: bool) -> OpaServer {
         let dir = scratch_dir("opa");
         std::fs::write(dir.join("authz.rego"), AUTHZ_POLICY).expect("write authz policy");
+        let tls = tls.then(|| {
+            placement_certs::generate_to_dir(
+                &dir.join("tls"),
+                &["127.0.0.1".into(), "localhost".into()],
+            )
+            .expect("OPA serving certificate")
+        });
         let mut opa = OpaServer {
             process: None,
             dir,
             port: free_port(),
             restarts: 0,
+            tls,
+            authz,
         };
         opa.spawn();
         opa
     }
 
+    /// The CA that signed an HTTPS OPA's certificate (for `--opa-ca-file`).
+    pub fn ca_file(&self) -> Option<&std::path::Path> {
+        self.tls.as_ref().map(|paths| paths.ca.as_path())
+    }
+
     fn spawn(&mut self) {
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             "run".into(),
             "--server".into(),
             format!("--addr=127.0.0.1:{}", self.port),
-            "--authentication=token".into(),
-            "--authorization=basic".into(),
             "--log-level=error".into(),
             "--skip-version-check".into(),
-            self.dir.join("authz.rego").display().to_string(),
         ];
+        if self.authz {
+            args.push("--authentication=token".into());
+            args.push("--authorization=basic".into());
+            args.push(self.dir.join("authz.rego").display().to_string());
+        }
+        if let Some(tls) = &self.tls {
+            args.push(format!("--tls-cert-file={}", tls.cert.display()));
+            args.push(format!("--tls-private-key-file={}", tls.key.display()));
+        }
         let log = self.dir.join(format!("opa-{}.log", self.restarts));
         let process = Process::spawn("opa", &peer("opa"), &args, &log).expect("start opa");
         self.process = Some(process);
@@ -60,7 +92,8 @@ impl OpaServer {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     pub fn token(&self) -> &'static str {
@@ -101,6 +134,9 @@ impl OpaServer {
         crate::install_crypto();
         let mut config = policy_client::OpaConfig::new(self.url().parse().expect("OPA URL"));
         config.token = Some(policy_client::Token::new(OPA_TOKEN));
+        config.ca_pem = self
+            .ca_file()
+            .map(|ca| std::fs::read(ca).expect("read OPA's CA"));
         policy_client::Opa::new(config).expect("OPA client")
     }
 
