@@ -151,6 +151,7 @@ impl Sidecar {
         let cancel = cancel.child_token();
         let permits = Arc::new(Semaphore::new(settings.workers));
         let trigger = Arc::new(Notify::new());
+        let reads = rego_refs::PolicyReads::default();
         for spec in &settings.replicate {
             state.register(&replicator::component_name(spec));
         }
@@ -192,6 +193,7 @@ impl Sidecar {
             ignore_namespaces: settings.ignore_namespaces.clone(),
             permits: permits.clone(),
             changed: trigger.clone(),
+            reads: reads.clone(),
         };
         for spec in settings.replicate.clone() {
             tasks.spawn(replicator::run_type(
@@ -216,6 +218,13 @@ impl Sidecar {
                     .collect(),
                 permits: permits.clone(),
                 changed: trigger.clone(),
+                reads: reads.clone(),
+                replicate_root: settings
+                    .replicate_path
+                    .split('/')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
             },
             cancel.clone(),
         ));

@@ -71,6 +71,8 @@ pub struct Metrics {
     pub remediation_held: Gauge,
     /// `placement_sync_remediation_passes_total`: remediation passes over all workloads.
     pub remediation_passes: Counter,
+    /// `placement_sync_remediation_queries_total`: decision queries the remediator sent.
+    pub remediation_queries: Counter,
     /// `placement_sync_leader`: 1 while this replica holds the remediation Lease.
     pub leader: Gauge,
 }
@@ -107,6 +109,7 @@ impl Metrics {
             remediation_unplaceable: Gauge::default(),
             remediation_held: Gauge::default(),
             remediation_passes: Counter::default(),
+            remediation_queries: Counter::default(),
             leader: Gauge::default(),
         };
         registry.register(
@@ -183,6 +186,11 @@ impl Metrics {
             "remediation_passes",
             "Remediation passes over all workloads",
             m.remediation_passes.clone(),
+        );
+        registry.register(
+            "remediation_queries",
+            "Decision queries sent by the remediator",
+            m.remediation_queries.clone(),
         );
         registry.register(
             "leader",

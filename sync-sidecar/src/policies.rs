@@ -36,7 +36,7 @@ use crate::data::DataSet;
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
-use crate::rego_refs;
+use crate::rego_refs::{self, DataReads, PolicyReads, data_reads};
 use crate::state::SyncState;
 use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 
@@ -156,6 +156,14 @@ impl ModuleSet {
     /// Module ids of ConfigMap `key` (`namespace/name`) start with this.
     fn prefix(&self, key: &str) -> String {
         format!("{key}/")
+    }
+
+    /// The source in force of every module loaded from a ConfigMap, by id.
+    pub fn loaded_sources(&self) -> BTreeMap<String, String> {
+        self.records()
+            .iter()
+            .filter_map(|(id, r)| r.last_good.clone().map(|source| (id.clone(), source)))
+            .collect()
     }
 
     /// `(loaded, failed)`: modules in force, and modules whose current source fails.
@@ -472,9 +480,32 @@ struct ConfigMapLoader {
     state: Arc<SyncState>,
     metrics: Arc<Metrics>,
     changed: Arc<Notify>,
+    engine: Arc<dyn PolicyEngine>,
+    reads: PolicyReads,
+    /// `--replicate-path` as segments: where the policies read replicated data.
+    replicate_root: Vec<String>,
 }
 
 impl ConfigMapLoader {
+    /// The engine's policies or data changed: find what the policies now
+    /// read of the replicated data, then ask for a remediation pass.
+    async fn policy_set_changed(&self) {
+        let sources = self.modules.loaded_sources();
+        // Modules loaded by someone else (files given to OPA, another tool)
+        // are unknown to us: they may read anything.
+        let foreign = match self.engine.policy_ids().await {
+            Ok(ids) => ids.iter().any(|id| !sources.contains_key(id)),
+            Err(_) => true,
+        };
+        let root: Vec<&str> = self.replicate_root.iter().map(String::as_str).collect();
+        self.reads.set(if foreign {
+            DataReads::All
+        } else {
+            data_reads(sources.values().map(String::as_str), &root)
+        });
+        self.changed.notify_one();
+    }
+
     fn data_of(cm: &ConfigMap) -> BTreeMap<String, String> {
         cm.data.clone().unwrap_or_default().into_iter().collect()
     }
@@ -547,7 +578,7 @@ impl ConfigMapLoader {
         }
         if changed {
             self.metrics.write_ok(COMPONENT, "put_policy");
-            self.changed.notify_one();
+            self.policy_set_changed().await;
         }
         if let (
             Some(cm),
@@ -654,7 +685,7 @@ impl ConfigMapLoader {
             self.sync_configmap(key, true).await?;
         }
         if self.modules.remove_orphans().await? {
-            self.changed.notify_one();
+            self.policy_set_changed().await;
         }
         self.gate.set_loaded(epoch);
         tracing::info!(configmaps = keys.len(), "policies and data loaded");
@@ -674,6 +705,8 @@ pub(crate) struct PolicyLoaderContext {
     pub(crate) data_roots: Vec<String>,
     pub(crate) permits: Arc<Semaphore>,
     pub(crate) changed: Arc<Notify>,
+    pub(crate) reads: PolicyReads,
+    pub(crate) replicate_root: Vec<String>,
 }
 
 /// Watch the policy and data ConfigMaps and keep the engine equal to them
@@ -721,6 +754,9 @@ pub(crate) async fn run(
         state: ctx.state.clone(),
         metrics: ctx.metrics.clone(),
         changed: ctx.changed.clone(),
+        engine: ctx.engine.clone(),
+        reads: ctx.reads.clone(),
+        replicate_root: ctx.replicate_root.clone(),
     });
     let queue = {
         let loader = loader.clone();

@@ -144,6 +144,110 @@ pub fn load_order(set: &BTreeMap<String, String>) -> Vec<String> {
     order
 }
 
+/// Which replicated types a policy set may read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DataReads {
+    /// Any of them: a reference the scanner cannot pin to one type (`data`
+    /// or the replication root indexed dynamically, passed whole, imported
+    /// whole), or modules whose source is unknown.
+    All,
+    /// Exactly these resources (plural names) under the replication root.
+    Types(BTreeSet<String>),
+}
+
+impl DataReads {
+    pub fn includes(&self, resource: &str) -> bool {
+        match self {
+            DataReads::All => true,
+            DataReads::Types(types) => types.contains(resource),
+        }
+    }
+}
+
+/// The [`DataReads`] of the policies in force, shared by the policy loader
+/// (which sets it whenever the policy set changes) and the replicators (a
+/// write of a type no policy reads triggers no remediation). [`DataReads::All`]
+/// until the loader first analysed the policies.
+#[derive(Debug, Clone)]
+pub struct PolicyReads(std::sync::Arc<std::sync::RwLock<DataReads>>);
+
+impl Default for PolicyReads {
+    fn default() -> Self {
+        PolicyReads(std::sync::Arc::new(std::sync::RwLock::new(DataReads::All)))
+    }
+}
+
+impl PolicyReads {
+    pub fn includes(&self, resource: &str) -> bool {
+        self.0
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .includes(resource)
+    }
+
+    pub fn set(&self, reads: DataReads) {
+        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        if *current != reads {
+            tracing::info!(?reads, "replicated types the policies read");
+            *current = reads;
+        }
+    }
+}
+
+/// The replicated types that `sources` may read, for replicated data at
+/// `root` (e.g. `["kubernetes"]` for `data.kubernetes.<resource>`). Errs on
+/// the side of [`DataReads::All`]: a type missed here would leave workloads
+/// placed on stale data.
+pub fn data_reads<'a>(sources: impl IntoIterator<Item = &'a str>, root: &[&str]) -> DataReads {
+    let mut types = BTreeSet::new();
+    for source in sources {
+        let code = strip_comments_and_strings(source);
+        for line in code.lines() {
+            if line.trim_start().starts_with("package ") {
+                continue;
+            }
+            let bytes = line.as_bytes();
+            let mut start = 0;
+            while let Some(found) = line[start..].find("data") {
+                let at = start + found;
+                start = at + 4;
+                let before_ok = at == 0 || {
+                    let b = bytes[at - 1] as char;
+                    !is_ident(b) && b != '.'
+                };
+                let after = line[at + 4..].chars().next();
+                if !before_ok || after.is_some_and(is_ident) {
+                    // Part of another identifier (`metadata`, `data_x`).
+                    continue;
+                }
+                if after != Some('.') {
+                    // `data[...]`, `walk(data, ...)`, `import data`: anything.
+                    return DataReads::All;
+                }
+                let path = path_at(&line[at + 5..]);
+                let segments: Vec<&str> = path.split('.').filter(|s| !s.is_empty()).collect();
+                let shared = segments
+                    .iter()
+                    .zip(root)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                if shared < segments.len().min(root.len()) {
+                    // Elsewhere in `data`: a package, or other data.
+                    continue;
+                }
+                match segments.get(root.len()) {
+                    Some(resource) => {
+                        types.insert((*resource).to_owned());
+                    }
+                    // The root or above, indexed or passed on: anything.
+                    None => return DataReads::All,
+                }
+            }
+        }
+    }
+    DataReads::Types(types)
+}
+
 fn is_ident(c: char) -> bool {
     c.is_ascii_alphanumeric() || c == '_'
 }
@@ -288,5 +392,51 @@ y := data.a.c.rule
         ]);
         assert!(missing_packages(&set, &[]).is_empty());
         assert_eq!(load_order(&set), ["p", "q"]);
+    }
+
+    #[test]
+    fn data_reads_pins_the_types_policies_read() {
+        let root = ["kubernetes"];
+        let shipped = [
+            include_str!("../../policies/placement.rego"),
+            include_str!("../../policies/placement_rules.rego"),
+        ];
+        assert_eq!(
+            data_reads(shipped, &root),
+            DataReads::Types(["clusters".to_owned()].into())
+        );
+        let aliased = "package a\nimport data.kubernetes.nodes as n\nx := count(n)\n";
+        assert!(data_reads([aliased], &root).includes("nodes"));
+        assert!(!data_reads([aliased], &root).includes("replicasets"));
+        // Comments, strings and identifiers containing `data` are not reads.
+        let quiet = "package a\n# data.kubernetes[x]\nm := input.metadata\ns := \"data[1]\"\n";
+        assert_eq!(
+            data_reads([quiet], &root),
+            DataReads::Types(BTreeSet::new())
+        );
+        // Elsewhere in data: packages and other documents.
+        let other =
+            "package a\nimport data.io.k8s.federation.placement\nx := data.default.inventory\n";
+        assert_eq!(
+            data_reads([other], &root),
+            DataReads::Types(BTreeSet::new())
+        );
+        // Whatever cannot be pinned to one type reads them all.
+        for dynamic in [
+            "package a\nx := data.kubernetes[t]\n",
+            "package a\nx := data[\"kubernetes\"]\n",
+            "package a\nimport data.kubernetes\n",
+            "package a\nx := object.get(data.kubernetes, \"pods\", {})\n",
+            "package a\nx := walk(data)\n",
+            "package a\nimport data\n",
+        ] {
+            assert_eq!(data_reads([dynamic], &root), DataReads::All, "{dynamic}");
+        }
+        // A nested replication root.
+        let nested = "package a\nx := data.replicated.k8s.pods\ny := data.replicated.other\n";
+        assert_eq!(
+            data_reads([nested], &["replicated", "k8s"]),
+            DataReads::Types(["pods".to_owned()].into())
+        );
     }
 }

@@ -178,6 +178,32 @@ pub struct PassReport {
     pub held: usize,
     /// Aborted because leadership or the engine's sync was lost.
     pub aborted: bool,
+    /// The objects that failed (query, PATCH or unusable decision): the only
+    /// ones a retry evaluates again.
+    pub failed_objects: BTreeSet<WorkloadKey>,
+}
+
+/// A workload of the pass: its type (index into the remediated types) and uid.
+pub type WorkloadKey = (usize, String);
+
+/// The object carries a placement the policy wrote (its ownership record).
+fn is_placed(object: &DynamicObject) -> bool {
+    object
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(OWNERSHIP_ANNOTATION))
+}
+
+fn workload_key(i: usize, object: &DynamicObject) -> WorkloadKey {
+    let id = object.metadata.uid.clone().unwrap_or_else(|| {
+        format!(
+            "{}/{}",
+            object.metadata.namespace.as_deref().unwrap_or_default(),
+            object.metadata.name.as_deref().unwrap_or_default()
+        )
+    });
+    (i, id)
 }
 
 /// How often a held change looks for its confirmation.
@@ -402,8 +428,7 @@ impl Remediator {
 
     /// The blast-radius guard: whether this pass, as one change, must be held
     /// (reported, not applied) until an administrator confirms it.
-    async fn held(&self, evaluations: &[Evaluation]) -> bool {
-        let placed = evaluations.iter().filter(|e| e.placed).count();
+    async fn held(&self, evaluations: &[Evaluation], placed: usize) -> bool {
         let affected: Vec<&Evaluation> = evaluations
             .iter()
             .filter(|e| e.replaces_a_placement())
@@ -459,12 +484,18 @@ impl Remediator {
     async fn run(&self, cancel: CancellationToken) {
         let mut leader = self.ctx.leader.clone();
         let mut synced = self.ctx.state.subscribe_synced();
-        let mut retry_delays = Backoff {
-            min_delay: Duration::from_secs(1),
-            max_delay: Duration::from_secs(60),
-        }
-        .delays();
+        let fresh_delays = || {
+            Backoff {
+                min_delay: Duration::from_secs(1),
+                max_delay: Duration::from_secs(60),
+            }
+            .delays()
+        };
+        let mut retry_delays = fresh_delays();
         let mut retry_at: Option<Instant> = None;
+        // Set when the next pass only retries the objects that failed: one
+        // failing object must not cost a pass over every workload.
+        let mut retry_only: Option<BTreeSet<WorkloadKey>> = None;
         let mut pending = true;
         loop {
             if !pending {
@@ -475,14 +506,19 @@ impl Remediator {
                     }
                 };
                 tokio::select! {
-                    _ = self.ctx.trigger.notified() => pending = true,
+                    _ = self.ctx.trigger.notified() => {
+                        pending = true;
+                        retry_only = None;
+                    }
                     r = leader.changed() => {
                         if r.is_err() { return }
                         pending = *leader.borrow_and_update();
+                        retry_only = None;
                     }
                     r = synced.changed() => {
                         if r.is_err() { return }
                         pending = *synced.borrow_and_update();
+                        retry_only = None;
                     }
                     _ = retry => { retry_at = None; pending = true }
                     _ = cancel.cancelled() => return,
@@ -501,14 +537,17 @@ impl Remediator {
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     _ = cancel.cancelled() => return,
                 }
+                retry_only = None;
                 continue;
             }
             pending = false;
             let started = Instant::now();
-            let report = self.pass(&cancel).await;
+            let only = retry_only.take();
+            let report = self.pass(&cancel, only.as_ref()).await;
             self.ctx.metrics.remediation_passes.inc();
             tracing::info!(
                 mode = ?self.ctx.mode,
+                retry_of = only.as_ref().map(BTreeSet::len),
                 evaluated = report.evaluated,
                 stale = report.stale,
                 patched = report.patched,
@@ -525,28 +564,41 @@ impl Remediator {
             } else if report.held > 0 {
                 // Look for a confirmation again soon.
                 retry_at = Some(Instant::now() + HELD_RECHECK);
-            } else if report.failed > 0 {
+            } else if !report.failed_objects.is_empty() {
                 let delay = retry_delays.next().unwrap_or(Duration::from_secs(60));
                 retry_at = Some(Instant::now() + delay);
+                retry_only = Some(report.failed_objects);
             } else {
-                retry_delays = Backoff {
-                    min_delay: Duration::from_secs(1),
-                    max_delay: Duration::from_secs(60),
-                }
-                .delays();
+                retry_delays = fresh_delays();
             }
         }
     }
 
-    async fn pass(&self, cancel: &CancellationToken) -> PassReport {
+    /// Evaluate every workload in scope (or, for a retry, only those of
+    /// `only`) and act on the stale ones.
+    async fn pass(
+        &self,
+        cancel: &CancellationToken,
+        only: Option<&BTreeSet<WorkloadKey>>,
+    ) -> PassReport {
         let mut report = PassReport::default();
-        let objects: Vec<(usize, Arc<DynamicObject>)> = self
+        let in_scope: Vec<(usize, Arc<DynamicObject>)> = self
             .targets
             .iter()
             .enumerate()
             .flat_map(|(i, t)| t.store.state().into_iter().map(move |o| (i, o)))
             .filter(|(_, o)| self.scope.admits(o))
             .collect();
+        // The blast radius is weighed against every placed workload, also
+        // when only a few are retried.
+        let placed_in_scope = in_scope.iter().filter(|(_, o)| is_placed(o)).count();
+        let objects: Vec<(usize, Arc<DynamicObject>)> = match only {
+            None => in_scope,
+            Some(keys) => in_scope
+                .into_iter()
+                .filter(|(i, o)| keys.contains(&workload_key(*i, o)))
+                .collect(),
+        };
         self.forget_caught_up();
         // First every object is evaluated (concurrently), then the pass's
         // PATCHes are weighed as one change before any is sent.
@@ -559,7 +611,8 @@ impl Remediator {
             report.aborted = true;
             return report;
         };
-        if self.ctx.mode == RemediationMode::Auto && self.held(&evaluations).await {
+        if self.ctx.mode == RemediationMode::Auto && self.held(&evaluations, placed_in_scope).await
+        {
             report.evaluated = evaluations.len();
             report.held = evaluations
                 .iter()
@@ -570,10 +623,16 @@ impl Remediator {
         // PATCH round trips (which also pass through the admission webhook)
         // dominate a pass: concurrent, the rate limiter still spacing them.
         let steps = futures::stream::iter(evaluations)
-            .map(|evaluation| self.act(evaluation, cancel))
+            .map(|evaluation| async move {
+                let key = workload_key(evaluation.i, &evaluation.object);
+                (key, self.act(evaluation, cancel).await)
+            })
             .buffer_unordered(PASS_CONCURRENCY);
         let mut steps = std::pin::pin!(steps);
-        while let Some(step) = steps.next().await {
+        while let Some((key, step)) = steps.next().await {
+            if matches!(step, Step::Failed | Step::Stale { failed: true, .. }) {
+                report.failed_objects.insert(key);
+            }
             match step {
                 Step::Aborted => {
                     report.aborted = true;
@@ -602,7 +661,8 @@ impl Remediator {
             }
         }
         self.publish_pass_events(cancel).await;
-        if !report.aborted {
+        // A retry saw a few objects: the gauges keep the last full pass's view.
+        if !report.aborted && only.is_none() {
             let unresolved = match self.ctx.mode {
                 RemediationMode::Auto => report.stale.saturating_sub(report.patched),
                 _ => report.stale,
@@ -630,6 +690,7 @@ impl Remediator {
         let value = object_value(&object, &self.targets[i].resource);
         let input = self.input(i, &value);
         let deadline = Instant::now() + self.ctx.query_timeout;
+        self.ctx.metrics.remediation_queries.inc();
         let assessment = match self
             .ctx
             .engine
@@ -645,14 +706,10 @@ impl Remediator {
         if cancel.is_cancelled() || !self.may_act() {
             return None;
         }
-        let placed = value
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object)
-            .is_some_and(|a| a.contains_key(OWNERSHIP_ANNOTATION));
         Some(Evaluation {
             i,
+            placed: is_placed(&object),
             object,
-            placed,
             assessment,
         })
     }

@@ -25,6 +25,7 @@ use crate::document::{ObjectKey, object_path, object_value, type_document, type_
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
+use crate::rego_refs::PolicyReads;
 use crate::state::SyncState;
 
 /// What every replicated type shares.
@@ -37,8 +38,10 @@ pub(crate) struct ReplicatorContext {
     pub(crate) prefix: String,
     pub(crate) ignore_namespaces: BTreeSet<String>,
     pub(crate) permits: Arc<Semaphore>,
-    /// Poked after every successful write (remediation trigger).
+    /// Poked after a successful write of a type the policies read
+    /// (remediation trigger).
     pub(crate) changed: Arc<Notify>,
+    pub(crate) reads: PolicyReads,
 }
 
 /// The sync-state component name of a replicated type.
@@ -78,6 +81,14 @@ impl TypeReplicator {
                 .is_some_and(|ns| self.ctx.ignore_namespaces.contains(ns))
     }
 
+    /// Ask for remediation, unless no policy can see this type: status
+    /// heartbeats of an unread type must not re-query every workload.
+    fn poke(&self) {
+        if self.ctx.reads.includes(&self.resource.plural) {
+            self.ctx.changed.notify_one();
+        }
+    }
+
     async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         let _full = self.gate.full().await;
         let objects: Vec<(ObjectKey, serde_json::Value)> = self
@@ -95,7 +106,7 @@ impl TypeReplicator {
                 self.ctx.metrics.write_ok(self.label(), "put_document");
                 self.ctx.metrics.set_replicated(self.label(), count);
                 self.gate.set_loaded(epoch);
-                self.ctx.changed.notify_one();
+                self.poke();
                 tracing::info!(resource = %self.label(), objects = count, %path, "replicated the whole type");
                 Ok(())
             }
@@ -141,7 +152,7 @@ impl TypeReplicator {
                 self.ctx
                     .metrics
                     .set_replicated(self.label(), self.store.len());
-                self.ctx.changed.notify_one();
+                self.poke();
                 tracing::debug!(resource = %self.label(), %key, op, "replicated");
                 Ok(())
             }

@@ -1062,3 +1062,191 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
     );
     sidecar.stop();
 }
+
+#[test]
+fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation() {
+    run(status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body());
+}
+
+/// ReplicaSets are replicated and remediated, the policy reads only
+/// `data.kubernetes.clusters`: ReplicaSet status updates reach OPA and cost no
+/// remediation pass (no decision query per workload); a Cluster going offline
+/// still re-places.
+async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
+    let plane = ControlPlane::start();
+    // Without OPA's authorization policy: that module, loaded from a file, is
+    // not the sidecar's, so the sidecar would (rightly) assume it reads anything.
+    let opa = OpaServer::start_with(false, false);
+    let ns = unique_name("sync-churn");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "europe-west1", "running");
+    cluster(&plane, "b", "europe-west2", "running");
+    policy_configmap(
+        &plane,
+        "placement",
+        &[("placement.rego", &placement_policy(&["running"]))],
+    );
+    apply(&plane, &replicaset(&ns, "web", &[]));
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--replicate=apps/v1/replicasets",
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+    let rs = || get_json(&plane, &["replicaset", "-n", &ns, "web"]);
+    eventually(
+        "web placed on a, b",
+        Duration::from_secs(30),
+        ctx,
+        || async { (placed_clusters(&rs()) == Some(set(&["a", "b"]))).then_some(()) },
+    )
+    .await;
+    const PASSES: &str = "placement_sync_remediation_passes_total";
+    // Settled: no pass for a while (debounce is 200ms in the harness).
+    let mut before = sidecar.metric(PASSES).await;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = sidecar.metric(PASSES).await;
+        if now == before {
+            break;
+        }
+        before = now;
+    }
+    let before = before.expect("the passes metric");
+
+    let client = opa_client(&opa);
+    for generation in 1..=30 {
+        plane.kubectl_ok(&[
+            "patch",
+            "replicaset",
+            "web",
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"status":{{"replicas":0,"observedGeneration":{generation}}}}}"#),
+        ]);
+    }
+    let path = format!("kubernetes/replicasets/{ns}/web/status/observedGeneration");
+    eventually(
+        "the last status update replicated",
+        Duration::from_secs(30),
+        ctx,
+        || {
+            let (client, path) = (&client, &path);
+            async move { (opa_data(client, path).await == Some(json!(30))).then_some(()) }
+        },
+    )
+    .await;
+    // Twice the debounce and more: a pass would have started by now.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        sidecar.metric(PASSES).await,
+        Some(before),
+        "status updates of an unread type started remediation passes\n{}",
+        sidecar.log_tail()
+    );
+
+    set_phase(&plane, "b", "offline");
+    eventually("web leaves b", Duration::from_secs(30), ctx, || async {
+        (placed_clusters(&rs()) == Some(set(&["a"]))).then_some(())
+    })
+    .await;
+    assert!(sidecar.metric(PASSES).await > Some(before));
+}
+
+#[test]
+fn a_failing_workload_is_retried_alone() {
+    run(a_failing_workload_is_retried_alone_body());
+}
+
+/// One workload whose decision cannot be applied (an invalid annotation key)
+/// is retried with backoff, and each retry asks the decision for that one
+/// workload only, not for all of them.
+async fn a_failing_workload_is_retried_alone_body() {
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start_with(false, false);
+    let ns = unique_name("sync-retry");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "europe-west1", "running");
+    let policy = format!(
+        "{}\nannotations[\"not a/valid/key\"] := \"x\" if input.metadata.name == \"broken\"\n",
+        placement_policy(&["running"])
+    );
+    policy_configmap(&plane, "placement", &[("placement.rego", &policy)]);
+    let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
+    for name in &names {
+        apply(&plane, &replicaset(&ns, name, &[]));
+    }
+    apply(&plane, &replicaset(&ns, "broken", &[]));
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+    for name in &names {
+        eventually("placed on a", Duration::from_secs(30), ctx, || async {
+            let rs = get_json(&plane, &["replicaset", "-n", &ns, name]);
+            (placed_clusters(&rs) == Some(set(&["a"]))).then_some(())
+        })
+        .await;
+    }
+    const PASSES: &str = "placement_sync_remediation_passes_total";
+    const QUERIES: &str = "placement_sync_remediation_queries_total";
+    let sample = || async {
+        (
+            sidecar.metric(PASSES).await.expect("passes"),
+            sidecar.metric(QUERIES).await.expect("queries"),
+        )
+    };
+    // Sampled between passes (two equal samples in a row), so that no pass
+    // is counted half.
+    let quiet = || async {
+        let mut last = sample().await;
+        loop {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let now = sample().await;
+            if now == last {
+                return now;
+            }
+            last = now;
+        }
+    };
+    let (passes_before, queries_before) = quiet().await;
+    // Retries back off (1 s doubling to 60 s, advanced by the first passes
+    // too): wait for the next one.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (passes_after, queries_after) = loop {
+        let now = quiet().await;
+        if now.0 > passes_before {
+            break now;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the failing workload is not retried\n{}",
+            sidecar.log_tail()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!(
+        queries_after - queries_before,
+        passes_after - passes_before,
+        "each retry queried the failing workload alone\n{}",
+        sidecar.log_tail()
+    );
+    let broken = get_json(&plane, &["replicaset", "-n", &ns, "broken"]);
+    assert!(annotation(&broken, PREFS).is_none(), "{broken}");
+}
