@@ -317,6 +317,36 @@ fn cert_manager_mode_uses_a_certificate_and_ca_injection() {
 }
 
 #[test]
+fn the_blast_radius_guard_is_configured_from_values() {
+    let remediator_flags = |docs: &[Value]| {
+        let remediator = named(docs, "Deployment", "placement-policy-remediator");
+        let sync = containers(remediator)
+            .into_iter()
+            .find(|c| c["name"] == "placement-sync")
+            .expect("placement-sync container");
+        args(sync)
+    };
+    let defaults = remediator_flags(&render(&[]));
+    assert!(
+        defaults.contains(&"--remediation-hold-share=0.5".to_owned()),
+        "{defaults:?}"
+    );
+    assert!(
+        defaults.contains(&"--remediation-hold-min=10".to_owned()),
+        "{defaults:?}"
+    );
+    let set = remediator_flags(&render(&["remediator.holdShare=1", "remediator.holdMin=3"]));
+    assert!(
+        set.contains(&"--remediation-hold-share=1".to_owned()),
+        "{set:?}"
+    );
+    assert!(
+        set.contains(&"--remediation-hold-min=3".to_owned()),
+        "{set:?}"
+    );
+}
+
+#[test]
 fn embedded_engine_mode_runs_the_webhook_alone_on_the_shipped_policy() {
     let docs = render(&["engine.type=embedded"]);
     let webhook = named(&docs, "Deployment", "placement-policy-webhook");
