@@ -81,7 +81,7 @@ enum Class {
 }
 
 fn class_of(index: usize) -> Class {
-    if index % 2 == 0 {
+    if index.is_multiple_of(2) {
         Class::Eu
     } else {
         Class::Anywhere

@@ -21,6 +21,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+/// A target of scenario 3: what, the target's word for it, the figure, its unit.
+type Target = (&'static str, &'static str, fn(&Sample) -> f64, &'static str);
+
 use anyhow::{Result, bail, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -548,7 +551,7 @@ fn render_replication(
     for size in results {
         let n = fmt_count(size.objects);
         let (ps, km) = pair(size);
-        let targets: [(&str, &str, fn(&Sample) -> f64, &str); 2] = [
+        let targets: [Target; 2] = [
             (
                 "first sync",
                 "time",
