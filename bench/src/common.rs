@@ -47,6 +47,8 @@ pub(crate) struct Bins {
     pub(crate) noop: PathBuf,
     pub(crate) oha: PathBuf,
     pub(crate) opa: PathBuf,
+    /// The comparison of scenarios 3 and 5, or why it is skipped.
+    pub(crate) kube_mgmt: crate::kube_mgmt::KubeMgmtBin,
 }
 
 /// A binary of this workspace's release build (`cargo build --release --bins`).
@@ -298,6 +300,26 @@ pub(crate) fn version_of(bin: &Path, args: &[&str]) -> String {
 /// A plain-HTTP GET on loopback (`HTTP/1.0`, one connection per request, so no
 /// chunked bodies), with an optional bearer token: (status, body).
 pub(crate) fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<(u16, String)> {
+    http_request(port, "GET", path, token, None)
+}
+
+/// A plain-HTTP POST of a JSON body on loopback, like [`http_get`].
+pub(crate) fn http_post(
+    port: u16,
+    path: &str,
+    token: Option<&str>,
+    json: &str,
+) -> Result<(u16, String)> {
+    http_request(port, "POST", path, token, Some(json))
+}
+
+fn http_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    json: Option<&str>,
+) -> Result<(u16, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
         .with_context(|| format!("connect to 127.0.0.1:{port}"))?;
@@ -305,9 +327,17 @@ pub(crate) fn http_get(port: u16, path: &str, token: Option<&str>) -> Result<(u1
     let auth = token
         .map(|t| format!("Authorization: Bearer {t}\r\n"))
         .unwrap_or_default();
+    let body = json
+        .map(|b| {
+            format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{b}",
+                b.len()
+            )
+        })
+        .unwrap_or_else(|| "\r\n".to_owned());
     write!(
         stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}Accept: */*\r\n\r\n"
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n{auth}Accept: */*\r\n{body}"
     )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
@@ -330,6 +360,25 @@ pub(crate) fn metric(page: &str, name_and_labels: &str) -> Option<f64> {
         .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
         .and_then(|l| l[name_and_labels.len()..].split_whitespace().next())
         .and_then(|v| v.parse().ok())
+}
+
+/// The sum of the samples of a Prometheus/OpenMetrics text page whose name is
+/// `name` and whose labels contain every one of `labels` (`key="value"`).
+pub(crate) fn metric_sum(page: &str, name: &str, labels: &[&str]) -> f64 {
+    page.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(name)?;
+            let (set, value) = match rest.strip_prefix('{') {
+                Some(r) => r.split_once("} ")?,
+                None => ("", rest.strip_prefix(' ')?),
+            };
+            labels
+                .iter()
+                .all(|want| set.split(',').any(|have| have == *want))
+                .then(|| value.split_whitespace().next()?.parse::<f64>().ok())
+                .flatten()
+        })
+        .sum()
 }
 
 /// `placement-sync` on loopback, talking to `opa` as `identity`.
@@ -422,8 +471,24 @@ impl Sidecar {
         Ok(metric(&self.metrics()?, name_and_labels).unwrap_or(0.0))
     }
 
+    /// Fails when the process has exited, with its log.
+    pub(crate) fn check_alive(&mut self) -> Result<()> {
+        if self.server.process.has_exited() {
+            bail!(
+                "placement-sync exited:\n{}",
+                self.server.process.log_tail(40)
+            );
+        }
+        Ok(())
+    }
+
     pub(crate) fn log_tail(&self) -> String {
         self.server.process.log_tail(40)
+    }
+
+    /// The whole log so far.
+    pub(crate) fn log(&self) -> String {
+        self.server.process.log()
     }
 
     pub(crate) fn stop(mut self) {

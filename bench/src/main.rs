@@ -2,19 +2,25 @@
 //! stack and with OPA answering admission itself, on this machine, in one run.
 //! `scripts/bench` builds everything and runs it; see BENCHMARKS.md.
 //!
-//! Scenarios (issue 5):
+//! Scenarios (issues 5, 11 and 12):
 //! 1. admission over TLS (four contenders, concurrency 1 and 32);
 //! 2. creates through kube-apiserver with and without the webhook;
-//! 3. replication of 10,000 objects into OPA by placement-sync;
+//! 3. replication of 10,000 and 100,000 objects into OPA, placement-sync beside
+//!    kube-mgmt;
 //! 4. remediation of 1,000 ReplicaSets after one policy edit;
-//! 5. recovery after an OPA restart with 10,000 replicated objects;
-//! 6. hostile clients: memory, connections and normal reviews under attack.
+//! 5. recovery after an OPA restart with those objects, beside kube-mgmt;
+//! 6. hostile clients: memory, connections and normal reviews under attack;
+//! 7. churn: 10,000 remediated ReplicaSets under status updates no policy
+//!    reads, then one Cluster offline.
 
 mod admission;
 mod apiserver;
+mod churn;
 mod common;
 mod hostile;
+mod kube_mgmt;
 mod load;
+mod opa_probe;
 mod remediation;
 mod replication;
 mod report;
@@ -30,13 +36,13 @@ use crate::common::{Bins, release_bin, require, version_of};
 use crate::report::Report;
 
 #[derive(Debug, Parser)]
-#[command(about = "Benchmarks of placement-policy (issue 5); run through scripts/bench")]
+#[command(about = "Benchmarks of placement-policy (issues 5, 11, 12); run through scripts/bench")]
 struct Args {
-    /// Scenarios to run (comma-separated numbers 1-6).
+    /// Scenarios to run (comma-separated numbers 1-7).
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
-        default_value = "1,2,3,4,5,6",
+        default_value = "1,2,3,4,5,6,7",
         value_delimiter = ','
     )]
     scenarios: Vec<u8>,
@@ -57,12 +63,34 @@ struct Args {
     /// ReplicaSet creates per contender and run in scenario 2.
     #[arg(long, env = "BENCH_CREATES", default_value_t = 1000)]
     creates: usize,
-    /// Replicated objects in scenarios 3 and 5.
-    #[arg(long, env = "BENCH_OBJECTS", default_value_t = 10_000)]
-    objects: usize,
+    /// Replicated objects in scenarios 3 and 5: each size in turn (comma-separated).
+    #[arg(
+        long,
+        env = "BENCH_OBJECTS",
+        default_value = "10000,100000",
+        value_delimiter = ','
+    )]
+    objects: Vec<usize>,
     /// ReplicaSets remediated in scenario 4.
     #[arg(long, env = "BENCH_WORKLOADS", default_value_t = 1000)]
     workloads: usize,
+    /// ReplicaSets replicated and remediated in scenario 7.
+    #[arg(long, env = "BENCH_CHURN_WORKLOADS", default_value_t = 10_000)]
+    churn_workloads: usize,
+    /// Status updates per second in scenario 7.
+    #[arg(long, env = "BENCH_CHURN_RATE", default_value_t = 100.0)]
+    churn_rate: f64,
+    /// Seconds of status updates in scenario 7.
+    #[arg(long, env = "BENCH_CHURN_SECONDS", default_value_t = 60.0)]
+    churn_seconds: f64,
+    /// kube-mgmt for scenarios 3 and 5: the binary or its folder (scripts/bench
+    /// passes what `scripts/testbed kube-mgmt-assets` built); without it and
+    /// without --kube-mgmt-skipped, that command is run.
+    #[arg(long, env = "BENCH_KUBE_MGMT")]
+    kube_mgmt: Option<PathBuf>,
+    /// Why the kube-mgmt contender is skipped (scripts/bench passes the reason).
+    #[arg(long, env = "BENCH_KUBE_MGMT_SKIPPED")]
+    kube_mgmt_skipped: Option<String>,
     /// Where the Markdown report goes.
     #[arg(long, env = "BENCH_OUT", default_value = "BENCHMARKS.md")]
     out: PathBuf,
@@ -84,17 +112,22 @@ fn main() -> Result<()> {
     let args = Args::parse();
     placement_tests::install_crypto();
     let started = Instant::now();
+    let uses = |numbers: &[u8]| args.scenarios.iter().any(|s| numbers.contains(s));
     let bins = Bins {
         webhook: release_bin("placement-webhook"),
         sync: release_bin("placement-sync"),
         noop: release_bin("noop-webhook"),
         oha: which(&args.oha),
         opa: placement_tests::peer("opa"),
+        kube_mgmt: if uses(&[3, 5]) {
+            kube_mgmt::resolve(args.kube_mgmt.as_deref(), args.kube_mgmt_skipped.as_deref())
+        } else {
+            Err("scenarios 3 and 5 were not run".to_owned())
+        },
     };
     let hint = "build with `cargo build --release --bins` (scripts/bench does)";
-    let uses = |numbers: &[u8]| args.scenarios.iter().any(|s| numbers.contains(s));
     require(&bins.webhook, hint)?;
-    if uses(&[3, 4, 5]) {
+    if uses(&[3, 4, 5, 7]) {
         require(&bins.sync, hint)?;
     }
     if uses(&[1, 2]) {
@@ -119,7 +152,7 @@ fn main() -> Result<()> {
     let mut steal_per_scenario = Vec::new();
     for scenario in &args.scenarios {
         if *scenario == 5 && args.scenarios.contains(&3) {
-            // Runs inside scenario 3: same 10k objects, same sidecar.
+            // Runs inside scenario 3: same objects, same contenders.
             continue;
         }
         let t = Instant::now();
@@ -139,17 +172,29 @@ fn main() -> Result<()> {
                 &mut report,
             )?,
             2 => apiserver::run(&bins, &dir, args.creates, args.runs, &mut report)?,
-            3 => replication::run(
+            3 | 5 => replication::run(
                 &bins,
                 &dir,
-                args.objects,
-                args.runs,
+                &replication::Settings {
+                    sizes: &args.objects,
+                    runs: args.runs,
+                    recovery: args.scenarios.contains(&5),
+                },
                 &mut report,
-                args.scenarios.contains(&5),
             )?,
-            5 => replication::run(&bins, &dir, args.objects, args.runs, &mut report, true)?,
             4 => remediation::run(&bins, &dir, args.workloads, args.runs, &mut report)?,
             6 => hostile::run(&bins, &dir, &mut report)?,
+            7 => churn::run(
+                &bins,
+                &dir,
+                &churn::Settings {
+                    workloads: args.churn_workloads,
+                    rate: args.churn_rate,
+                    seconds: args.churn_seconds,
+                    runs: args.runs,
+                },
+                &mut report,
+            )?,
             other => anyhow::bail!("no scenario {other}"),
         }
         eprintln!(
@@ -241,8 +286,21 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     report.header(format!("Command: `{}`", args.command));
     report.header(format!(
-        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads.",
-        args.scenarios, args.runs, args.duration, args.concurrency, args.creates, args.objects, args.workloads
+        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads, churn of {} workloads at {} status updates/s for {} s.",
+        args.scenarios,
+        args.runs,
+        args.duration,
+        args.concurrency,
+        args.creates,
+        args.objects
+            .iter()
+            .map(|n| report::fmt_count(*n))
+            .collect::<Vec<_>>()
+            .join(" and "),
+        args.workloads,
+        args.churn_workloads,
+        args.churn_rate,
+        args.churn_seconds,
     ));
     report.header(format!(
         "Machine: {cores} cores ({cpu}), {mem} memory; load average at start: {}. Everything (servers, peers, load generator) shares these cores.",
@@ -255,6 +313,13 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
         version_of(&assets.join("etcd"), &["--version"]),
         version_of(&bins.opa, &["version"]).replace("Version: ", "OPA "),
     ));
+    if let Ok(kube_mgmt) = &bins.kube_mgmt {
+        report.header(format!(
+            "kube-mgmt: {} (built by `scripts/testbed kube-mgmt-assets` from the source kept in `../shared/peers/kube-mgmt`, `{}`).",
+            version_of(kube_mgmt, &["--version"]).replace("Version: ", "snapshot "),
+            kube_mgmt.display()
+        ));
+    }
     report.header(format!(
         "Load generator: {}; {}.",
         version_of(&bins.oha, &["--version"]),

@@ -1,21 +1,28 @@
-//! Scenarios 3 and 5: 10,000 replicated objects (ConfigMaps, about 0.5 KB each)
-//! in one namespace, plus the example Cluster objects and the shipped policy in a
-//! policy ConfigMap.
+//! Scenarios 3 and 5: replicated ConfigMaps (about 0.5 KB each) in one
+//! namespace, plus the example Cluster objects and the shipped policy in a policy
+//! ConfigMap, at each size of `BENCH_OBJECTS` (10,000 and 100,000 by default),
+//! with placement-sync and kube-mgmt side by side: same control plane, same
+//! objects, the same OPA build started fresh for each contender, flags mapped one
+//! to one, the same identity.
 //!
-//! 3. Each run starts a fresh OPA and a fresh placement-sync and measures the
-//!    time from starting the sidecar to its `/readyz` answering 200 (every type
-//!    and the policies loaded into OPA; the count in OPA is checked), its peak
-//!    resident memory (VmHWM), and how long one ConfigMap update takes to show in
-//!    OPA with the 10k loaded.
-//! 5. Then OPA is killed and started again empty on the same port; measured
-//!    from the new OPA listening to the sidecar having noticed the restart and
-//!    answering `/readyz` 200 again (the count in OPA is checked again).
+//! 3. First sync: from starting the contender until OPA holds every object of the
+//!    namespace and the policy's modules (polled every 20 ms, by a count query, the
+//!    same for both); for placement-sync also until its `/readyz` answers 200.
+//!    Peak resident memory (VmHWM) and CPU seconds; how long one ConfigMap update
+//!    takes to show in OPA.
+//! 5. Then OPA is killed and started again empty on the same port. placement-sync
+//!    notices and reloads everything: measured from the new OPA listening to
+//!    `/readyz` 200. kube-mgmt never notices a restart, so what OPA holds some
+//!    seconds after it is shown for both, and after one ConfigMap update.
 //!
-//! kube-mgmt, the comparison the issue asks for in scenario 3, cannot be built
-//! here (see the report).
+//! The ConfigMaps are created once, concurrently, and grow from one size to the
+//! next; every contender and run reuses them.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
+
+/// A target of scenario 3: what, the target's word for it, the figure, its unit.
+type Target = (&'static str, &'static str, fn(&Sample) -> f64, &'static str);
 
 use anyhow::{Result, bail, ensure};
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -23,16 +30,75 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use placement_tests::{ControlPlane, Identity, OpaServer, POLICY_NAMESPACE};
 use serde_json::{Value, json};
 
-use crate::common::{Bins, Sidecar, http_get, median, poll, vm_kib};
-use crate::report::{Report, Status, fmt_ms};
+use crate::common::{Bins, Sidecar, cpu_seconds, http_get, median, poll, vm_kib};
+use crate::kube_mgmt::KubeMgmt;
+use crate::opa_probe::{count_objects, policy_ids};
+use crate::report::{Report, Status, fmt_count, fmt_ms, fmt_ratio};
 
 const NS: &str = "bench-replication";
 const UPDATES_PER_RUN: usize = 5;
+/// What OPA holds this long after its restart is shown for every contender.
+const RECOVERY_WINDOW: Duration = Duration::from_secs(10);
+/// The replicated types, given to both contenders with the same flags.
+const REPLICATE: &str = "--replicate=v1/configmaps";
+const REPLICATE_CLUSTER: &str = "--replicate-cluster=placement-policy.io/v1alpha1/clusters";
+/// ConfigMap creates in flight at once.
+const CREATE_CONCURRENCY: usize = 64;
+/// Poll interval of the first sync, for every contender.
+const SYNC_POLL: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Contender {
+    PlacementSync,
+    KubeMgmt,
+}
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::PlacementSync => "placement-sync",
+            Contender::KubeMgmt => "kube-mgmt",
+        }
+    }
+}
+
+/// A contender's process.
+enum Running {
+    Sync(Sidecar),
+    Mgmt(KubeMgmt),
+}
+
+impl Running {
+    fn pid(&self) -> u32 {
+        match self {
+            Running::Sync(s) => s.pid(),
+            Running::Mgmt(k) => k.pid(),
+        }
+    }
+
+    fn check_alive(&mut self) -> Result<()> {
+        match self {
+            Running::Sync(s) => s.check_alive(),
+            Running::Mgmt(k) => k.check_alive(),
+        }
+    }
+
+    fn stop(self) {
+        match self {
+            Running::Sync(s) => s.stop(),
+            Running::Mgmt(k) => k.stop(),
+        }
+    }
+}
 
 #[derive(Debug, Default, Clone)]
-struct Run {
+struct Sample {
+    /// Until OPA holds every object and the policy.
     first_sync_s: f64,
-    hwm_mib_synced: f64,
+    /// placement-sync only: until `/readyz` 200.
+    ready_s: Option<f64>,
+    cpu_sync_s: f64,
+    hwm_sync_mib: f64,
     hwm_mib: f64,
     rss_mib: f64,
     update_ms: Vec<f64>,
@@ -41,24 +107,53 @@ struct Run {
 
 #[derive(Debug, Default, Clone)]
 struct Recovery {
-    detected_s: f64,
-    ready_s: f64,
-    resync_metric_s: f64,
+    /// placement-sync only (kube-mgmt never notices).
+    noticed_s: Option<f64>,
+    ready_s: Option<f64>,
+    resync_metric_s: Option<f64>,
+    objects_at_window: usize,
+    policies_at_window: usize,
+    /// Objects OPA holds once one ConfigMap update is visible in it (`None`: it
+    /// never became visible).
+    objects_after_update: Option<usize>,
+}
+
+/// One size: when its objects were created, and every contender's samples.
+struct Size {
+    objects: usize,
+    created_s: f64,
+    samples: Vec<(Contender, Vec<Sample>)>,
+}
+
+/// What the scenario needs from the command line.
+pub(crate) struct Settings<'a> {
+    pub(crate) sizes: &'a [usize],
+    pub(crate) runs: usize,
+    pub(crate) recovery: bool,
 }
 
 pub(crate) fn run(
     bins: &Bins,
     dir: &Path,
-    objects: usize,
-    runs: usize,
+    settings: &Settings<'_>,
     report: &mut Report,
-    with_recovery: bool,
 ) -> Result<()> {
     std::fs::create_dir_all(dir)?;
+    let mut sizes = settings.sizes.to_vec();
+    sizes.sort_unstable();
+    sizes.dedup();
+    let contenders: Vec<Contender> = match &bins.kube_mgmt {
+        Ok(_) => vec![Contender::PlacementSync, Contender::KubeMgmt],
+        Err(reason) => {
+            eprintln!("scenario 3: {reason}");
+            vec![Contender::PlacementSync]
+        }
+    };
     eprintln!("scenario 3: starting etcd and kube-apiserver");
     let plane = ControlPlane::start();
     plane.ensure_example_clusters();
-    policy_configmap(&plane, "placement", &shipped_modules()?)?;
+    let modules = shipped_modules()?;
+    policy_configmap(&plane, "placement", &modules)?;
     plane.create_namespace(NS);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,82 +161,225 @@ pub(crate) fn run(
         .build()?;
     let kube = rt.block_on(plane.client(Identity::Admin));
     let cms: Api<ConfigMap> = Api::namespaced(kube, NS);
-    let t = Instant::now();
-    rt.block_on(create_configmaps(&cms, objects))?;
-    let created_in = t.elapsed().as_secs_f64();
-    eprintln!("scenario 3: created {objects} ConfigMaps in {created_in:.1} s");
 
-    let mut results = Vec::new();
+    let mut created = 0usize;
     let mut update_seq = 0u64;
-    for run in 1..=runs {
+    let mut results = Vec::new();
+    for &objects in &sizes {
+        let t = Instant::now();
+        rt.block_on(create_configmaps(&cms, created, objects))?;
+        let created_s = t.elapsed().as_secs_f64();
+        eprintln!(
+            "scenario 3: created ConfigMaps {created}..{objects} in {created_s:.1} s ({:.0}/s)",
+            (objects - created) as f64 / created_s
+        );
+        created = objects;
+        let mut size = Size {
+            objects,
+            created_s,
+            samples: contenders.iter().map(|c| (*c, Vec::new())).collect(),
+        };
+        for run in 1..=settings.runs {
+            // Contenders alternate within a run, so that drift on the machine
+            // touches both alike.
+            for (contender, samples) in &mut size.samples {
+                let label = format!("{}-{objects}-run{run}", contender.name());
+                let mut measure = Measure {
+                    bins,
+                    dir,
+                    plane: &plane,
+                    rt: &rt,
+                    cms: &cms,
+                    objects,
+                    policies: modules.len(),
+                    update_seq: &mut update_seq,
+                };
+                let sample = measure.one(*contender, &label, settings.recovery)?;
+                eprintln!(
+                    "scenario 3 {objects} {} run {run}: first sync {:.2} s{}, CPU {:.2} s, peak RSS {:.1} MiB (at sync {:.1}), update -> OPA median {}",
+                    contender.name(),
+                    sample.first_sync_s,
+                    sample
+                        .ready_s
+                        .map(|r| format!(" (/readyz {r:.2} s)"))
+                        .unwrap_or_default(),
+                    sample.cpu_sync_s,
+                    sample.hwm_mib,
+                    sample.hwm_sync_mib,
+                    fmt_ms(median(&sample.update_ms))
+                );
+                if let Some(rec) = &sample.recovery {
+                    eprintln!(
+                        "scenario 5 {objects} {} run {run}: in sync {} after OPA restarted (noticed {}); {} s later OPA holds {} objects and {} policy modules; after one update {}",
+                        contender.name(),
+                        opt_s(rec.ready_s),
+                        opt_s(rec.noticed_s),
+                        RECOVERY_WINDOW.as_secs(),
+                        rec.objects_at_window,
+                        rec.policies_at_window,
+                        rec.objects_after_update
+                            .map(|n| n.to_string())
+                            .unwrap_or_else(|| "not visible".into())
+                    );
+                }
+                samples.push(sample);
+            }
+        }
+        results.push(size);
+    }
+
+    render_replication(&results, &contenders, bins, modules.len(), report);
+    if settings.recovery {
+        render_recovery(&results, modules.len(), report);
+    }
+    Ok(())
+}
+
+/// Everything one measurement needs.
+struct Measure<'a> {
+    bins: &'a Bins,
+    dir: &'a Path,
+    plane: &'a ControlPlane,
+    rt: &'a tokio::runtime::Runtime,
+    cms: &'a Api<ConfigMap>,
+    objects: usize,
+    policies: usize,
+    update_seq: &'a mut u64,
+}
+
+impl Measure<'_> {
+    /// A fresh OPA and a fresh contender: first sync, updates and, with
+    /// `recovery`, an OPA restart.
+    fn one(&mut self, contender: Contender, label: &str, recovery: bool) -> Result<Sample> {
         let mut opa = OpaServer::start();
         let started = Instant::now();
         // As the admin: the sidecar's own service account may read ConfigMaps
-        // only in the policy namespace (the chart's RBAC).
-        let mut sidecar = Sidecar::start(
-            bins,
-            dir,
-            &plane,
-            Identity::Admin,
-            &opa,
-            &[
-                "--replicate=v1/configmaps".into(),
-                "--replicate-cluster=placement-policy.io/v1alpha1/clusters".into(),
-                "--remediation=off".into(),
-            ],
-            &format!("run{run}"),
-        )?;
-        let ready_at = sidecar.wait_ready(Duration::from_secs(600), Duration::from_millis(20))?;
-        let mut r = Run {
-            first_sync_s: (ready_at - started).as_secs_f64(),
-            hwm_mib_synced: vm_kib(sidecar.pid(), "VmHWM")? as f64 / 1024.0,
-            ..Run::default()
+        // only in the policy namespace (the chart's RBAC). kube-mgmt gets the same.
+        let mut running = match contender {
+            Contender::PlacementSync => Running::Sync(Sidecar::start(
+                self.bins,
+                self.dir,
+                self.plane,
+                Identity::Admin,
+                &opa,
+                &[
+                    REPLICATE.into(),
+                    REPLICATE_CLUSTER.into(),
+                    "--remediation=off".into(),
+                ],
+                label,
+            )?),
+            Contender::KubeMgmt => {
+                let Ok(bin) = &self.bins.kube_mgmt else {
+                    bail!("kube-mgmt is not available");
+                };
+                Running::Mgmt(KubeMgmt::start(
+                    bin,
+                    self.dir,
+                    self.plane,
+                    Identity::Admin,
+                    &opa,
+                    &[REPLICATE.into(), REPLICATE_CLUSTER.into()],
+                    label,
+                )?)
+            }
         };
-        let count = opa_count(&opa)?;
-        ensure!(
-            count == objects,
-            "OPA holds {count} of {objects} ConfigMaps after the first sync"
-        );
+        let pid = running.pid();
+
+        let mut sample = Sample::default();
+        let mut synced = false;
+        let deadline = started + Duration::from_secs(900);
+        loop {
+            running.check_alive()?;
+            if let Running::Sync(s) = &mut running
+                && sample.ready_s.is_none()
+                && s.ready()?
+            {
+                sample.ready_s = Some(started.elapsed().as_secs_f64());
+            }
+            if !synced && self.opa_holds_everything(&opa)? {
+                sample.first_sync_s = started.elapsed().as_secs_f64();
+                sample.cpu_sync_s = cpu_seconds(pid)?;
+                sample.hwm_sync_mib = vm_kib(pid, "VmHWM")? as f64 / 1024.0;
+                synced = true;
+            }
+            if synced && (contender != Contender::PlacementSync || sample.ready_s.is_some()) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} did not sync {} objects into OPA in {:?}",
+                    contender.name(),
+                    self.objects,
+                    deadline - started
+                );
+            }
+            std::thread::sleep(SYNC_POLL);
+        }
 
         // One update at a time, to OPA.
         for _ in 0..UPDATES_PER_RUN {
-            update_seq += 1;
-            let name = format!("cm-{:05}", (update_seq as usize * 997) % objects);
-            let value = format!("v{update_seq}");
             let t = Instant::now();
-            rt.block_on(cms.patch(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"data": {"version": value}})),
-            ))?;
-            let path = format!("/v1/data/kubernetes/configmaps/{NS}/{name}/data/version");
-            poll(
-                "the update in OPA",
-                Duration::from_secs(60),
-                Duration::from_millis(1),
-                || {
-                    let (_, body) = http_get(opa.port, &path, Some(opa.token()))?;
-                    let doc: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-                    Ok((doc["result"] == value.as_str()).then_some(()))
-                },
-            )?;
-            r.update_ms.push(t.elapsed().as_secs_f64() * 1000.0);
+            self.update_one(&opa, Duration::from_secs(60))?
+                .ok_or_else(|| anyhow::anyhow!("an update never showed in OPA"))?;
+            sample.update_ms.push(t.elapsed().as_secs_f64() * 1000.0);
         }
-        r.hwm_mib = vm_kib(sidecar.pid(), "VmHWM")? as f64 / 1024.0;
-        r.rss_mib = vm_kib(sidecar.pid(), "VmRSS")? as f64 / 1024.0;
-        eprintln!(
-            "scenario 3 run {run}: first sync {:.2} s, peak RSS {:.1} MiB (at sync {:.1}), update -> OPA median {}",
-            r.first_sync_s,
-            r.hwm_mib,
-            r.hwm_mib_synced,
-            fmt_ms(median(&r.update_ms))
-        );
+        sample.hwm_mib = vm_kib(pid, "VmHWM")? as f64 / 1024.0;
+        sample.rss_mib = vm_kib(pid, "VmRSS")? as f64 / 1024.0;
 
-        if with_recovery {
-            let restarts = sidecar.metric("placement_sync_engine_restarts_total")?;
-            opa.restart();
-            let t = Instant::now();
-            let detected = poll(
+        if recovery {
+            sample.recovery = Some(self.recovery(&mut running, &mut opa)?);
+        }
+        running.stop();
+        drop(opa);
+        Ok(sample)
+    }
+
+    /// OPA holds every object of the namespace and every module of the policy.
+    fn opa_holds_everything(&self, opa: &OpaServer) -> Result<bool> {
+        // Policies are only listed once the count is there: the listing carries
+        // every module's AST, the count is one small query.
+        Ok(count_objects(opa, "kubernetes", "configmaps", NS)? == self.objects
+            && policy_ids(opa, &format!("{POLICY_NAMESPACE}/"))?.len() >= self.policies)
+    }
+
+    /// Patch one ConfigMap and wait until OPA returns the new value; `None` when
+    /// it did not within `timeout`.
+    fn update_one(&mut self, opa: &OpaServer, timeout: Duration) -> Result<Option<()>> {
+        *self.update_seq += 1;
+        let seq = *self.update_seq;
+        let name = configmap_name((seq as usize * 997) % self.objects);
+        let value = format!("v{seq}");
+        self.rt.block_on(self.cms.patch(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"version": value}})),
+        ))?;
+        let path = format!("/v1/data/kubernetes/configmaps/{NS}/{name}/data/version");
+        let seen = poll(
+            "the update in OPA",
+            timeout,
+            Duration::from_millis(1),
+            || {
+                let (_, body) = http_get(opa.port, &path, Some(opa.token()))?;
+                let doc: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+                Ok((doc["result"] == value.as_str()).then_some(()))
+            },
+        );
+        Ok(seen.ok())
+    }
+
+    /// Kill OPA, start it again empty, and see what it holds afterwards.
+    fn recovery(&mut self, running: &mut Running, opa: &mut OpaServer) -> Result<Recovery> {
+        let restarts = match running {
+            Running::Sync(s) => s.metric("placement_sync_engine_restarts_total")?,
+            Running::Mgmt(_) => 0.0,
+        };
+        opa.restart();
+        let t = Instant::now();
+        let mut rec = Recovery::default();
+        if let Running::Sync(sidecar) = running {
+            let noticed = poll(
                 "the sidecar to notice the OPA restart",
                 Duration::from_secs(60),
                 Duration::from_millis(10),
@@ -152,126 +390,306 @@ pub(crate) fn run(
                     )
                 },
             )?;
-            let ready = sidecar.wait_ready(Duration::from_secs(600), Duration::from_millis(10))?;
-            let rec = Recovery {
-                detected_s: (detected - t).as_secs_f64(),
-                ready_s: (ready - t).as_secs_f64(),
-                resync_metric_s: sidecar.metric("placement_sync_resync_duration_seconds")?,
-            };
-            let count = opa_count(&opa)?;
-            ensure!(
-                count == objects,
-                "OPA holds {count} of {objects} ConfigMaps after the recovery"
-            );
-            let policy = http_get(opa.port, "/v1/policies", Some(opa.token()))?.1;
-            ensure!(
-                policy.contains("package io.k8s.federation.admission"),
-                "the shipped policy is not back in OPA after the recovery"
-            );
-            eprintln!(
-                "scenario 5 run {run}: in sync {:.2} s after OPA restarted (noticed after {:.2} s; resync_duration_seconds {:.2})",
-                rec.ready_s, rec.detected_s, rec.resync_metric_s
-            );
-            r.recovery = Some(rec);
+            let ready = sidecar.wait_ready(Duration::from_secs(900), Duration::from_millis(10))?;
+            rec.noticed_s = Some((noticed - t).as_secs_f64());
+            rec.ready_s = Some((ready - t).as_secs_f64());
+            rec.resync_metric_s = Some(sidecar.metric("placement_sync_resync_duration_seconds")?);
         }
-        sidecar.stop();
-        drop(opa);
-        results.push(r);
+        if let Some(rest) = RECOVERY_WINDOW.checked_sub(t.elapsed()) {
+            std::thread::sleep(rest);
+        }
+        running.check_alive()?;
+        rec.objects_at_window = count_objects(opa, "kubernetes", "configmaps", NS)?;
+        rec.policies_at_window = policy_ids(opa, &format!("{POLICY_NAMESPACE}/"))?.len();
+        if self.update_one(opa, Duration::from_secs(30))?.is_some() {
+            rec.objects_after_update =
+                Some(count_objects(opa, "kubernetes", "configmaps", NS)?);
+        }
+        if matches!(running, Running::Sync(_)) {
+            ensure!(
+                rec.objects_at_window == self.objects && rec.policies_at_window >= self.policies,
+                "placement-sync reported ready but OPA holds {} of {} objects and {} of {} modules",
+                rec.objects_at_window,
+                self.objects,
+                rec.policies_at_window,
+                self.policies
+            );
+        }
+        Ok(rec)
     }
-
-    let med = |f: &dyn Fn(&Run) -> f64| median(&results.iter().map(f).collect::<Vec<_>>());
-    let first = med(&|r| r.first_sync_s);
-    let hwm = med(&|r| r.hwm_mib);
-    let all_updates: Vec<f64> = results.iter().flat_map(|r| r.update_ms.clone()).collect();
-    let mut md = format!(
-        "## 3. Replication into OPA\n\n{objects} ConfigMaps (`--replicate=v1/configmaps`, about 0.5 KB each, created in {created_in:.0} s beforehand) plus the example Clusters \
-         (`--replicate-cluster`) and the shipped policy from a policy ConfigMap; a fresh OPA (token authentication, as in the test bed) and a fresh placement-sync per run, \
-         `--remediation=off`, other flags at their defaults. First sync: from starting the sidecar to `/readyz` 200 (polled every 20 ms; the {objects} objects checked in OPA). \
-         Peak memory: the sidecar's VmHWM. Update: a merge patch of one ConfigMap until OPA returns the new value (polled every 1 ms), {UPDATES_PER_RUN} per run.\n\n\
-         | contender | first sync of {objects} | objects/s | peak RSS (VmHWM) | RSS after | update visible in OPA (median of {n}) | max |\n|---|---:|---:|---:|---:|---:|---:|\n\
-         | placement-sync | {first:.2} s | {rate:.0} | {hwm:.1} MiB | {rss:.1} MiB | {upd} | {updmax} |\n\
-         | kube-mgmt | not measured (see below) | | | | | |\n\n",
-        n = all_updates.len(),
-        rate = objects as f64 / first,
-        rss = med(&|r| r.rss_mib),
-        upd = fmt_ms(median(&all_updates)),
-        updmax = fmt_ms(all_updates.iter().copied().fold(0.0, f64::max)),
-    );
-    md.push_str(&format!(
-        "Per run (first sync; peak RSS at sync / at end): {}\n\n",
-        results
-            .iter()
-            .map(|r| format!(
-                "{:.2} s; {:.1} / {:.1} MiB",
-                r.first_sync_s, r.hwm_mib_synced, r.hwm_mib
-            ))
-            .collect::<Vec<_>>()
-            .join(" | ")
-    ));
-    md.push_str(&format!(
-        "Memory: {hwm:.1} MiB at its peak is about {:.1} KiB of the sidecar's memory per replicated object (an upper bound: the process's own \
-         baseline is included), for objects of about 0.5 KB as JSON: the reflector caches (`DynamicObject`, JSON values) and the one-document first \
-         write of each type dominate, and the allocator keeps the peak.\n\n",
-        hwm * 1024.0 / objects as f64
-    ));
-    md.push_str(KUBE_MGMT);
-    report.section(md);
-    report.target(
-        format!("Replication: first sync of {objects} objects in at most half of kube-mgmt's time"),
-        format!("placement-sync {first:.2} s; kube-mgmt not buildable here"),
-        Status::Blocked,
-    );
-    report.target(
-        "Replication: at most half of kube-mgmt's peak memory",
-        format!("placement-sync {hwm:.1} MiB; kube-mgmt not buildable here"),
-        Status::Blocked,
-    );
-
-    if with_recovery {
-        let recs: Vec<&Recovery> = results.iter().filter_map(|r| r.recovery.as_ref()).collect();
-        let m =
-            |f: &dyn Fn(&Recovery) -> f64| median(&recs.iter().map(|r| f(r)).collect::<Vec<_>>());
-        let ready = m(&|r| r.ready_s);
-        let md = format!(
-            "## 5. Recovery after an OPA restart\n\nOPA killed (SIGKILL) and started again, empty, on the same port, while the sidecar of scenario 3 holds {objects} ConfigMaps, \
-             the example Clusters and the shipped policy; {} restart(s), one per run of scenario 3. Measured from the new OPA accepting connections: \
-             until the sidecar notices (`placement_sync_engine_restarts_total` grows; default `--engine-check-interval=2s`), and until its `/readyz` answers 200 \
-             (everything reloaded; the {objects} objects and the policy checked in OPA afterwards).\n\n\
-             | | noticed the restart | in sync (`/readyz` 200) | reload alone (`resync_duration_seconds`) |\n|---|---:|---:|---:|\n\
-             | placement-sync | {:.2} s | {:.2} s | {:.2} s |\n\nPer run (in sync): {}\n",
-            recs.len(),
-            m(&|r| r.detected_s),
-            ready,
-            m(&|r| r.resync_metric_s),
-            recs.iter()
-                .map(|r| format!("{:.2} s", r.ready_s))
-                .collect::<Vec<_>>()
-                .join(" | "),
-        );
-        report.section(md);
-        report.target(
-            format!("Recovery: in sync within 5 s at {objects} objects"),
-            format!(
-                "{ready:.2} s (of which {:.2} s to notice)",
-                m(&|r| r.detected_s)
-            ),
-            Status::from_bool(ready < 5.0),
-        );
-    }
-    Ok(())
 }
 
-const KUBE_MGMT: &str = "**kube-mgmt: not measured.** The issue asks for kube-mgmt built from its Go module at a pinned commit. On this machine the only way to fetch Go \
-source is the Go module proxy, and it answers \"This module version is not available\" for `github.com/open-policy-agent/kube-mgmt` at every version tried; no other \
-source is reachable. So the kube-mgmt column, and with it the two replication targets (half of kube-mgmt's time and memory), cannot be evaluated here; \
-placement-sync's own figures are above.\n";
+fn opt_s(v: Option<f64>) -> String {
+    v.map(|s| format!("{s:.2} s"))
+        .unwrap_or_else(|| "never".into())
+}
+
+fn med(samples: &[Sample], f: impl Fn(&Sample) -> f64) -> f64 {
+    median(&samples.iter().map(f).collect::<Vec<_>>())
+}
+
+fn render_replication(
+    results: &[Size],
+    contenders: &[Contender],
+    bins: &Bins,
+    policies: usize,
+    report: &mut Report,
+) {
+    let sizes = results
+        .iter()
+        .map(|s| fmt_count(s.objects))
+        .collect::<Vec<_>>()
+        .join(" and ");
+    let created = results
+        .iter()
+        .map(|s| format!("{} in {:.0} s", fmt_count(s.objects), s.created_s))
+        .collect::<Vec<_>>()
+        .join(", then up to ");
+    let runs = results.first().map_or(0, |s| s.samples[0].1.len());
+    let mut md = format!(
+        "## 3. Replication into OPA, beside kube-mgmt\n\n\
+         {sizes} ConfigMaps (`v1/configmaps`, about 0.5 KB each, in one namespace; created beforehand with {CREATE_CONCURRENCY} creates in flight: {created}) \
+         plus the example Clusters and the shipped policy ({policies} modules) in a policy ConfigMap labelled `openpolicyagent.org/policy=rego`. \
+         Per run and contender a fresh OPA (the test bed's build, token authentication) and a fresh contender, as the same (admin) identity, \
+         with the same flags: `{REPLICATE} {REPLICATE_CLUSTER}`; placement-sync with `--remediation=off` (kube-mgmt has no remediation) and its policy namespace, \
+         kube-mgmt with `--namespaces={POLICY_NAMESPACE}` (its `--policy-namespace`), `--opa-url=<opa>/v1`, `--opa-auth-token-file`; other flags at their defaults. \
+         The contenders alternate within each of the {runs} run(s); medians.\n\n\
+         First sync: from starting the process until OPA holds every ConfigMap of the namespace and every module of the policy (a count query and the policy list, \
+         polled every {} ms, the same for both); for placement-sync also until its `/readyz` answers 200. CPU: the process's user + system seconds at that moment. \
+         Peak memory: its VmHWM, at the first sync and at the end of the run. Update: a merge patch of one ConfigMap until OPA returns the new value (polled every 1 ms), \
+         {UPDATES_PER_RUN} per run.\n\n\
+         | objects | contender | first sync | objects/s | `/readyz` 200 | CPU to first sync | peak RSS at sync | peak RSS (VmHWM) | RSS at end | update visible in OPA (median) | max |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        SYNC_POLL.as_millis(),
+    );
+    for size in results {
+        for (contender, samples) in &size.samples {
+            let first = med(samples, |s| s.first_sync_s);
+            let updates: Vec<f64> = samples.iter().flat_map(|s| s.update_ms.clone()).collect();
+            let ready: Vec<f64> = samples.iter().filter_map(|s| s.ready_s).collect();
+            md.push_str(&format!(
+                "| {} | {} | {first:.2} s | {:.0} | {} | {:.2} s | {:.1} MiB | {:.1} MiB | {:.1} MiB | {} | {} |\n",
+                fmt_count(size.objects),
+                contender.name(),
+                size.objects as f64 / first,
+                if ready.is_empty() {
+                    "n/a".to_owned()
+                } else {
+                    format!("{:.2} s", median(&ready))
+                },
+                med(samples, |s| s.cpu_sync_s),
+                med(samples, |s| s.hwm_sync_mib),
+                med(samples, |s| s.hwm_mib),
+                med(samples, |s| s.rss_mib),
+                fmt_ms(median(&updates)),
+                fmt_ms(updates.iter().copied().fold(0.0, f64::max)),
+            ));
+        }
+    }
+    if contenders.contains(&Contender::KubeMgmt) {
+        md.push_str(
+            "\nplacement-sync / kube-mgmt (medians; below 1 is better for placement-sync; the targets are 0.5 or less for time and peak memory):\n\n\
+             | objects | first sync | peak RSS (VmHWM) | CPU to first sync | update visible in OPA |\n|---:|---:|---:|---:|---:|\n",
+        );
+        for size in results {
+            let (ps, km) = pair(size);
+            let ratio = |f: &dyn Fn(&Sample) -> f64| med(ps, f) / med(km, f);
+            let upd = |s: &[Sample]| {
+                median(&s.iter().flat_map(|x| x.update_ms.clone()).collect::<Vec<_>>())
+            };
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {} |\n",
+                fmt_count(size.objects),
+                fmt_ratio(ratio(&|s| s.first_sync_s), "x"),
+                fmt_ratio(ratio(&|s| s.hwm_mib), "x"),
+                fmt_ratio(ratio(&|s| s.cpu_sync_s), "x"),
+                fmt_ratio(upd(ps) / upd(km), "x"),
+            ));
+        }
+    }
+    md.push_str("\nPer run (first sync; CPU; peak RSS at sync / at end):\n\n");
+    for size in results {
+        for (contender, samples) in &size.samples {
+            md.push_str(&format!(
+                "- {} objects, {}: {}\n",
+                fmt_count(size.objects),
+                contender.name(),
+                samples
+                    .iter()
+                    .map(|s| format!(
+                        "{:.2} s; {:.2} s; {:.1} / {:.1} MiB",
+                        s.first_sync_s, s.cpu_sync_s, s.hwm_sync_mib, s.hwm_mib
+                    ))
+                    .collect::<Vec<_>>()
+                    .join(" | ")
+            ));
+        }
+    }
+    md.push_str("\nMemory per replicated object (peak RSS / objects; an upper bound, the process's own baseline included): ");
+    md.push_str(
+        &results
+            .iter()
+            .flat_map(|size| {
+                size.samples.iter().map(move |(c, samples)| {
+                    format!(
+                        "{} at {}: {:.1} KiB",
+                        c.name(),
+                        fmt_count(size.objects),
+                        med(samples, |s| s.hwm_mib) * 1024.0 / size.objects as f64
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join("; "),
+    );
+    md.push_str(".\n");
+    if let Err(reason) = &bins.kube_mgmt {
+        md.push_str(&format!("\n**kube-mgmt: not measured.** {reason}.\n"));
+    }
+    report.section(md);
+
+    for size in results {
+        let n = fmt_count(size.objects);
+        let (ps, km) = pair(size);
+        let targets: [Target; 2] = [
+            (
+                "first sync",
+                "time",
+                |s: &Sample| s.first_sync_s,
+                "s",
+            ),
+            ("peak RSS", "peak memory", |s: &Sample| s.hwm_mib, "MiB"),
+        ];
+        for (what, target, f, unit) in targets {
+            let mine = med(ps, f);
+            let prec = if unit == "s" { 2 } else { 1 };
+            let (figure, status) = match &bins.kube_mgmt {
+                Ok(_) if !km.is_empty() => {
+                    let theirs = med(km, f);
+                    (
+                        format!(
+                            "{what}: placement-sync {mine:.prec$} {unit}, kube-mgmt {theirs:.prec$} {unit} ({})",
+                            fmt_ratio(mine / theirs, "x")
+                        ),
+                        Status::from_bool(mine <= theirs / 2.0),
+                    )
+                }
+                Ok(_) => ("kube-mgmt was not run".to_owned(), Status::Blocked),
+                Err(reason) => (
+                    format!("placement-sync {mine:.prec$} {unit}; kube-mgmt skipped: {reason}"),
+                    Status::Blocked,
+                ),
+            };
+            report.target(
+                format!("Replication at {n} objects: at most half of kube-mgmt's {target}"),
+                figure,
+                status,
+            );
+        }
+    }
+}
+
+/// placement-sync's samples and kube-mgmt's (empty when it was skipped).
+fn pair(size: &Size) -> (&[Sample], &[Sample]) {
+    let of = |c: Contender| {
+        size.samples
+            .iter()
+            .find(|(k, _)| *k == c)
+            .map(|(_, s)| s.as_slice())
+            .unwrap_or(&[])
+    };
+    (of(Contender::PlacementSync), of(Contender::KubeMgmt))
+}
+
+fn render_recovery(results: &[Size], policies: usize, report: &mut Report) {
+    let window = RECOVERY_WINDOW.as_secs();
+    let mut md = format!(
+        "## 5. Recovery after an OPA restart\n\n\
+         OPA killed (SIGKILL) and started again, empty, on the same port, while the contender of scenario 3 holds its ConfigMaps, the example Clusters \
+         and the shipped policy; one restart per run of scenario 3. Measured from the new OPA accepting connections: until placement-sync notices \
+         (`placement_sync_engine_restarts_total` grows; default `--engine-check-interval=2s`) and until its `/readyz` answers 200 (everything reloaded). \
+         kube-mgmt has no such check: it never notices a restart, so for both, what OPA serves {window} s after the restart (objects of the namespace; \
+         modules of the policy, of {policies}), and then after one ConfigMap update has reached OPA (kube-mgmt writes that one object into the empty OPA \
+         and nothing else).\n\n\
+         | objects | contender | noticed the restart | in sync (`/readyz` 200) | reload alone (`resync_duration_seconds`) | OPA holds {window} s after: objects | policy modules | after one update: objects |\n\
+         |---:|---|---:|---:|---:|---:|---:|---:|\n"
+    );
+    let mut targets = Vec::new();
+    for size in results {
+        for (contender, samples) in &size.samples {
+            let recs: Vec<&Recovery> = samples.iter().filter_map(|s| s.recovery.as_ref()).collect();
+            let m = |f: &dyn Fn(&Recovery) -> Option<f64>| {
+                let v: Vec<f64> = recs.iter().filter_map(|r| f(r)).collect();
+                (!v.is_empty()).then(|| median(&v))
+            };
+            let after: Vec<f64> = recs
+                .iter()
+                .filter_map(|r| r.objects_after_update.map(|n| n as f64))
+                .collect();
+            md.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} of {} | {} of {policies} | {} |\n",
+                fmt_count(size.objects),
+                contender.name(),
+                opt_s(m(&|r| r.noticed_s)),
+                opt_s(m(&|r| r.ready_s)),
+                m(&|r| r.resync_metric_s).map_or("n/a".into(), |s| format!("{s:.2} s")),
+                fmt_count(median(&recs.iter().map(|r| r.objects_at_window as f64).collect::<Vec<_>>()) as usize),
+                fmt_count(size.objects),
+                median(&recs.iter().map(|r| r.policies_at_window as f64).collect::<Vec<_>>()),
+                if after.len() == recs.len() && !after.is_empty() {
+                    fmt_count(median(&after) as usize)
+                } else {
+                    format!("update not visible in {} of {} runs", recs.len() - after.len(), recs.len())
+                },
+            ));
+            if *contender == Contender::PlacementSync {
+                let ready = m(&|r| r.ready_s).unwrap_or(f64::NAN);
+                targets.push((
+                    format!("Recovery: in sync within 5 s at {} objects", fmt_count(size.objects)),
+                    format!(
+                        "{ready:.2} s (of which {} to notice)",
+                        opt_s(m(&|r| r.noticed_s))
+                    ),
+                    Status::from_bool(ready < 5.0),
+                ));
+            }
+        }
+    }
+    md.push_str("\nPer run (placement-sync in sync after the restart): ");
+    md.push_str(
+        &results
+            .iter()
+            .filter_map(|size| {
+                let (ps, _) = pair(size);
+                (!ps.is_empty()).then(|| {
+                    format!(
+                        "{}: {}",
+                        fmt_count(size.objects),
+                        ps.iter()
+                            .filter_map(|s| s.recovery.as_ref())
+                            .map(|r| opt_s(r.ready_s))
+                            .collect::<Vec<_>>()
+                            .join(" | ")
+                    )
+                })
+            })
+            .collect::<Vec<_>>()
+            .join(" — "),
+    );
+    md.push('\n');
+    report.section(md);
+    for (what, figure, status) in targets {
+        report.target(what, figure, status);
+    }
+}
 
 /// The shipped policy modules, as (file name, source).
 pub(crate) fn shipped_modules() -> Result<Vec<(String, String)>> {
     Ok(placement_tests::shipped_policy_modules())
 }
 
-/// A policy ConfigMap in the policy namespace with one key per module.
+/// A policy ConfigMap in the policy namespace with one key per module, labelled
+/// as kube-mgmt finds policies (placement-sync loads every ConfigMap there).
 pub(crate) fn policy_configmap(
     plane: &ControlPlane,
     name: &str,
@@ -284,7 +702,11 @@ pub(crate) fn policy_configmap(
     let manifest = json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": POLICY_NAMESPACE},
+        "metadata": {
+            "name": name,
+            "namespace": POLICY_NAMESPACE,
+            "labels": {"openpolicyagent.org/policy": "rego"},
+        },
         "data": data,
     });
     let out = plane.kubectl_stdin(&["apply", "-f", "-"], &manifest.to_string());
@@ -297,26 +719,19 @@ pub(crate) fn policy_configmap(
     Ok(())
 }
 
-/// How many ConfigMaps of the benchmark namespace OPA holds.
-fn opa_count(opa: &OpaServer) -> Result<usize> {
-    let (status, body) = http_get(
-        opa.port,
-        &format!("/v1/data/kubernetes/configmaps/{NS}"),
-        Some(opa.token()),
-    )?;
-    ensure!(status == 200, "OPA: HTTP {status}: {body}");
-    let doc: Value = serde_json::from_str(&body)?;
-    Ok(doc["result"].as_object().map(|m| m.len()).unwrap_or(0))
+fn configmap_name(i: usize) -> String {
+    format!("cm-{i:05}")
 }
 
-/// Create `count` ConfigMaps `cm-NNNNN` (about 0.5 KB as stored), 32 in flight.
-async fn create_configmaps(api: &Api<ConfigMap>, count: usize) -> Result<()> {
-    let mut next = 0usize;
+/// Create the ConfigMaps `from..to` (about 0.5 KB each as stored),
+/// [`CREATE_CONCURRENCY`] in flight; ones left from an earlier attempt are fine.
+async fn create_configmaps(api: &Api<ConfigMap>, from: usize, to: usize) -> Result<()> {
+    let mut next = from;
     let mut in_flight = tokio::task::JoinSet::new();
-    while next < count || !in_flight.is_empty() {
-        while next < count && in_flight.len() < 32 {
+    while next < to || !in_flight.is_empty() {
+        while next < to && in_flight.len() < CREATE_CONCURRENCY {
             let api = api.clone();
-            let name = format!("cm-{next:05}");
+            let name = configmap_name(next);
             in_flight.spawn(async move {
                 let cm: ConfigMap = serde_json::from_value(json!({
                     "metadata": {"name": name, "labels": {"bench": "replication", "team": "payments"}},
@@ -330,7 +745,6 @@ async fn create_configmaps(api: &Api<ConfigMap>, count: usize) -> Result<()> {
                 }))?;
                 match api.create(&PostParams::default(), &cm).await {
                     Ok(_) => Ok(()),
-                    // Left from an earlier attempt of this run: fine.
                     Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
                     Err(e) => Err(anyhow::Error::from(e).context("create ConfigMap")),
                 }

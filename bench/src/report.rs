@@ -123,3 +123,30 @@ pub(crate) fn fmt_ratio(r: f64, unit: &str) -> String {
         _ => format!("{r:.2}x"),
     }
 }
+
+/// A count with thousands separators (`100,000`), as the issue writes them.
+pub(crate) fn fmt_count(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fmt_count;
+
+    #[test]
+    fn counts_get_thousands_separators() {
+        assert_eq!(fmt_count(0), "0");
+        assert_eq!(fmt_count(999), "999");
+        assert_eq!(fmt_count(1000), "1,000");
+        assert_eq!(fmt_count(100_000), "100,000");
+        assert_eq!(fmt_count(1_234_567), "1,234,567");
+    }
+}
