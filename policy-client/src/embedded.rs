@@ -594,8 +594,8 @@ impl PolicyEngine for Embedded {
         })
     }
 
-    async fn policy_ids(&self) -> Result<Vec<String>, EngineError> {
-        Ok(self.read().modules.keys().cloned().collect())
+    async fn policies(&self) -> Result<BTreeMap<String, String>, EngineError> {
+        Ok(self.read().modules.clone())
     }
 
     async fn health(&self) -> Result<(), EngineError> {
@@ -813,10 +813,13 @@ errors contains msg if {
             out,
             QueryOutcome::Defined(json!({"example.com/region": "eu"}))
         );
-        assert_eq!(engine.policy_ids().await.unwrap(), vec!["p.rego"]);
+        assert_eq!(
+            engine.policies().await.unwrap().keys().collect::<Vec<_>>(),
+            ["p.rego"]
+        );
         engine.delete_policy("p.rego").await.unwrap();
         engine.delete_policy("p.rego").await.unwrap();
-        assert!(engine.policy_ids().await.unwrap().is_empty());
+        assert!(engine.policies().await.unwrap().is_empty());
     }
 
     #[tokio::test]

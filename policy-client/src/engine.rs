@@ -1,5 +1,6 @@
 //! The engine abstraction shared by the OPA REST client and the embedded Rego engine.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -196,8 +197,10 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
     /// Remove the policy module `id`; removing an absent module succeeds.
     async fn delete_policy(&self, id: &str) -> Result<(), EngineError>;
 
-    /// Ids of the loaded policy modules.
-    async fn policy_ids(&self) -> Result<Vec<String>, EngineError>;
+    /// The loaded policy modules: id to source. Sources let a caller analyse
+    /// modules that somebody else loaded (an authorization policy given to OPA
+    /// as a file, another tool's rules) instead of guessing what they read.
+    async fn policies(&self) -> Result<BTreeMap<String, String>, EngineError>;
 
     /// Whether the engine is up and answering.
     async fn health(&self) -> Result<(), EngineError>;

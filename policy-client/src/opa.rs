@@ -1,5 +1,6 @@
 //! Open Policy Agent over its REST API.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -515,7 +516,7 @@ impl PolicyEngine for Opa {
         }
     }
 
-    async fn policy_ids(&self) -> Result<Vec<String>, EngineError> {
+    async fn policies(&self) -> Result<BTreeMap<String, String>, EngineError> {
         #[derive(Deserialize)]
         struct Listing {
             #[serde(default)]
@@ -524,12 +525,14 @@ impl PolicyEngine for Opa {
         #[derive(Deserialize)]
         struct Module {
             id: String,
+            #[serde(default)]
+            raw: String,
         }
         let url = self.url(&["v1", "policies"], "")?;
         let (_, bytes) = self.send(Method::GET, url, None).await?;
         let listing: Listing = serde_json::from_slice(&bytes)
             .map_err(|e| EngineError::InvalidResponse(format!("policy listing: {e}")))?;
-        Ok(listing.result.into_iter().map(|m| m.id).collect())
+        Ok(listing.result.into_iter().map(|m| (m.id, m.raw)).collect())
     }
 
     async fn health(&self) -> Result<(), EngineError> {

@@ -158,14 +158,6 @@ impl ModuleSet {
         format!("{key}/")
     }
 
-    /// The source in force of every module loaded from a ConfigMap, by id.
-    pub fn loaded_sources(&self) -> BTreeMap<String, String> {
-        self.records()
-            .iter()
-            .filter_map(|(id, r)| r.last_good.clone().map(|source| (id.clone(), source)))
-            .collect()
-    }
-
     /// `(loaded, failed)`: modules in force, and modules whose current source fails.
     pub fn counts(&self) -> (usize, usize) {
         let records = self.records();
@@ -415,7 +407,7 @@ impl ModuleSet {
     /// Delete engine modules in our namespace that no ConfigMap holds any more
     /// (ConfigMaps deleted while the sidecar was not running).
     pub async fn remove_orphans(&self) -> Result<bool, EngineError> {
-        let ids = self.engine.policy_ids().await?;
+        let ids = self.engine.policies().await?.into_keys();
         let mut changed = false;
         for id in ids {
             let ours = self
@@ -490,18 +482,14 @@ impl ConfigMapLoader {
     /// The engine's policies or data changed: find what the policies now
     /// read of the replicated data, then ask for a remediation pass.
     async fn policy_set_changed(&self) {
-        let sources = self.modules.loaded_sources();
-        // Modules loaded by someone else (files given to OPA, another tool)
-        // are unknown to us: they may read anything.
-        let foreign = match self.engine.policy_ids().await {
-            Ok(ids) => ids.iter().any(|id| !sources.contains_key(id)),
-            Err(_) => true,
-        };
+        // Every module in the engine counts, also those loaded by someone
+        // else (an authorization policy given to OPA as a file, another
+        // tool's rules): the decision may import them. When the engine cannot
+        // list them, nothing can be ruled out.
         let root: Vec<&str> = self.replicate_root.iter().map(String::as_str).collect();
-        self.reads.set(if foreign {
-            DataReads::All
-        } else {
-            data_reads(sources.values().map(String::as_str), &root)
+        self.reads.set(match self.engine.policies().await {
+            Ok(sources) => data_reads(sources.values().map(String::as_str), &root),
+            Err(_) => DataReads::All,
         });
         self.changed.notify_one();
     }
@@ -1026,8 +1014,7 @@ mod tests {
             .await
             .unwrap();
         assert!(out.changed);
-        let mut ids = engine.policy_ids().await.unwrap();
-        ids.sort();
+        let ids: Vec<String> = engine.policies().await.unwrap().into_keys().collect();
         assert_eq!(
             ids,
             [
@@ -1046,7 +1033,10 @@ mod tests {
                 status: None
             }
         );
-        assert_eq!(engine.policy_ids().await.unwrap(), ["elsewhere/keep.rego"]);
+        assert_eq!(
+            engine.policies().await.unwrap().into_keys().collect::<Vec<_>>(),
+            ["elsewhere/keep.rego"]
+        );
         assert!(set.configmaps().is_empty());
     }
 }

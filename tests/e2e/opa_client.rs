@@ -106,8 +106,12 @@ async fn exercise(engine: &dyn PolicyEngine) -> Vec<Value> {
         .expect("deleting an absent document succeeds");
     seen.push(answer(engine).await);
 
-    let ids = engine.policy_ids().await.expect("ids");
-    assert!(ids.iter().any(|id| id == "tests/probe.rego"), "{ids:?}");
+    let ids = engine.policies().await.expect("policies");
+    assert_eq!(
+        ids.get("tests/probe.rego").map(String::as_str),
+        Some(GOOD_V2),
+        "the engine lists each module with its source"
+    );
     engine
         .delete_policy("tests/probe.rego")
         .await

@@ -502,7 +502,7 @@ async fn a_fresh_opa_gets_policies_and_data_back_without_a_sidecar_restart_body(
         "OPA restart recovered (3 clusters, 1 policy) in {recovered:?}; {undefined_seen} undefined answers before"
     );
 
-    let ids = client.policy_ids().await.expect("policy ids");
+    let ids: Vec<String> = client.policies().await.expect("policies").into_keys().collect();
     assert!(
         ids.contains(&format!("{POLICY_NAMESPACE}/placement/placement.rego")),
         "{ids:?}"
@@ -842,8 +842,8 @@ async fn policy_compile_errors_are_reported_and_the_last_good_version_stays_body
         || {
             let client = &client;
             async move {
-                let ids = client.policy_ids().await.ok()?;
-                (!ids.iter().any(|id| id.ends_with("/helpers/helpers.rego"))).then_some(())
+                let ids = client.policies().await.ok()?;
+                (!ids.keys().any(|id| id.ends_with("/helpers/helpers.rego"))).then_some(())
             }
         },
     )
@@ -1074,9 +1074,10 @@ fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation() {
 /// still re-places.
 async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
     let plane = ControlPlane::start();
-    // Without OPA's authorization policy: that module, loaded from a file, is
-    // not the sidecar's, so the sidecar would (rightly) assume it reads anything.
-    let opa = OpaServer::start_with(false, false);
+    // With OPA's authorization policy, loaded from a file as token-protected
+    // OPAs run: the sidecar did not load that module, yet reads its source
+    // (it reads no replicated data) instead of assuming it reads everything.
+    let opa = OpaServer::start();
     let ns = unique_name("sync-churn");
     plane.create_namespace(&ns);
     cluster(&plane, "a", "europe-west1", "running");
