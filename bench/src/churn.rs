@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail, ensure};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::ReplicaSet;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
 use kube::runtime::watcher;
 use placement_tests::{
     ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SYSTEM_NAMESPACE, placed_clusters,
@@ -147,7 +149,8 @@ impl Snapshot {
             queries: self.queries - before.queries,
             cpu_s: self.cpu_s - before.cpu_s,
             passes: self.passes - before.passes,
-            patches: (self.patches_ok - before.patches_ok) + (self.patches_err - before.patches_err),
+            patches: (self.patches_ok - before.patches_ok)
+                + (self.patches_err - before.patches_err),
             patch_errors: self.patches_err - before.patches_err,
             replicated_writes: self.replicated_writes - before.replicated_writes,
         }
@@ -195,12 +198,7 @@ struct RunResult {
     online: Replacement,
 }
 
-pub(crate) fn run(
-    bins: &Bins,
-    dir: &Path,
-    settings: &Settings,
-    report: &mut Report,
-) -> Result<()> {
+pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let workloads = settings.workloads;
     let affected = (0..workloads)
@@ -368,9 +366,7 @@ pub(crate) fn run(
         );
 
         for offline in [true, false] {
-            let r = replace(
-                &rt, &clusters, &mut sidecar, &opa, &seen, offline, affected,
-            )?;
+            let r = replace(&rt, &clusters, &mut sidecar, &opa, &seen, offline, affected)?;
             eprintln!(
                 "scenario 7 run {run}: {OFFLINE_CLUSTER} {}: last of {} affected re-placed after {:.2} s; {} PATCHes; {} decision queries; {} other workloads modified",
                 if offline { "offline" } else { "running again" },
@@ -408,16 +404,25 @@ pub(crate) fn run(
 
 /// Wait until the sidecar's decision queries and passes stay put for [`QUIET`].
 fn wait_quiet(sidecar: &mut Sidecar, opa: &OpaServer) -> Result<()> {
-    let mut last = (decision_queries(opa)?, sidecar.metric("placement_sync_remediation_passes_total")?);
+    let mut last = (
+        decision_queries(opa)?,
+        sidecar.metric("placement_sync_remediation_passes_total")?,
+    );
     let mut since = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(900);
     while since.elapsed() < QUIET {
         sidecar.check_alive()?;
         if Instant::now() > deadline {
-            bail!("the remediator did not become quiet:\n{}", sidecar.log_tail());
+            bail!(
+                "the remediator did not become quiet:\n{}",
+                sidecar.log_tail()
+            );
         }
         std::thread::sleep(Duration::from_millis(200));
-        let now = (decision_queries(opa)?, sidecar.metric("placement_sync_remediation_passes_total")?);
+        let now = (
+            decision_queries(opa)?,
+            sidecar.metric("placement_sync_remediation_passes_total")?,
+        );
         if now != last {
             last = now;
             since = Instant::now();
@@ -688,7 +693,10 @@ fn render(
     md.push_str(&row("idle (nothing changes)", &|r| r.churn.idle));
     md.push_str(&row("during the updates", &|r| r.churn.window));
     md.push_str(&row("updates until quiet", &|r| r.churn.total));
-    let pass_ms: Vec<f64> = results.iter().flat_map(|r| r.churn.pass_ms.clone()).collect();
+    let pass_ms: Vec<f64> = results
+        .iter()
+        .flat_map(|r| r.churn.pass_ms.clone())
+        .collect();
     md.push_str(&format!(
         "\nPer run (updates sent, failed, seconds to send; decision queries until quiet; CPU): {}\n",
         results
@@ -793,9 +801,9 @@ fn render(
         ),
         Status::from_bool(max_queries == 0.0),
     );
-    let exact = results.iter().all(|r| {
-        r.offline.delta.patches == affected as f64 && r.offline.modified_other == 0
-    });
+    let exact = results
+        .iter()
+        .all(|r| r.offline.delta.patches == affected as f64 && r.offline.modified_other == 0);
     report.target(
         format!("Churn: one Cluster offline: PATCHes exactly the {half} affected workloads"),
         format!(

@@ -58,7 +58,9 @@ pub(crate) fn resolve(given: Option<&Path>, skipped: Option<&str>) -> KubeMgmtBi
     eprint!("{stderr}");
     let last = stderr.lines().last().unwrap_or_default();
     match output.status.code() {
-        Some(0) => Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join("kube-mgmt")),
+        Some(0) => {
+            Ok(PathBuf::from(String::from_utf8_lossy(&output.stdout).trim()).join("kube-mgmt"))
+        }
         Some(MISSING) => Err(last.trim_start_matches("testbed: ").to_owned()),
         other => Err(format!(
             "scripts/testbed kube-mgmt-assets failed (status {other:?}: {last}); the kube-mgmt contender is skipped"

@@ -22,7 +22,8 @@ pub(crate) fn count_objects(
     });
     let (status, body) = http_post(opa.port, "/v1/query", Some(opa.token()), &query.to_string())?;
     ensure!(status == 200, "OPA /v1/query: HTTP {status}: {body}");
-    let doc: Value = serde_json::from_str(&body).with_context(|| format!("OPA /v1/query: {body}"))?;
+    let doc: Value =
+        serde_json::from_str(&body).with_context(|| format!("OPA /v1/query: {body}"))?;
     Ok(doc["result"][0]["n"].as_u64().unwrap_or(0) as usize)
 }
 

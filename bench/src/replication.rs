@@ -339,8 +339,10 @@ impl Measure<'_> {
     fn opa_holds_everything(&self, opa: &OpaServer) -> Result<bool> {
         // Policies are only listed once the count is there: the listing carries
         // every module's AST, the count is one small query.
-        Ok(count_objects(opa, "kubernetes", "configmaps", NS)? == self.objects
-            && policy_ids(opa, &format!("{POLICY_NAMESPACE}/"))?.len() >= self.policies)
+        Ok(
+            count_objects(opa, "kubernetes", "configmaps", NS)? == self.objects
+                && policy_ids(opa, &format!("{POLICY_NAMESPACE}/"))?.len() >= self.policies,
+        )
     }
 
     /// Patch one ConfigMap and wait until OPA returns the new value; `None` when
@@ -402,8 +404,7 @@ impl Measure<'_> {
         rec.objects_at_window = count_objects(opa, "kubernetes", "configmaps", NS)?;
         rec.policies_at_window = policy_ids(opa, &format!("{POLICY_NAMESPACE}/"))?.len();
         if self.update_one(opa, Duration::from_secs(30))?.is_some() {
-            rec.objects_after_update =
-                Some(count_objects(opa, "kubernetes", "configmaps", NS)?);
+            rec.objects_after_update = Some(count_objects(opa, "kubernetes", "configmaps", NS)?);
         }
         if matches!(running, Running::Sync(_)) {
             ensure!(
@@ -495,7 +496,11 @@ fn render_replication(
             let (ps, km) = pair(size);
             let ratio = |f: &dyn Fn(&Sample) -> f64| med(ps, f) / med(km, f);
             let upd = |s: &[Sample]| {
-                median(&s.iter().flat_map(|x| x.update_ms.clone()).collect::<Vec<_>>())
+                median(
+                    &s.iter()
+                        .flat_map(|x| x.update_ms.clone())
+                        .collect::<Vec<_>>(),
+                )
             };
             md.push_str(&format!(
                 "| {} | {} | {} | {} | {} |\n",
@@ -552,12 +557,7 @@ fn render_replication(
         let n = fmt_count(size.objects);
         let (ps, km) = pair(size);
         let targets: [Target; 2] = [
-            (
-                "first sync",
-                "time",
-                |s: &Sample| s.first_sync_s,
-                "s",
-            ),
+            ("first sync", "time", |s: &Sample| s.first_sync_s, "s"),
             ("peak RSS", "peak memory", |s: &Sample| s.hwm_mib, "MiB"),
         ];
         for (what, target, f, unit) in targets {
@@ -633,19 +633,36 @@ fn render_recovery(results: &[Size], policies: usize, report: &mut Report) {
                 opt_s(m(&|r| r.noticed_s)),
                 opt_s(m(&|r| r.ready_s)),
                 m(&|r| r.resync_metric_s).map_or("n/a".into(), |s| format!("{s:.2} s")),
-                fmt_count(median(&recs.iter().map(|r| r.objects_at_window as f64).collect::<Vec<_>>()) as usize),
+                fmt_count(median(
+                    &recs
+                        .iter()
+                        .map(|r| r.objects_at_window as f64)
+                        .collect::<Vec<_>>()
+                ) as usize),
                 fmt_count(size.objects),
-                median(&recs.iter().map(|r| r.policies_at_window as f64).collect::<Vec<_>>()),
+                median(
+                    &recs
+                        .iter()
+                        .map(|r| r.policies_at_window as f64)
+                        .collect::<Vec<_>>()
+                ),
                 if after.len() == recs.len() && !after.is_empty() {
                     fmt_count(median(&after) as usize)
                 } else {
-                    format!("update not visible in {} of {} runs", recs.len() - after.len(), recs.len())
+                    format!(
+                        "update not visible in {} of {} runs",
+                        recs.len() - after.len(),
+                        recs.len()
+                    )
                 },
             ));
             if *contender == Contender::PlacementSync {
                 let ready = m(&|r| r.ready_s).unwrap_or(f64::NAN);
                 targets.push((
-                    format!("Recovery: in sync within 5 s at {} objects", fmt_count(size.objects)),
+                    format!(
+                        "Recovery: in sync within 5 s at {} objects",
+                        fmt_count(size.objects)
+                    ),
                     format!(
                         "{ready:.2} s (of which {} to notice)",
                         opt_s(m(&|r| r.noticed_s))

@@ -182,6 +182,17 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
     /// Create or replace the data document at `path`.
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError>;
 
+    /// [`PolicyEngine::put_data`] with the document already encoded as JSON:
+    /// a large document (a whole replicated type) is written from its bytes,
+    /// with no value tree of it in memory where the engine is remote.
+    async fn put_data_encoded(&self, path: &str, json: bytes::Bytes) -> Result<(), EngineError> {
+        let value: Value = serde_json::from_slice(&json).map_err(|e| EngineError::InvalidPath {
+            path: path.to_owned(),
+            reason: format!("the document is not JSON: {e}"),
+        })?;
+        self.put_data(path, &value).await
+    }
+
     /// Apply an RFC 6902 patch to the existing data document at `path`.
     /// A missing document, or an operation on a missing member, is
     /// [`EngineError::NotFound`]; nothing is changed then.

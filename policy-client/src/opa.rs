@@ -240,7 +240,6 @@ impl Opa {
             request = request.header(AUTHORIZATION, auth.clone());
         }
         request = match body {
-            Some(Body::Json(value)) => request.json(&value),
             Some(Body::Encoded(bytes)) => {
                 request.header(CONTENT_TYPE, "application/json").body(bytes)
             }
@@ -322,7 +321,6 @@ struct QueryBody<'a> {
 }
 
 enum Body {
-    Json(Value),
     /// JSON already serialized.
     Encoded(bytes::Bytes),
     /// An RFC 6902 patch document.
@@ -465,8 +463,16 @@ impl PolicyEngine for Opa {
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
+        let json = serde_json::to_vec(value).map_err(|e| EngineError::InvalidPath {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+        self.put_data_encoded(path, json.into()).await
+    }
+
+    async fn put_data_encoded(&self, path: &str, json: bytes::Bytes) -> Result<(), EngineError> {
         let url = self.url(&["v1", "data"], path)?;
-        self.send(Method::PUT, url, Some(Body::Json(value.clone())))
+        self.send(Method::PUT, url, Some(Body::Encoded(json)))
             .await
             .map(drop)
     }

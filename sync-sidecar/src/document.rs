@@ -5,7 +5,7 @@
 //! `{prefix}/{resource}/{name}`, the whole type as `{name: object}`.
 
 use kube::api::{ApiResource, DynamicObject};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Identifies one object of a type.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -79,26 +79,61 @@ pub fn object_value(object: &DynamicObject, resource: &ApiResource) -> Value {
     value
 }
 
-/// The whole-type document from a list of `(key, object JSON)`.
-pub fn type_document(
-    objects: impl IntoIterator<Item = (ObjectKey, Value)>,
+/// [`object_value`] encoded, without spare capacity (it is kept).
+pub fn object_json(object: &DynamicObject, resource: &ApiResource) -> Vec<u8> {
+    let mut json =
+        serde_json::to_vec(&object_value(object, resource)).unwrap_or_else(|_| b"null".to_vec());
+    json.shrink_to_fit();
+    json
+}
+
+/// The whole-type document, encoded, from `(key, object JSON)` in key order
+/// (so that the objects of one namespace come together, as the keys of a
+/// `BTreeMap<ObjectKey, _>` do).
+pub fn type_document_json<'a>(
+    objects: impl IntoIterator<Item = (&'a ObjectKey, &'a [u8])>,
     namespaced: bool,
-) -> Value {
-    let mut root = Map::new();
-    for (key, value) in objects {
-        match (key.namespace, namespaced) {
+) -> Vec<u8> {
+    fn name(out: &mut Vec<u8>, name: &str) {
+        // Writing a string into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut *out, name);
+        out.push(b':');
+    }
+    let mut out = Vec::from(&b"{"[..]);
+    let mut open: Option<&str> = None;
+    let mut first = true;
+    for (key, json) in objects {
+        match (key.namespace.as_deref(), namespaced) {
+            (Some(ns), true) if open == Some(ns) => out.push(b','),
             (Some(ns), true) => {
-                let entry = root.entry(ns).or_insert_with(|| Value::Object(Map::new()));
-                if let Value::Object(names) = entry {
-                    names.insert(key.name, value);
+                if open.is_some() {
+                    out.push(b'}');
                 }
+                if !first {
+                    out.push(b',');
+                }
+                name(&mut out, ns);
+                out.push(b'{');
+                open = Some(ns);
             }
             _ => {
-                root.insert(key.name, value);
+                if open.take().is_some() {
+                    out.push(b'}');
+                }
+                if !first {
+                    out.push(b',');
+                }
             }
         }
+        first = false;
+        name(&mut out, &key.name);
+        out.extend_from_slice(json);
     }
-    Value::Object(root)
+    if open.is_some() {
+        out.push(b'}');
+    }
+    out.push(b'}');
+    out
 }
 
 #[cfg(test)]
@@ -175,18 +210,45 @@ mod tests {
         assert_eq!(value["kind"], "ReplicaSet");
     }
 
+    fn document(objects: &[(ObjectKey, &str)], namespaced: bool) -> Value {
+        let json = type_document_json(
+            objects.iter().map(|(k, json)| (k, json.as_bytes())),
+            namespaced,
+        );
+        serde_json::from_slice(&json).expect("the document is JSON")
+    }
+
     #[test]
     fn whole_type_documents() {
         let a = ObjectKey::new(Some("ns1"), "a");
-        let b = ObjectKey::new(Some("ns1"), "b");
+        let b = ObjectKey::new(Some("ns1"), "b\"q\"");
         let c = ObjectKey::new(Some("ns2"), "c");
-        let doc = type_document([(a, json!(1)), (b, json!(2)), (c, json!(3))], true);
-        assert_eq!(doc, json!({"ns1": {"a": 1, "b": 2}, "ns2": {"c": 3}}));
+        let doc = document(
+            &[(a.clone(), "1"), (b.clone(), "2"), (c.clone(), "3")],
+            true,
+        );
+        assert_eq!(doc, json!({"ns1": {"a": 1, "b\"q\"": 2}, "ns2": {"c": 3}}));
+        // The same objects in a cluster-scoped layout.
+        let doc = document(&[(a, "1"), (b, "2"), (c, "3")], false);
+        assert_eq!(doc, json!({"a": 1, "b\"q\"": 2, "c": 3}));
 
         let x = ObjectKey::new(None, "x");
-        let doc = type_document([(x, json!({"k": "v"}))], false);
-        assert_eq!(doc, json!({"x": {"k": "v"}}));
+        let y = ObjectKey::new(Some("ns"), "y");
+        let doc = document(&[(x, r#"{"k":"v"}"#), (y, "[]")], true);
+        assert_eq!(doc, json!({"x": {"k": "v"}, "ns": {"y": []}}));
 
-        assert_eq!(type_document(std::iter::empty(), true), json!({}));
+        assert_eq!(document(&[], true), json!({}));
+    }
+
+    #[test]
+    fn object_json_is_object_value_encoded() {
+        let object: DynamicObject = serde_json::from_value(json!({
+            "metadata": {"name": "a", "namespace": "n"}, "data": {"k": "v"}
+        }))
+        .unwrap();
+        let json = object_json(&object, &rs_resource());
+        assert_eq!(json.len(), json.capacity());
+        let value: Value = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value, object_value(&object, &rs_resource()));
     }
 }

@@ -22,6 +22,7 @@ pub mod error;
 pub mod gvr;
 mod leader;
 pub mod metrics;
+mod objects;
 pub mod policies;
 pub mod queue;
 pub mod rego_refs;

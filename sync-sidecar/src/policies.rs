@@ -1034,7 +1034,12 @@ mod tests {
             }
         );
         assert_eq!(
-            engine.policies().await.unwrap().into_keys().collect::<Vec<_>>(),
+            engine
+                .policies()
+                .await
+                .unwrap()
+                .into_keys()
+                .collect::<Vec<_>>(),
             ["elsewhere/keep.rego"]
         );
         assert!(set.configmaps().is_empty());

@@ -1,7 +1,8 @@
 //! Replication of Kubernetes objects into the engine (one task per type).
 //!
 //! Each type is found by discovery and list/watched through the dynamic API into
-//! a reflector store (with `managedFields` stripped). The first full list, every
+//! a compact store of the JSON the engine receives ([`TypeObjects`], with
+//! `managedFields` stripped). The first full list, every
 //! relist (after `410 Gone`) and every engine restart write the whole type as one
 //! document, so deletions missed while disconnected disappear too; in between,
 //! adds, updates and deletes are mirrored one object at a time through a
@@ -13,7 +14,6 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use policy_client::PolicyEngine;
 use tokio::sync::{Notify, Semaphore};
@@ -21,9 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::component::{Gate, discover_until_found, full_sync_loop};
 use crate::config::{ReplicaScope, ReplicateSpec};
-use crate::document::{ObjectKey, object_path, object_value, type_document, type_path};
+use crate::document::{ObjectKey, object_json, object_path, type_path};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
+use crate::objects::TypeObjects;
 use crate::queue::{Backoff, KeyedQueue};
 use crate::rego_refs::PolicyReads;
 use crate::state::SyncState;
@@ -63,7 +64,7 @@ pub(crate) fn ignore_selector(ignore: &BTreeSet<String>) -> Option<String> {
 struct TypeReplicator {
     resource: ApiResource,
     namespaced: bool,
-    store: Store<DynamicObject>,
+    objects: TypeObjects,
     gate: Gate,
     ctx: ReplicatorContext,
 }
@@ -91,17 +92,9 @@ impl TypeReplicator {
 
     async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         let _full = self.gate.full().await;
-        let objects: Vec<(ObjectKey, serde_json::Value)> = self
-            .store
-            .state()
-            .iter()
-            .filter_map(|o| ObjectKey::of(o).map(|k| (k, object_value(o, &self.resource))))
-            .filter(|(k, _)| !self.ignored(k))
-            .collect();
-        let count = objects.len();
-        let document = type_document(objects, self.namespaced);
+        let (document, count) = self.objects.document(self.namespaced, |k| !self.ignored(k));
         let path = type_path(&self.ctx.prefix, &self.resource.plural);
-        match self.ctx.engine.put_data(&path, &document).await {
+        match self.ctx.engine.put_data_encoded(&path, document).await {
             Ok(()) => {
                 self.ctx.metrics.write_ok(self.label(), "put_document");
                 self.ctx.metrics.set_replicated(self.label(), count);
@@ -132,18 +125,8 @@ impl TypeReplicator {
             &key,
             self.namespaced,
         );
-        let mut reference = ObjectRef::new_with(&key.name, self.resource.clone());
-        if let Some(ns) = &key.namespace {
-            reference = reference.within(ns);
-        }
-        let (op, result) = match self.store.get(&reference) {
-            Some(object) => (
-                "put",
-                self.ctx
-                    .engine
-                    .put_data(&path, &object_value(&object, &self.resource))
-                    .await,
-            ),
+        let (op, result) = match self.objects.get(&key) {
+            Some(json) => ("put", self.ctx.engine.put_data_encoded(&path, json).await),
             None => ("delete", self.ctx.engine.delete_data(&path).await),
         };
         match result {
@@ -151,7 +134,7 @@ impl TypeReplicator {
                 self.ctx.metrics.write_ok(self.label(), op);
                 self.ctx
                     .metrics
-                    .set_replicated(self.label(), self.store.len());
+                    .set_replicated(self.label(), self.objects.len());
                 self.poke();
                 tracing::debug!(resource = %self.label(), %key, op, "replicated");
                 Ok(())
@@ -178,8 +161,6 @@ pub(crate) async fn run_type(
         return Ok(());
     };
     debug_assert_eq!(namespaced, spec.scope == ReplicaScope::Namespaced);
-    let writer: Writer<DynamicObject> = Writer::new(resource.clone());
-    let store = writer.as_reader();
     let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
     let mut config = watcher::Config::default();
     if namespaced && let Some(selector) = ignore_selector(&ctx.ignore_namespaces) {
@@ -189,13 +170,12 @@ pub(crate) async fn run_type(
     let metrics = ctx.metrics.clone();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
-        .reflect(writer);
+        .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None);
 
     let replicator = Arc::new(TypeReplicator {
         resource,
         namespaced,
-        store: store.clone(),
+        objects: TypeObjects::default(),
         gate: Gate::default(),
         ctx: ctx.clone(),
     });
@@ -215,13 +195,11 @@ pub(crate) async fn run_type(
     let relist = Arc::new(Notify::new());
     let full = {
         let replicator = replicator.clone();
-        let ready_store = store.clone();
+        let listed = replicator.clone();
         tokio::spawn(full_sync_loop(
             name.clone(),
             ctx.state.clone(),
-            async move {
-                let _ = ready_store.wait_until_ready().await;
-            },
+            async move { listed.objects.wait_until_listed().await },
             relist.clone(),
             move |epoch| {
                 let replicator = replicator.clone();
@@ -238,20 +216,37 @@ pub(crate) async fn run_type(
             e = stream.next() => e,
             _ = cancel.cancelled() => break,
         };
+        let objects = &replicator.objects;
         match event {
-            Some(Ok(watcher::Event::Apply(object) | watcher::Event::Delete(object))) => {
+            Some(Ok(watcher::Event::Apply(object))) => {
                 if let Some(key) = ObjectKey::of(&object) {
+                    objects.apply(
+                        key.clone(),
+                        object_json(&object, &replicator.resource).into(),
+                    );
                     queue.push(key);
                 }
             }
+            Some(Ok(watcher::Event::Delete(object))) => {
+                if let Some(key) = ObjectKey::of(&object) {
+                    objects.delete(&key);
+                    queue.push(key);
+                }
+            }
+            Some(Ok(watcher::Event::Init)) => objects.list_started(),
+            Some(Ok(watcher::Event::InitApply(object))) => {
+                if let Some(key) = ObjectKey::of(&object) {
+                    objects.listed(key, object_json(&object, &replicator.resource).into());
+                }
+            }
             Some(Ok(watcher::Event::InitDone)) => {
+                objects.list_done();
                 if listed_once {
                     tracing::info!(resource = %label, "relisted; rewriting the whole type");
                     relist.notify_one();
                 }
                 listed_once = true;
             }
-            Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
             Some(Err(e)) => {
                 metrics.watch_error(&label);
                 tracing::warn!(resource = %label, error = %e, "watch error; the watch recovers by itself");

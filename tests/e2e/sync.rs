@@ -502,7 +502,12 @@ async fn a_fresh_opa_gets_policies_and_data_back_without_a_sidecar_restart_body(
         "OPA restart recovered (3 clusters, 1 policy) in {recovered:?}; {undefined_seen} undefined answers before"
     );
 
-    let ids: Vec<String> = client.policies().await.expect("policies").into_keys().collect();
+    let ids: Vec<String> = client
+        .policies()
+        .await
+        .expect("policies")
+        .into_keys()
+        .collect();
     assert!(
         ids.contains(&format!("{POLICY_NAMESPACE}/placement/placement.rego")),
         "{ids:?}"
