@@ -8,7 +8,9 @@
 # request's metadata under `_admission`, as placement-webhook asks it), and the
 # response carries the same RFC 6902 patch that placement-webhook sends: the
 # policy's annotations (non-string values serialized compactly) plus the
-# ownership record `placement-policy.io/policy-owned`, base64-encoded JSON.
+# ownership record `placement-policy.io/policy-owned`, signed as placement-webhook
+# signs it (HMAC-SHA256 with the key at `data.bench.ownership_key`, over the
+# object's kind, namespace and name and the record; the tag in hex).
 #
 # Scope: a fresh object (a CREATE, which the benchmark sends). Unlike
 # placement-webhook it does not restore the developer's view from an existing
@@ -80,7 +82,7 @@ policy_values[k] := stringify(v) if some k, v in decision.annotations
 owned_keys := sort([k | some k, v in policy_values; object.get(current, k, null) != v])
 
 # Serialized exactly as placement-webhook does (field order written, requested).
-ownership_record := concat("", ["{", concat(",", [entry |
+owned_record := concat("", ["{", concat(",", [entry |
 	some k in owned_keys
 	entry := sprintf(`%s:{"written":%s,"requested":%s}`, [
 		json.marshal(k),
@@ -88,6 +90,27 @@ ownership_record := concat("", ["{", concat(",", [entry |
 		json.marshal(object.get(current, k, null)),
 	])
 ]), "}"])
+
+# The object the record belongs to: kind, namespace, name (or generateName).
+record_name := n if {
+	n := object.get(req.object, ["metadata", "generateName"], "")
+	n != ""
+} else := object.get(req.object, ["metadata", "name"], "")
+
+record_message := concat("\n", [
+	object.get(req.object, "kind", ""),
+	object.get(req.object, ["metadata", "namespace"], ""),
+	record_name,
+	owned_record,
+])
+
+# The tag in hex: OPA's strings hold text, not bytes, so the tag cannot be
+# re-encoded as placement-webhook's unpadded base64 without a costly detour in
+# Rego; the bench compares the two tags after decoding. The key (the bench
+# writes one whose bytes are ASCII) is decoded to a string.
+record_mac := concat("", ["hmac-sha256-hex:", crypto.hmac.sha256(record_message, base64.decode(data.bench.ownership_key))])
+
+ownership_record := sprintf(`{"owned":%s,"mac":%s}`, [owned_record, json.marshal(record_mac)])
 
 ownership := {owned_key: ownership_record} if count(owned_keys) > 0
 

@@ -126,7 +126,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     report.note(format!(
         "Scenario 1 check before measuring: every contender answered the {}-byte review with `allowed: true` and its uid; the patch of (d) OPA-itself {} the patch of placement-webhook (b) and (c) ({}).",
         body.len(),
-        if patches.byte_equal { "is byte for byte" } else { "equals, as JSON (not byte for byte)," },
+        if patches.byte_equal { "is byte for byte" } else { "equals, as JSON and with the ownership record's tag decoded (OPA writes it in hex), not byte for byte," },
         patches.description
     ));
 
@@ -192,8 +192,46 @@ pub(crate) fn policy_tree(dir: &Path, root: &Path, admission: bool) -> Result<Pa
             root.join("bench/rego/system_main.rego"),
             dir.join("system_main.rego"),
         )?;
+        // The signing key of the webhooks' ownership records (the first line
+        // of the key file), as `data.bench.ownership_key`.
+        let keys = std::fs::read_to_string(placement_tests::ownership_key_file())?;
+        let key = keys
+            .lines()
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .unwrap_or_default();
+        std::fs::create_dir_all(dir.join("bench"))?;
+        std::fs::write(
+            dir.join("bench/data.json"),
+            serde_json::to_vec(&serde_json::json!({ "ownership_key": key }))?,
+        )?;
     }
     Ok(dir.to_owned())
+}
+
+/// `patch` with each ownership record re-serialized (keys sorted) and its tag
+/// (`hmac-sha256:<unpadded base64>`) written as `hmac-sha256-hex:<hex>`, as
+/// OPA-itself writes it.
+fn hex_tags(patch: &Value) -> Value {
+    use base64::Engine as _;
+    let mut patch = patch.clone();
+    for op in patch.as_array_mut().into_iter().flatten() {
+        let Some(Ok(mut record)) = op["value"].as_str().map(serde_json::from_str::<Value>) else {
+            continue;
+        };
+        let Some(mac) = record.get("mac").and_then(Value::as_str) else {
+            continue;
+        };
+        if let Some(Ok(bytes)) = mac
+            .strip_prefix("hmac-sha256:")
+            .map(|tag| base64::engine::general_purpose::STANDARD_NO_PAD.decode(tag))
+        {
+            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            record["mac"] = Value::String(format!("hmac-sha256-hex:{hex}"));
+        }
+        op["value"] = Value::String(record.to_string());
+    }
+    patch
 }
 
 struct PatchCheck {
@@ -235,7 +273,7 @@ fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck
     let (raw_b, json_b) = &patches["embedded"];
     for key in ["with-opa", "opa-itself"] {
         let (_, json) = &patches[key];
-        if json != json_b {
+        if hex_tags(json) != hex_tags(json_b) {
             bail!(
                 "the patch of {key} differs from the embedded webhook's:\n{}\nvs\n{}",
                 patches[key].0,
@@ -243,6 +281,8 @@ fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck
             );
         }
     }
+    // OPA-itself writes the ownership record's tag in hex: equal as JSON
+    // once the tags are decoded, never byte for byte.
     let byte_equal = patches.values().all(|(raw, _)| raw == raw_b);
     let ops: Vec<String> = json_b
         .as_array()
@@ -409,4 +449,23 @@ fn write_report(
         ),
         Status::from_bool(r >= 3.0),
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn ownership_tags_compare_decoded() {
+        let op = |record: &str| json!([{"op": "add", "path": "/metadata/annotations/x", "value": record}]);
+        // 0x00ff in unpadded base64 and in hex; the records' keys in either order.
+        let webhook = op(r#"{"owned":{"k":1},"mac":"hmac-sha256:AP8"}"#);
+        let opa = op(r#"{"owned":{"k":1},"mac":"hmac-sha256-hex:00ff"}"#);
+        assert_eq!(hex_tags(&webhook), hex_tags(&opa));
+        let forged = op(r#"{"owned":{"k":1},"mac":"hmac-sha256-hex:00fe"}"#);
+        assert_ne!(hex_tags(&webhook), hex_tags(&forged));
+        let other = op(r#"{"owned":{"k":2},"mac":"hmac-sha256-hex:00ff"}"#);
+        assert_ne!(hex_tags(&webhook), hex_tags(&other));
+    }
 }

