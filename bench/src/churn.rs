@@ -35,12 +35,10 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use kube::runtime::watcher;
-use placement_tests::{
-    ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SYSTEM_NAMESPACE, placed_clusters,
-};
+use placement_tests::{ControlPlane, Identity, OpaServer, SYSTEM_NAMESPACE, placed_clusters};
 use serde_json::json;
 
-use crate::common::{Bins, Sidecar, cpu_seconds, median, poll, start_webhook};
+use crate::common::{Bins, Sidecar, cpu_seconds, median, poll, start_registered_webhook};
 use crate::opa_probe::decision_queries;
 use crate::remediation::settle;
 use crate::replication::{policy_configmap, shipped_modules};
@@ -226,31 +224,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         "webhook-pod",
     )?;
     sync_webhook.wait_ready(Duration::from_secs(120), Duration::from_millis(50))?;
-    let certs = placement_certs::generate_to_dir(
-        &dir.join("certs"),
-        &["127.0.0.1".into(), "localhost".into()],
-    )?;
-    let (webhook, addr, _) = start_webhook(
-        bins,
-        dir,
-        &certs,
-        &[
-            format!("--opa-url={}", opa_webhook.url()),
-            format!("--opa-token-file={}", opa_webhook.token_file().display()),
-            format!(
-                "--kubeconfig={}",
-                plane.kubeconfig(Identity::Webhook).display()
-            ),
-            format!("--policy-namespace={POLICY_NAMESPACE}"),
-        ],
-    )?;
-    plane.create_namespace(NS);
-    plane.register_webhook(
-        NS,
-        &format!("https://{addr}/mutate"),
-        &std::fs::read_to_string(&certs.ca)?,
-        POLICY_NAMESPACE,
-    );
+    let webhook = start_registered_webhook(bins, dir, &plane, &opa_webhook, NS)?;
 
     let api: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
     let t = Instant::now();

@@ -179,6 +179,48 @@ pub(crate) fn addr_after(line: &str, prefix: &str) -> Result<SocketAddr> {
         .with_context(|| format!("address in {line:?}"))
 }
 
+/// placement-webhook asking `opa`, registered with the API server for the
+/// workloads of namespace `ns` (as a webhook pod serves them).
+pub(crate) fn start_registered_webhook(
+    bins: &Bins,
+    dir: &Path,
+    plane: &placement_tests::ControlPlane,
+    opa: &placement_tests::OpaServer,
+    ns: &str,
+) -> Result<Server> {
+    let certs = placement_certs::generate_to_dir(
+        &dir.join("certs"),
+        &["127.0.0.1".into(), "localhost".into()],
+    )?;
+    let (webhook, addr, _) = start_webhook(
+        bins,
+        dir,
+        &certs,
+        &[
+            format!("--opa-url={}", opa.url()),
+            format!("--opa-token-file={}", opa.token_file().display()),
+            format!(
+                "--kubeconfig={}",
+                plane
+                    .kubeconfig(placement_tests::Identity::Webhook)
+                    .display()
+            ),
+            format!(
+                "--policy-namespace={}",
+                placement_tests::control_plane::POLICY_NAMESPACE
+            ),
+        ],
+    )?;
+    plane.create_namespace(ns);
+    plane.register_webhook(
+        ns,
+        &format!("https://{addr}/mutate"),
+        &std::fs::read_to_string(&certs.ca)?,
+        placement_tests::control_plane::POLICY_NAMESPACE,
+    );
+    Ok(webhook)
+}
+
 /// `placement-webhook serve` on loopback: (server, admission addr, metrics addr).
 pub(crate) fn start_webhook(
     bins: &Bins,

@@ -23,7 +23,7 @@ use kube::runtime::watcher;
 use placement_tests::{ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SYSTEM_NAMESPACE};
 use serde_json::json;
 
-use crate::common::{Bins, Sidecar, median, poll, start_webhook};
+use crate::common::{Bins, Sidecar, median, poll, start_registered_webhook};
 use crate::replication::{policy_configmap, shipped_modules};
 use crate::report::{Report, Status, fmt_count};
 use crate::review::{PREFS, replicaset};
@@ -133,32 +133,7 @@ pub(crate) fn run(
 
         if vi == 0 {
             // The webhook, registered for the benchmark namespace, and the workloads.
-            let certs = placement_certs::generate_to_dir(
-                &dir.join("certs"),
-                &["127.0.0.1".into(), "localhost".into()],
-            )?;
-            let (webhook, addr, _) = start_webhook(
-                bins,
-                dir,
-                &certs,
-                &[
-                    format!("--opa-url={}", opa.url()),
-                    format!("--opa-token-file={}", opa.token_file().display()),
-                    format!(
-                        "--kubeconfig={}",
-                        plane.kubeconfig(Identity::Webhook).display()
-                    ),
-                    format!("--policy-namespace={POLICY_NAMESPACE}"),
-                ],
-            )?;
-            webhook_server = Some(webhook);
-            plane.create_namespace(NS);
-            plane.register_webhook(
-                NS,
-                &format!("https://{addr}/mutate"),
-                &std::fs::read_to_string(&certs.ca)?,
-                POLICY_NAMESPACE,
-            );
+            webhook_server = Some(start_registered_webhook(bins, dir, &plane, &opa, NS)?);
             let api: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
             rt.block_on(create_workloads(&api, workloads))?;
             watch_task = Some(rt.spawn(watch(api.clone(), Arc::clone(&seen))));
