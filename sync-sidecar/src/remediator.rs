@@ -1,8 +1,10 @@
 //! Remediation: keep existing workloads placed by the current policy.
 //!
-//! When a policy module or replicated data changes (coalesced over a short quiet
-//! time), the leader re-evaluates the decision for every object of the
-//! `--remediate` types with the policy input the webhook will get for the PATCH
+//! When a policy module or replicated data the policies read changes (coalesced
+//! over a short quiet time), the leader re-evaluates the decision for every
+//! object of the `--remediate` types; when one workload is created or its
+//! developer view changes (not its status, not the policy's own annotations), it
+//! re-evaluates that workload alone. Both use the policy input the webhook will get for the PATCH
 //! ([`policy_input`]: the developer's view of the object, restored from the
 //! ownership record, never the policy's own earlier output; an UPDATE by this
 //! remediator), and computes the minimal patch with [`plan_patch`]. In `auto` mode it
@@ -27,7 +29,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use policy_client::ownership_secret::KeySecret;
 use policy_client::placement::{
-    OWNERSHIP_ANNOTATION, annotations, desired_annotations, plan_patch,
+    OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view, plan_patch,
 };
 use policy_client::{
     Decision, OwnershipKeys, PolicyEngine, QueryOutcome, RequestMeta, SharedKeys, policy_input,
@@ -293,6 +295,101 @@ struct Remediator {
     in_flight: std::sync::Mutex<HashMap<(usize, ObjectKey), String>>,
     /// Events of the running pass, published once its PATCHes are done.
     pass_events: std::sync::Mutex<Vec<(ObjectReference, Event)>>,
+    /// Workloads created or edited since they were last evaluated.
+    changes: Arc<ChangedWorkloads>,
+}
+
+/// What a pass evaluates.
+#[derive(Debug, Clone, PartialEq)]
+enum Work {
+    /// Every workload in scope (a policy or data change, a new leader).
+    All,
+    /// These workloads only (created or edited, or failed before).
+    Only(BTreeSet<WorkloadKey>),
+}
+
+impl Work {
+    fn merge(pending: Option<Work>, more: Work) -> Option<Work> {
+        Some(match (pending, more) {
+            (Some(Work::Only(mut a)), Work::Only(b)) => {
+                a.extend(b);
+                Work::Only(a)
+            }
+            (None, more) => more,
+            _ => Work::All,
+        })
+    }
+}
+
+/// A fingerprint of what the policy sees of a workload that its own status
+/// and the policy's own annotations cannot change: the developer view (see
+/// [`developer_view`]) without `status`, `resourceVersion` and an empty
+/// annotation map.
+fn developer_fingerprint(object: &Value, keys: &OwnershipKeys) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut view = developer_view(object, keys);
+    if let Value::Object(map) = &mut view {
+        map.remove("status");
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            meta.remove("resourceVersion");
+            meta.remove("managedFields");
+            // The view of a placed object that had no annotations has an
+            // empty map: the same request.
+            if meta
+                .get("annotations")
+                .and_then(Value::as_object)
+                .is_some_and(|a| a.is_empty())
+            {
+                meta.remove("annotations");
+            }
+        }
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    view.to_string().hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The workloads whose developer view changed since the remediator last saw
+/// them, fed by the workload watches: each is evaluated on its own, so a
+/// create or an edit never costs a pass over everything.
+#[derive(Default)]
+struct ChangedWorkloads {
+    seen: std::sync::Mutex<HashMap<WorkloadKey, u64>>,
+    due: std::sync::Mutex<BTreeSet<WorkloadKey>>,
+    notify: Notify,
+}
+
+impl ChangedWorkloads {
+    /// A workload as watched; `announce`: a new or changed view is due.
+    fn observe(&self, key: WorkloadKey, fingerprint: u64, announce: bool) {
+        let before = self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), fingerprint);
+        if announce && before != Some(fingerprint) {
+            self.due
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key);
+            self.notify.notify_one();
+        }
+    }
+
+    fn forget(&self, key: &WorkloadKey) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        self.due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    fn take(&self) -> BTreeSet<WorkloadKey> {
+        std::mem::take(&mut *self.due.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// Watch the workload types and remediate until `cancel`.
@@ -300,6 +397,32 @@ pub(crate) async fn run(
     ctx: RemediatorContext,
     cancel: CancellationToken,
 ) -> Result<(), SyncError> {
+    let keys = match &ctx.ownership_keys {
+        OwnershipKeySource::Secret { namespace, name } => {
+            let secret = KeySecret {
+                api: Api::namespaced(ctx.client.clone(), namespace),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                create: false,
+            };
+            // Waits until the webhook created the key; a shutdown meanwhile
+            // must not wait with it.
+            tokio::select! {
+                keys = secret.keys() => keys.map_err(|e| SyncError::Config(e.to_string()))?,
+                _ = cancel.cancelled() => return Ok(()),
+            }
+        }
+        OwnershipKeySource::Fixed(keys) => SharedKeys::new(keys.clone()),
+        OwnershipKeySource::Ephemeral => {
+            tracing::warn!(
+                "no --ownership-secret or --ownership-key-file: the ownership records this remediator writes verify nowhere else; give it the webhook's keys"
+            );
+            SharedKeys::new(
+                OwnershipKeys::ephemeral().map_err(|e| SyncError::Config(e.to_string()))?,
+            )
+        }
+    };
+    let changes = Arc::new(ChangedWorkloads::default());
     let mut targets = Vec::new();
     let mut watchers = Vec::new();
     for gvr in &ctx.types {
@@ -317,12 +440,25 @@ pub(crate) async fn run(
         let label = resource.plural.clone();
         let metrics = ctx.metrics.clone();
         let cancel = cancel.clone();
+        let (changes, keys, i) = (changes.clone(), keys.clone(), targets.len());
+        let target = resource.clone();
         watchers.push(tokio::spawn(async move {
             let mut stream = std::pin::pin!(stream);
+            // The first list is covered by the first pass; later lists (after
+            // a disconnect) may carry objects created or edited meanwhile.
+            let mut listed_once = false;
+            let observe = |object: &DynamicObject, announce: bool| {
+                let view = developer_fingerprint(&object_value(object, &target), &keys.current());
+                changes.observe(workload_key(i, object), view, announce);
+            };
             loop {
                 tokio::select! {
                     e = stream.next() => match e {
-                        Some(Ok(_)) => {}
+                        Some(Ok(watcher::Event::Apply(object))) => observe(&object, true),
+                        Some(Ok(watcher::Event::InitApply(object))) => observe(&object, listed_once),
+                        Some(Ok(watcher::Event::Delete(object))) => changes.forget(&workload_key(i, &object)),
+                        Some(Ok(watcher::Event::InitDone)) => listed_once = true,
+                        Some(Ok(watcher::Event::Init)) => {}
                         Some(Err(e)) => {
                             metrics.watch_error(&label);
                             tracing::warn!(resource = %label, error = %e, "workload watch error; the watch recovers by itself");
@@ -347,26 +483,6 @@ pub(crate) async fn run(
     }
     let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
     let user_info = own_user_info(&ctx.client).await;
-    let keys = match &ctx.ownership_keys {
-        OwnershipKeySource::Secret { namespace, name } => KeySecret {
-            api: Api::namespaced(ctx.client.clone(), namespace),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            create: false,
-        }
-        .keys()
-        .await
-        .map_err(|e| SyncError::Config(e.to_string()))?,
-        OwnershipKeySource::Fixed(keys) => SharedKeys::new(keys.clone()),
-        OwnershipKeySource::Ephemeral => {
-            tracing::warn!(
-                "no --ownership-secret or --ownership-key-file: the ownership records this remediator writes verify nowhere else; give it the webhook's keys"
-            );
-            SharedKeys::new(
-                OwnershipKeys::ephemeral().map_err(|e| SyncError::Config(e.to_string()))?,
-            )
-        }
-    };
     let remediator = Remediator {
         limiter: RateLimiter::new(ctx.rate),
         ctx,
@@ -374,6 +490,7 @@ pub(crate) async fn run(
         scope,
         user_info,
         keys,
+        changes,
         in_flight: std::sync::Mutex::new(HashMap::new()),
         pass_events: std::sync::Mutex::new(Vec::new()),
     };
@@ -492,35 +609,42 @@ impl Remediator {
             .delays()
         };
         let mut retry_delays = fresh_delays();
-        let mut retry_at: Option<Instant> = None;
-        // Set when the next pass only retries the objects that failed: one
-        // failing object must not cost a pass over every workload.
-        let mut retry_only: Option<BTreeSet<WorkloadKey>> = None;
-        let mut pending = true;
+        // Work to do later: a held change looks for its confirmation, failed
+        // objects are retried alone (one failing object must not cost a pass
+        // over every workload).
+        let mut retry: Option<(Instant, Work)> = None;
+        let mut pending = Some(Work::All);
         loop {
-            if !pending {
-                let retry = async {
-                    match retry_at {
-                        Some(at) => tokio::time::sleep_until(at).await,
+            if pending.is_none() {
+                let retry_due = async {
+                    match &retry {
+                        Some((at, _)) => tokio::time::sleep_until(*at).await,
                         None => std::future::pending().await,
                     }
                 };
                 tokio::select! {
                     _ = self.ctx.trigger.notified() => {
-                        pending = true;
-                        retry_only = None;
+                        pending = Some(Work::All);
+                        retry = None;
+                    }
+                    _ = self.changes.notify.notified() => {
+                        pending = Some(Work::Only(self.changes.take()));
                     }
                     r = leader.changed() => {
                         if r.is_err() { return }
-                        pending = *leader.borrow_and_update();
-                        retry_only = None;
+                        if *leader.borrow_and_update() {
+                            pending = Some(Work::All);
+                            retry = None;
+                        }
                     }
                     r = synced.changed() => {
                         if r.is_err() { return }
-                        pending = *synced.borrow_and_update();
-                        retry_only = None;
+                        if *synced.borrow_and_update() {
+                            pending = Some(Work::All);
+                            retry = None;
+                        }
                     }
-                    _ = retry => { retry_at = None; pending = true }
+                    _ = retry_due => pending = retry.take().map(|(_, work)| work),
                     _ = cancel.cancelled() => return,
                 }
                 continue;
@@ -530,24 +654,35 @@ impl Remediator {
                 _ = cancel.cancelled() => return,
             }
             if !self.may_act() {
-                // Wait for leadership / sync; the pass stays pending.
+                // Wait for leadership / sync; a new leader or a fresh sync
+                // starts over with every workload.
                 tokio::select! {
                     _ = leader.changed() => {}
                     _ = synced.changed() => {}
                     _ = tokio::time::sleep(Duration::from_secs(1)) => {}
                     _ = cancel.cancelled() => return,
                 }
-                retry_only = None;
+                pending = Some(Work::All);
                 continue;
             }
-            pending = false;
+            // Changes seen during the debounce join this pass.
+            let mut work = pending.take();
+            let changed = self.changes.take();
+            if !changed.is_empty() {
+                work = Work::merge(work, Work::Only(changed));
+            }
+            let work = work.unwrap_or(Work::All);
+            let only = match &work {
+                Work::All => None,
+                Work::Only(keys) if keys.is_empty() => continue,
+                Work::Only(keys) => Some(keys),
+            };
             let started = Instant::now();
-            let only = retry_only.take();
-            let report = self.pass(&cancel, only.as_ref()).await;
+            let report = self.pass(&cancel, only).await;
             self.ctx.metrics.remediation_passes.inc();
             tracing::info!(
                 mode = ?self.ctx.mode,
-                retry_of = only.as_ref().map(BTreeSet::len),
+                only = only.map(BTreeSet::len),
                 evaluated = report.evaluated,
                 stale = report.stale,
                 patched = report.patched,
@@ -560,15 +695,20 @@ impl Remediator {
                 "remediation pass"
             );
             if report.aborted {
-                pending = true;
+                pending = Work::merge(pending, work);
             } else if report.held > 0 {
                 // Look for a confirmation again soon.
-                retry_at = Some(Instant::now() + HELD_RECHECK);
+                retry = Some((Instant::now() + HELD_RECHECK, Work::All));
             } else if !report.failed_objects.is_empty() {
                 let delay = retry_delays.next().unwrap_or(Duration::from_secs(60));
-                retry_at = Some(Instant::now() + delay);
-                retry_only = Some(report.failed_objects);
-            } else {
+                let failed = Work::Only(report.failed_objects);
+                // A later full pass still owes its retry to the failed ones.
+                let merged = match retry.take() {
+                    Some((_, Work::All)) => Work::All,
+                    _ => failed,
+                };
+                retry = Some((Instant::now() + delay, merged));
+            } else if work == Work::All {
                 retry_delays = fresh_delays();
             }
         }
@@ -589,8 +729,7 @@ impl Remediator {
             .flat_map(|(i, t)| t.store.state().into_iter().map(move |o| (i, o)))
             .filter(|(_, o)| self.scope.admits(o))
             .collect();
-        // The blast radius is weighed against every placed workload, also
-        // when only a few are retried.
+        // The blast radius is weighed against every placed workload in scope.
         let placed_in_scope = in_scope.iter().filter(|(_, o)| is_placed(o)).count();
         let objects: Vec<(usize, Arc<DynamicObject>)> = match only {
             None => in_scope,
@@ -611,7 +750,12 @@ impl Remediator {
             report.aborted = true;
             return report;
         };
-        if self.ctx.mode == RemediationMode::Auto && self.held(&evaluations, placed_in_scope).await
+        // The guard weighs a policy or data change (a pass over everything);
+        // a few created, edited or failed workloads are no such change, and
+        // the webhook applies the policy in force to them anyway.
+        if self.ctx.mode == RemediationMode::Auto
+            && only.is_none()
+            && self.held(&evaluations, placed_in_scope).await
         {
             report.evaluated = evaluations.len();
             report.held = evaluations
@@ -1139,6 +1283,63 @@ mod tests {
             unlimited.acquire().await;
         }
         assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_status_and_the_policys_own_placement() {
+        let object = json!({
+            "metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7", "labels": {"app": "a"}},
+            "spec": {"replicas": 1},
+            "status": {"replicas": 0}
+        });
+        let outcome = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
+        let Assessment::Stale { patch, .. } = assess(&object, &outcome, keys()) else {
+            panic!("expected stale");
+        };
+        let placed = apply(&object, &patch);
+        let print = |o: &Value| developer_fingerprint(o, keys());
+        assert_eq!(print(&object), print(&placed), "the policy's own PATCH");
+        let mut status = placed.clone();
+        status["status"]["replicas"] = json!(3);
+        status["metadata"]["resourceVersion"] = json!("8");
+        assert_eq!(print(&placed), print(&status), "a status update");
+        let mut labelled = placed.clone();
+        labelled["metadata"]["labels"]["tier"] = json!("web");
+        assert_ne!(print(&placed), print(&labelled), "a label edit");
+        let mut requested = placed.clone();
+        requested["metadata"]["annotations"][PREFS] = json!(r#"{"clusters":{"eu-2":{}}}"#);
+        assert_ne!(print(&placed), print(&requested), "a new request");
+    }
+
+    #[test]
+    fn changed_workloads_are_due_once_per_change() {
+        let changes = ChangedWorkloads::default();
+        let key = |id: &str| (0, id.to_owned());
+        changes.observe(key("listed"), 1, false);
+        assert!(
+            changes.take().is_empty(),
+            "the first list is the first pass's"
+        );
+        changes.observe(key("listed"), 1, true);
+        changes.observe(key("created"), 5, true);
+        assert_eq!(changes.take(), [key("created")].into());
+        changes.observe(key("listed"), 2, true);
+        changes.observe(key("created"), 6, true);
+        changes.forget(&key("created"));
+        assert_eq!(changes.take(), [key("listed")].into());
+        assert!(changes.take().is_empty());
+    }
+
+    #[test]
+    fn work_merges_toward_everything() {
+        let only = |ids: &[&str]| Work::Only(ids.iter().map(|id| (0, (*id).to_owned())).collect());
+        assert_eq!(Work::merge(None, only(&["a"])), Some(only(&["a"])));
+        assert_eq!(
+            Work::merge(Some(only(&["a"])), only(&["b"])),
+            Some(only(&["a", "b"]))
+        );
+        assert_eq!(Work::merge(Some(only(&["a"])), Work::All), Some(Work::All));
+        assert_eq!(Work::merge(Some(Work::All), only(&["a"])), Some(Work::All));
     }
 
     #[test]

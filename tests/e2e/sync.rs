@@ -1168,6 +1168,142 @@ async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
     assert!(sidecar.metric(PASSES).await > Some(before));
 }
 
+/// The remediator's `(passes, decision queries)`, sampled between passes (two
+/// equal samples 300 ms apart), so that no pass is counted half.
+async fn remediation_at_rest(sidecar: &Sidecar) -> (f64, f64) {
+    let sample = || async {
+        (
+            sidecar
+                .metric("placement_sync_remediation_passes_total")
+                .await
+                .expect("passes"),
+            sidecar
+                .metric("placement_sync_remediation_queries_total")
+                .await
+                .expect("queries"),
+        )
+    };
+    let mut last = sample().await;
+    loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = sample().await;
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn a_created_or_edited_workload_is_evaluated_alone() {
+    run(a_created_or_edited_workload_is_evaluated_alone_body());
+}
+
+/// A workload created where no webhook placed it is placed by the remediator
+/// with one decision query, not a pass over every workload; an edit of its
+/// developer view costs one query too; its status updates and the
+/// remediator's own PATCH cost none.
+async fn a_created_or_edited_workload_is_evaluated_alone_body() {
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("sync-created");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "europe-west1", "running");
+    cluster(&plane, "b", "europe-west2", "running");
+    policy_configmap(
+        &plane,
+        "placement",
+        &[("placement.rego", &placement_policy(&["running"]))],
+    );
+    let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
+    for name in &names {
+        apply(&plane, &replicaset(&ns, name, &[]));
+    }
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+    let placed = |name: &str| {
+        let rs = get_json(&plane, &["replicaset", "-n", &ns, name]);
+        placed_clusters(&rs) == Some(set(&["a", "b"]))
+    };
+    for name in &names {
+        eventually("placed on a, b", Duration::from_secs(30), ctx, || async {
+            placed(name).then_some(())
+        })
+        .await;
+    }
+    let (_, before) = remediation_at_rest(&sidecar).await;
+
+    // Created, not applied: no annotation at all (as a controller creates).
+    let out = plane.kubectl_stdin(&["create", "-f", "-"], &replicaset(&ns, "late", &[]));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually(
+        "late placed on a, b",
+        Duration::from_secs(30),
+        ctx,
+        || async { placed("late").then_some(()) },
+    )
+    .await;
+    // Past the debounce: an echo of the remediator's PATCH would show.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, created) = remediation_at_rest(&sidecar).await;
+    assert_eq!(
+        created - before,
+        1.0,
+        "the created workload was evaluated alone, once\n{}",
+        sidecar.log_tail()
+    );
+
+    for generation in 1..=10 {
+        plane.kubectl_ok(&[
+            "patch",
+            "replicaset",
+            "late",
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &format!(r#"{{"status":{{"replicas":0,"observedGeneration":{generation}}}}}"#),
+        ]);
+    }
+    // Past the debounce: a query for any of them would have been sent.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, status_updated) = remediation_at_rest(&sidecar).await;
+    assert_eq!(
+        status_updated - created,
+        0.0,
+        "status updates cost decision queries\n{}",
+        sidecar.log_tail()
+    );
+
+    plane.kubectl_ok(&["label", "replicaset", "late", "-n", &ns, "tier=web"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while remediation_at_rest(&sidecar).await.1 == status_updated && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (_, edited) = remediation_at_rest(&sidecar).await;
+    assert_eq!(
+        edited - status_updated,
+        1.0,
+        "the label edit cost one query\n{}",
+        sidecar.log_tail()
+    );
+}
+
 #[test]
 fn a_failing_workload_is_retried_alone() {
     run(a_failing_workload_is_retried_alone_body());
@@ -1210,27 +1346,7 @@ async fn a_failing_workload_is_retried_alone_body() {
         })
         .await;
     }
-    const PASSES: &str = "placement_sync_remediation_passes_total";
-    const QUERIES: &str = "placement_sync_remediation_queries_total";
-    let sample = || async {
-        (
-            sidecar.metric(PASSES).await.expect("passes"),
-            sidecar.metric(QUERIES).await.expect("queries"),
-        )
-    };
-    // Sampled between passes (two equal samples in a row), so that no pass
-    // is counted half.
-    let quiet = || async {
-        let mut last = sample().await;
-        loop {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let now = sample().await;
-            if now == last {
-                return now;
-            }
-            last = now;
-        }
-    };
+    let quiet = || remediation_at_rest(&sidecar);
     let (passes_before, queries_before) = quiet().await;
     // Retries back off (1 s doubling to 60 s, advanced by the first passes
     // too): wait for the next one.
