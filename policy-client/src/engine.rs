@@ -2,9 +2,11 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use bytes::Bytes;
 use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
@@ -18,6 +20,70 @@ use tokio::time::Instant;
 pub enum QueryOutcome {
     Defined(Value),
     Undefined,
+}
+
+/// A JSON document already encoded, kept as the pieces it was assembled from
+/// (each object's own buffer, the separators between them), in order. A
+/// whole replicated type is sent piece by piece, so its document is never
+/// joined into one more copy of every object.
+#[derive(Debug, Clone, Default)]
+pub struct EncodedJson {
+    pieces: Arc<[Bytes]>,
+    len: usize,
+}
+
+impl EncodedJson {
+    pub fn from_pieces(pieces: Vec<Bytes>) -> Self {
+        let len = pieces.iter().map(Bytes::len).sum();
+        EncodedJson {
+            pieces: pieces.into(),
+            len,
+        }
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.pieces
+    }
+
+    /// The pieces shared with the caller (a cheap clone), to send them.
+    pub(crate) fn shared_pieces(&self) -> Arc<[Bytes]> {
+        Arc::clone(&self.pieces)
+    }
+
+    /// The whole document in one buffer (a copy, unless it is one piece).
+    pub fn joined(&self) -> Bytes {
+        match &*self.pieces {
+            [one] => one.clone(),
+            pieces => {
+                let mut out = Vec::with_capacity(self.len);
+                for piece in pieces {
+                    out.extend_from_slice(piece);
+                }
+                out.into()
+            }
+        }
+    }
+}
+
+impl From<Bytes> for EncodedJson {
+    fn from(json: Bytes) -> Self {
+        EncodedJson::from_pieces(vec![json])
+    }
+}
+
+impl From<Vec<u8>> for EncodedJson {
+    fn from(json: Vec<u8>) -> Self {
+        Bytes::from(json).into()
+    }
 }
 
 /// A Rego compile (or parse) error, located in a module.
@@ -183,13 +249,15 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError>;
 
     /// [`PolicyEngine::put_data`] with the document already encoded as JSON:
-    /// a large document (a whole replicated type) is written from its bytes,
-    /// with no value tree of it in memory where the engine is remote.
-    async fn put_data_encoded(&self, path: &str, json: bytes::Bytes) -> Result<(), EngineError> {
-        let value: Value = serde_json::from_slice(&json).map_err(|e| EngineError::InvalidPath {
-            path: path.to_owned(),
-            reason: format!("the document is not JSON: {e}"),
-        })?;
+    /// a large document (a whole replicated type) is written from its pieces,
+    /// with neither a value tree nor a joined copy of it in memory where the
+    /// engine is remote.
+    async fn put_data_encoded(&self, path: &str, json: EncodedJson) -> Result<(), EngineError> {
+        let value: Value =
+            serde_json::from_slice(&json.joined()).map_err(|e| EngineError::InvalidPath {
+                path: path.to_owned(),
+                reason: format!("the document is not JSON: {e}"),
+            })?;
         self.put_data(path, &value).await
     }
 

@@ -12,7 +12,9 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
+use crate::engine::{
+    CompileError, EncodedJson, EngineError, PolicyEngine, QueryOutcome, path_segments,
+};
 use crate::retry::{RetryPolicy, parse_retry_after, retry_until};
 use crate::text::bounded;
 
@@ -240,8 +242,12 @@ impl Opa {
             request = request.header(AUTHORIZATION, auth.clone());
         }
         request = match body {
-            Some(Body::Encoded(bytes)) => {
-                request.header(CONTENT_TYPE, "application/json").body(bytes)
+            Some(Body::Encoded(json)) => {
+                let request = request.header(CONTENT_TYPE, "application/json");
+                match json.pieces() {
+                    [one] => request.body(one.clone()),
+                    _ => request.body(reqwest::Body::wrap(PiecesBody::new(&json))),
+                }
             }
             Some(Body::JsonPatch(value)) => request
                 .header(CONTENT_TYPE, "application/json-patch+json")
@@ -294,7 +300,11 @@ impl Opa {
         body: &bytes::Bytes,
     ) -> Result<QueryOutcome, EngineError> {
         let (_, bytes) = self
-            .send(Method::POST, url.clone(), Some(Body::Encoded(body.clone())))
+            .send(
+                Method::POST,
+                url.clone(),
+                Some(Body::Encoded(body.clone().into())),
+            )
             .await
             .map_err(|e| match e {
                 // OPA refuses an input it cannot decode: the caller's fault.
@@ -322,10 +332,57 @@ struct QueryBody<'a> {
 
 enum Body {
     /// JSON already serialized.
-    Encoded(bytes::Bytes),
+    Encoded(EncodedJson),
     /// An RFC 6902 patch document.
     JsonPatch(Value),
     Text(String),
+}
+
+/// A request body sending the pieces of an [`EncodedJson`] one after the
+/// other, its exact length announced (so `Content-Length` is set, not chunked
+/// encoding).
+struct PiecesBody {
+    pieces: std::sync::Arc<[bytes::Bytes]>,
+    next: usize,
+    remaining: u64,
+}
+
+impl PiecesBody {
+    fn new(json: &EncodedJson) -> Self {
+        PiecesBody {
+            pieces: json.shared_pieces(),
+            next: 0,
+            remaining: json.len() as u64,
+        }
+    }
+}
+
+impl http_body::Body for PiecesBody {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        while let Some(piece) = this.pieces.get(this.next) {
+            this.next += 1;
+            if !piece.is_empty() {
+                this.remaining -= piece.len() as u64;
+                return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(piece.clone()))));
+            }
+        }
+        std::task::Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.remaining == 0
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.remaining)
+    }
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -470,7 +527,7 @@ impl PolicyEngine for Opa {
         self.put_data_encoded(path, json.into()).await
     }
 
-    async fn put_data_encoded(&self, path: &str, json: bytes::Bytes) -> Result<(), EngineError> {
+    async fn put_data_encoded(&self, path: &str, json: EncodedJson) -> Result<(), EngineError> {
         let url = self.url(&["v1", "data"], path)?;
         self.send(Method::PUT, url, Some(Body::Encoded(json)))
             .await
@@ -585,6 +642,24 @@ fn uuid_like(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_document_in_pieces_is_sent_whole_with_its_length() {
+        use http_body::Body as _;
+        use http_body_util::BodyExt as _;
+        let json = EncodedJson::from_pieces(vec![
+            bytes::Bytes::from_static(b"{\"a\":"),
+            bytes::Bytes::new(),
+            bytes::Bytes::from_static(b"[1,2]"),
+            bytes::Bytes::from_static(b"}"),
+        ]);
+        let body = PiecesBody::new(&json);
+        assert_eq!(body.size_hint().exact(), Some(11));
+        let sent = body.collect().await.unwrap().to_bytes();
+        assert_eq!(&sent[..], br#"{"a":[1,2]}"#);
+        assert_eq!(sent.len(), json.len());
+        assert_eq!(json.joined(), sent);
+    }
 
     #[test]
     fn token_is_never_printed() {

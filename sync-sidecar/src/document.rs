@@ -4,7 +4,9 @@
 //! `{namespace: {name: object}}` at `{prefix}/{resource}`. Cluster-scoped types:
 //! `{prefix}/{resource}/{name}`, the whole type as `{name: object}`.
 
+use bytes::Bytes;
 use kube::api::{ApiResource, DynamicObject};
+use policy_client::EncodedJson;
 use serde_json::Value;
 
 /// Identifies one object of a type.
@@ -89,16 +91,19 @@ pub fn object_json(object: &DynamicObject, resource: &ApiResource) -> Vec<u8> {
 
 /// The whole-type document, encoded, from `(key, object JSON)` in key order
 /// (so that the objects of one namespace come together, as the keys of a
-/// `BTreeMap<ObjectKey, _>` do).
-pub fn type_document_json<'a>(
-    objects: impl IntoIterator<Item = (&'a ObjectKey, &'a [u8])>,
+/// `BTreeMap<ObjectKey, _>` do). Each object's JSON is a piece of its own
+/// (its buffer shared, not copied); between them, one small piece carries the
+/// separators and the names.
+pub fn type_document<'a>(
+    objects: impl IntoIterator<Item = (&'a ObjectKey, &'a Bytes)>,
     namespaced: bool,
-) -> Vec<u8> {
+) -> EncodedJson {
     fn name(out: &mut Vec<u8>, name: &str) {
         // Writing a string into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut *out, name);
         out.push(b':');
     }
+    let mut pieces = Vec::new();
     let mut out = Vec::from(&b"{"[..]);
     let mut open: Option<&str> = None;
     let mut first = true;
@@ -127,13 +132,15 @@ pub fn type_document_json<'a>(
         }
         first = false;
         name(&mut out, &key.name);
-        out.extend_from_slice(json);
+        pieces.push(Bytes::from(std::mem::take(&mut out)));
+        pieces.push(json.clone());
     }
     if open.is_some() {
         out.push(b'}');
     }
     out.push(b'}');
-    out
+    pieces.push(out.into());
+    EncodedJson::from_pieces(pieces)
 }
 
 #[cfg(test)]
@@ -211,11 +218,12 @@ mod tests {
     }
 
     fn document(objects: &[(ObjectKey, &str)], namespaced: bool) -> Value {
-        let json = type_document_json(
-            objects.iter().map(|(k, json)| (k, json.as_bytes())),
-            namespaced,
-        );
-        serde_json::from_slice(&json).expect("the document is JSON")
+        let objects: Vec<(ObjectKey, Bytes)> = objects
+            .iter()
+            .map(|(k, json)| (k.clone(), Bytes::copy_from_slice(json.as_bytes())))
+            .collect();
+        let json = type_document(objects.iter().map(|(k, json)| (k, json)), namespaced);
+        serde_json::from_slice(&json.joined()).expect("the document is JSON")
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::RwLock;
 
 use bytes::Bytes;
+use policy_client::EncodedJson;
 use tokio::sync::watch;
 
 use crate::document::ObjectKey;
@@ -95,21 +96,18 @@ impl TypeObjects {
     }
 
     /// The whole-type document (see [`crate::document`] for its layout) of
-    /// the objects `keep` accepts, encoded, and how many it holds.
+    /// the objects `keep` accepts, encoded in pieces that share the objects'
+    /// buffers, and how many it holds.
     pub(crate) fn document(
         &self,
         namespaced: bool,
         keep: impl Fn(&ObjectKey) -> bool,
-    ) -> (Bytes, usize) {
+    ) -> (EncodedJson, usize) {
         let objects = self.read();
         let kept = objects.current.iter().filter(|(key, _)| keep(key));
         let mut count = 0;
-        let json = crate::document::type_document_json(
-            kept.inspect(|_| count += 1)
-                .map(|(key, json)| (key, json.as_ref())),
-            namespaced,
-        );
-        (json.into(), count)
+        let json = crate::document::type_document(kept.inspect(|_| count += 1), namespaced);
+        (json, count)
     }
 }
 
@@ -123,7 +121,7 @@ mod tests {
     }
 
     fn doc(objects: &TypeObjects) -> Value {
-        serde_json::from_slice(&objects.document(true, |_| true).0).unwrap()
+        serde_json::from_slice(&objects.document(true, |_| true).0.joined()).unwrap()
     }
 
     #[tokio::test]

@@ -126,7 +126,10 @@ impl TypeReplicator {
             self.namespaced,
         );
         let (op, result) = match self.objects.get(&key) {
-            Some(json) => ("put", self.ctx.engine.put_data_encoded(&path, json).await),
+            Some(json) => (
+                "put",
+                self.ctx.engine.put_data_encoded(&path, json.into()).await,
+            ),
             None => ("delete", self.ctx.engine.delete_data(&path).await),
         };
         match result {
