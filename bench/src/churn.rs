@@ -290,8 +290,10 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         Duration::from_millis(100),
         || Ok((sidecar.metric("placement_sync_leader")? >= 1.0).then_some(())),
     )?;
-    // Its first pass over everything (nothing stale: the webhook placed them).
+    // Its first pass over everything (nothing stale: the webhook placed them),
+    // and until its queries stay put: a pass ends its count only when done.
     settle(&sidecar, 0.0)?;
+    wait_quiet(&mut sidecar, &opa)?;
     let start = Snapshot::take(&sidecar, &opa)?;
     ensure!(
         start.patches_ok + start.patches_err == 0.0,
@@ -299,8 +301,8 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         start.patches_ok + start.patches_err
     );
     eprintln!(
-        "scenario 7: remediator ready after {ready_s:.1} s; first pass done ({} decision queries)",
-        start.queries
+        "scenario 7: remediator ready after {ready_s:.1} s; quiet after {} passes ({} decision queries)",
+        start.passes, start.queries
     );
 
     let mut seq = 0u64;
@@ -370,7 +372,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         affected,
         created_s,
         ready_s,
-        start.queries,
+        (start.passes, start.queries),
         report,
     );
     Ok(())
@@ -621,7 +623,7 @@ fn render(
     affected: usize,
     created_s: f64,
     ready_s: f64,
-    first_pass_queries: f64,
+    startup: (f64, f64),
     report: &mut Report,
 ) {
     let med = |f: &dyn Fn(&RunResult) -> f64| median(&results.iter().map(f).collect::<Vec<_>>());
@@ -635,8 +637,8 @@ fn render(
          They are replicated and remediated by a placement-sync of their own (`{REPLICATE} {REPLICATE_CLUSTER} --remediation=auto`, the default `--remediate` \
          types, leader through the Lease; its service account), against an OPA that nothing else talks to, so that OPA's `POST /v1/data` request counter \
          is the sidecar's decision queries (replication writes are `PUT`/`PATCH`/`DELETE`). The webhook has its own OPA and a replicating placement-sync \
-         (`--remediation=off`), as in a webhook pod. The sidecar was ready {ready_s:.1} s after its start; its first pass asked {first_pass_queries:.0} decisions \
-         and patched nothing. {} run(s), medians.\n\n\
+         (`--remediation=off`), as in a webhook pod. The sidecar was ready {ready_s:.1} s after its start; until it was quiet it made {:.0} remediation pass(es) over everything, \
+         asked {:.0} decisions and patched nothing. {} run(s), medians.\n\n\
          ### Status updates no policy reads\n\n\
          {} updates per second for {} s ({} updates, round robin: status.replicas and the counts beside it, through the status subresource, \
          which the webhook does not see; the shipped policy reads the workload's kind and annotations and the Clusters). Counted from the start of \
@@ -644,6 +646,8 @@ fn render(
          | | length | decision queries | sidecar CPU | CPU share of one core | remediation passes | replicated writes (ReplicaSets) | PATCHes |\n\
          |---|---:|---:|---:|---:|---:|---:|---:|\n",
         EU_PLACEMENT.join(" and "),
+        startup.0,
+        startup.1,
         results.len(),
         settings.rate,
         settings.seconds,

@@ -18,7 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::PostParams;
@@ -665,6 +665,14 @@ impl Remediator {
                 pending = Some(Work::All);
                 continue;
             }
+            // The pass reads the engine and the leadership as they are now:
+            // triggers, leadership and sync changes signalled before it starts
+            // are covered by it. Left pending, they would each cost one more
+            // pass over everything once this one ends (a fresh remediator
+            // passed over every workload three times).
+            let _ = self.ctx.trigger.notified().now_or_never();
+            leader.borrow_and_update();
+            synced.borrow_and_update();
             // Changes seen during the debounce join this pass.
             let mut work = pending.take();
             let changed = self.changes.take();
