@@ -328,7 +328,11 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
     report.header(format!(
         "placement-policy: release build of `{}`{}.",
         git(&["rev-parse", "--short", "HEAD"]),
-        if git(&["status", "--porcelain", "--untracked-files=no"]).is_empty() {
+        // The report being rewritten is no change to what was measured.
+        if git(&["status", "--porcelain", "--untracked-files=no"])
+            .lines()
+            .all(|line| std::path::Path::new(line.get(3..).unwrap_or_default()) == args.out)
+        {
             ""
         } else {
             " with uncommitted changes"
