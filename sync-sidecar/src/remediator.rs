@@ -665,16 +665,21 @@ impl Remediator {
                 pending = Some(Work::All);
                 continue;
             }
-            // The pass reads the engine and the leadership as they are now:
-            // triggers, leadership and sync changes signalled before it starts
-            // are covered by it. Left pending, they would each cost one more
-            // pass over everything once this one ends (a fresh remediator
-            // passed over every workload three times).
-            let _ = self.ctx.trigger.notified().now_or_never();
+            // The pass reads the engine and the leadership as they are now, so
+            // it covers the triggers, leadership and sync changes signalled
+            // before it starts: they make it a pass over everything, and are
+            // consumed. Left pending, each cost one more pass over everything
+            // once this one ended (a fresh remediator passed three times).
+            let triggered = self.ctx.trigger.notified().now_or_never().is_some();
+            let leader_changed = leader.has_changed().unwrap_or(false);
+            let synced_changed = synced.has_changed().unwrap_or(false);
             leader.borrow_and_update();
             synced.borrow_and_update();
-            // Changes seen during the debounce join this pass.
             let mut work = pending.take();
+            if triggered || leader_changed || synced_changed {
+                work = Work::merge(work, Work::All);
+            }
+            // Changes seen during the debounce join this pass.
             let changed = self.changes.take();
             if !changed.is_empty() {
                 work = Work::merge(work, Work::Only(changed));
