@@ -1168,6 +1168,70 @@ async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
     assert!(sidecar.metric(PASSES).await > Some(before));
 }
 
+/// Ten ReplicaSets created unplaced in a namespace of their own, two running
+/// Clusters `a` and `b`, the placement policy, and a remediating sidecar that
+/// has placed all ten on `a, b`.
+struct RemediatedWorkloads {
+    plane: ControlPlane,
+    _opa: OpaServer,
+    ns: String,
+    names: Vec<String>,
+    sidecar: Sidecar,
+}
+
+impl RemediatedWorkloads {
+    async fn start(prefix: &str) -> RemediatedWorkloads {
+        let plane = ControlPlane::start();
+        let opa = OpaServer::start();
+        let ns = unique_name(prefix);
+        plane.create_namespace(&ns);
+        cluster(&plane, "a", "europe-west1", "running");
+        cluster(&plane, "b", "europe-west2", "running");
+        policy_configmap(
+            &plane,
+            "placement",
+            &[("placement.rego", &placement_policy(&["running"]))],
+        );
+        let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
+        for name in &names {
+            apply(&plane, &replicaset(&ns, name, &[]));
+        }
+        let sidecar = Sidecar::start(
+            &plane,
+            &opa,
+            &[
+                &format!("--replicate-cluster={CLUSTERS}"),
+                "--remediation=auto",
+                "--remediate=apps/v1/replicasets",
+            ],
+        );
+        sidecar.wait_ready(Duration::from_secs(60)).await;
+        let bed = RemediatedWorkloads {
+            plane,
+            _opa: opa,
+            ns,
+            names,
+            sidecar,
+        };
+        for name in &bed.names {
+            eventually(
+                "placed on a, b",
+                Duration::from_secs(30),
+                || bed.sidecar.log_tail(),
+                || async { bed.is_placed(name).then_some(()) },
+            )
+            .await;
+        }
+        bed
+    }
+
+    /// Whether ReplicaSet `name` is placed on exactly `a, b`.
+    fn is_placed(&self, name: &str) -> bool {
+        let rs = get_json(&self.plane, &["replicaset", "-n", &self.ns, name]);
+        placed_clusters(&rs) == Some(set(&["a", "b"]))
+    }
+}
+
 #[test]
 fn a_starting_remediator_passes_over_every_workload_once() {
     run(a_starting_remediator_passes_over_every_workload_once_body());
@@ -1178,42 +1242,11 @@ fn a_starting_remediator_passes_over_every_workload_once() {
 /// one pass covers them all. (Each used to cost a pass of its own after the
 /// first: with 10,000 workloads, three passes and 30,000 decision queries.)
 async fn a_starting_remediator_passes_over_every_workload_once_body() {
-    let plane = ControlPlane::start();
-    let opa = OpaServer::start();
-    let ns = unique_name("sync-start");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "europe-west1", "running");
-    cluster(&plane, "b", "europe-west2", "running");
-    policy_configmap(
-        &plane,
-        "placement",
-        &[("placement.rego", &placement_policy(&["running"]))],
-    );
-    let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
-    for name in &names {
-        apply(&plane, &replicaset(&ns, name, &[]));
-    }
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
-    let ctx = || sidecar.log_tail();
-    for name in &names {
-        eventually("placed on a, b", Duration::from_secs(30), ctx, || async {
-            let rs = get_json(&plane, &["replicaset", "-n", &ns, name]);
-            (placed_clusters(&rs) == Some(set(&["a", "b"]))).then_some(())
-        })
-        .await;
-    }
+    let bed = RemediatedWorkloads::start("sync-start").await;
+    let (names, sidecar) = (&bed.names, &bed.sidecar);
     // Past the debounce and a pass's length: a second pass would have begun.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (passes, queries) = remediation_at_rest(&sidecar).await;
+    let (passes, queries) = remediation_at_rest(sidecar).await;
     assert_eq!(
         (passes, queries),
         (1.0, names.len() as f64),
@@ -1258,46 +1291,13 @@ fn a_created_or_edited_workload_is_evaluated_alone() {
 /// developer view costs one query too; its status updates and the
 /// remediator's own PATCH cost none.
 async fn a_created_or_edited_workload_is_evaluated_alone_body() {
-    let plane = ControlPlane::start();
-    let opa = OpaServer::start();
-    let ns = unique_name("sync-created");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "europe-west1", "running");
-    cluster(&plane, "b", "europe-west2", "running");
-    policy_configmap(
-        &plane,
-        "placement",
-        &[("placement.rego", &placement_policy(&["running"]))],
-    );
-    let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
-    for name in &names {
-        apply(&plane, &replicaset(&ns, name, &[]));
-    }
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let bed = RemediatedWorkloads::start("sync-created").await;
+    let (plane, ns, sidecar) = (&bed.plane, &bed.ns, &bed.sidecar);
     let ctx = || sidecar.log_tail();
-    let placed = |name: &str| {
-        let rs = get_json(&plane, &["replicaset", "-n", &ns, name]);
-        placed_clusters(&rs) == Some(set(&["a", "b"]))
-    };
-    for name in &names {
-        eventually("placed on a, b", Duration::from_secs(30), ctx, || async {
-            placed(name).then_some(())
-        })
-        .await;
-    }
-    let (_, before) = remediation_at_rest(&sidecar).await;
+    let (_, before) = remediation_at_rest(sidecar).await;
 
     // Created, not applied: no annotation at all (as a controller creates).
-    let out = plane.kubectl_stdin(&["create", "-f", "-"], &replicaset(&ns, "late", &[]));
+    let out = plane.kubectl_stdin(&["create", "-f", "-"], &replicaset(ns, "late", &[]));
     assert!(
         out.status.success(),
         "{}",
@@ -1307,12 +1307,12 @@ async fn a_created_or_edited_workload_is_evaluated_alone_body() {
         "late placed on a, b",
         Duration::from_secs(30),
         ctx,
-        || async { placed("late").then_some(()) },
+        || async { bed.is_placed("late").then_some(()) },
     )
     .await;
     // Past the debounce: an echo of the remediator's PATCH would show.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, created) = remediation_at_rest(&sidecar).await;
+    let (_, created) = remediation_at_rest(sidecar).await;
     assert_eq!(
         created - before,
         1.0,
@@ -1326,7 +1326,7 @@ async fn a_created_or_edited_workload_is_evaluated_alone_body() {
             "replicaset",
             "late",
             "-n",
-            &ns,
+            ns,
             "--subresource=status",
             "--type=merge",
             "-p",
@@ -1335,7 +1335,7 @@ async fn a_created_or_edited_workload_is_evaluated_alone_body() {
     }
     // Past the debounce: a query for any of them would have been sent.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, status_updated) = remediation_at_rest(&sidecar).await;
+    let (_, status_updated) = remediation_at_rest(sidecar).await;
     assert_eq!(
         status_updated - created,
         0.0,
@@ -1343,13 +1343,13 @@ async fn a_created_or_edited_workload_is_evaluated_alone_body() {
         sidecar.log_tail()
     );
 
-    plane.kubectl_ok(&["label", "replicaset", "late", "-n", &ns, "tier=web"]);
+    plane.kubectl_ok(&["label", "replicaset", "late", "-n", ns, "tier=web"]);
     let deadline = Instant::now() + Duration::from_secs(30);
-    while remediation_at_rest(&sidecar).await.1 == status_updated && Instant::now() < deadline {
+    while remediation_at_rest(sidecar).await.1 == status_updated && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, edited) = remediation_at_rest(&sidecar).await;
+    let (_, edited) = remediation_at_rest(sidecar).await;
     assert_eq!(
         edited - status_updated,
         1.0,
