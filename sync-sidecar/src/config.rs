@@ -81,6 +81,13 @@ pub struct Args {
     )]
     pub replicate_ignore_namespaces: Vec<String>,
 
+    /// Write only the replicated types the loaded policies read (found in
+    /// their source, e.g. `data.kubernetes.clusters`); the others are watched
+    /// but kept out of the engine. A policy that starts reading a type is
+    /// loaded only after that type is written.
+    #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_ONLY_READ_TYPES")]
+    pub replicate_only_read_types: bool,
+
     /// Base URL of OPA (a trailing `/v1`, as kube-mgmt takes it, is accepted).
     #[arg(
         long,
@@ -324,6 +331,8 @@ pub struct Settings {
     pub replicate: Vec<ReplicateSpec>,
     pub replicate_path: String,
     pub ignore_namespaces: BTreeSet<String>,
+    /// `--replicate-only-read-types`.
+    pub replicate_only_read_types: bool,
     pub opa_url: reqwest::Url,
     pub opa_token: Option<Token>,
     pub opa_ca_pem: Option<Vec<u8>>,
@@ -507,6 +516,7 @@ impl Settings {
             replicate,
             replicate_path,
             ignore_namespaces,
+            replicate_only_read_types: args.replicate_only_read_types,
             opa_url,
             opa_token,
             opa_ca_pem,
@@ -569,7 +579,16 @@ impl Settings {
                 namespace_selector: args
                     .scope_namespace_selector
                     .filter(|s| !s.trim().is_empty()),
-                object_selector: args.scope_object_selector.filter(|s| !s.trim().is_empty()),
+                object_selector: match args.scope_object_selector.filter(|s| !s.trim().is_empty()) {
+                    // Matched here too when the watch is shared with a
+                    // replicator: a selector that cannot be read fails now.
+                    Some(selector) => {
+                        crate::scope::parse_label_selector(&selector)
+                            .map_err(|e| config(format!("--scope-object-selector: {e}")))?;
+                        Some(selector)
+                    }
+                    None => None,
+                },
             },
             leader,
             listen: args.listen,

@@ -30,6 +30,10 @@ pub enum SyncError {
     },
     #[error("{0}")]
     Serialize(#[from] serde_json::Error),
+    #[error(
+        "the engine restarted while replicated data was being written for new policies; retrying"
+    )]
+    EngineRestarted,
 }
 
 impl SyncError {
@@ -41,7 +45,7 @@ impl SyncError {
                 status.code == 429 || status.code >= 500 || status.code == 409
             }
             SyncError::Kube(_) => true,
-            SyncError::Discovery { .. } => true,
+            SyncError::Discovery { .. } | SyncError::EngineRestarted => true,
             _ => false,
         }
     }
@@ -57,6 +61,7 @@ impl SyncError {
             SyncError::Lease(_) => "lease",
             SyncError::Listen { .. } => "listen",
             SyncError::Serialize(_) => "serialize",
+            SyncError::EngineRestarted => "engine_restarted",
         }
     }
 }

@@ -17,6 +17,7 @@ pub mod blast;
 mod component;
 pub mod config;
 pub mod data;
+mod demand;
 pub mod document;
 pub mod error;
 pub mod gvr;
@@ -31,6 +32,7 @@ mod replicator;
 pub mod scope;
 pub mod server;
 pub mod state;
+mod watched;
 
 use std::sync::Arc;
 
@@ -153,6 +155,9 @@ impl Sidecar {
         let permits = Arc::new(Semaphore::new(settings.workers));
         let trigger = Arc::new(Notify::new());
         let reads = rego_refs::PolicyReads::default();
+        let demand = settings
+            .replicate_only_read_types
+            .then(|| Arc::new(demand::Demand::default()));
         for spec in &settings.replicate {
             state.register(&replicator::component_name(spec));
         }
@@ -185,8 +190,9 @@ impl Sidecar {
             });
         }
 
+        // One watch per type, shared by its replicator and the remediator.
+        let watches = watched::TypeWatches::default();
         let replicator_ctx = replicator::ReplicatorContext {
-            client: client.clone(),
             engine: engine.clone(),
             metrics: metrics.clone(),
             state: state.clone(),
@@ -195,11 +201,17 @@ impl Sidecar {
             permits: permits.clone(),
             changed: trigger.clone(),
             reads: reads.clone(),
+            demand: demand.clone(),
         };
         for spec in settings.replicate.clone() {
+            let watch = watches.subscribe(
+                &spec.gvr,
+                replicator::need(&spec, &settings.ignore_namespaces),
+            );
             tasks.spawn(replicator::run_type(
                 replicator_ctx.clone(),
                 spec,
+                watch,
                 cancel.clone(),
             ));
         }
@@ -226,6 +238,7 @@ impl Sidecar {
                     .filter(|s| !s.is_empty())
                     .map(str::to_owned)
                     .collect(),
+                demand,
             },
             cancel.clone(),
         ));
@@ -251,6 +264,11 @@ impl Sidecar {
                     instance,
                 },
             );
+            let workload_watches = settings
+                .remediate
+                .iter()
+                .map(|gvr| watches.subscribe(gvr, remediator::need(&settings.scope)))
+                .collect();
             tasks.spawn(remediator::run(
                 remediator::RemediatorContext {
                     client: client.clone(),
@@ -259,7 +277,6 @@ impl Sidecar {
                     state: state.clone(),
                     mode: settings.remediation,
                     decision: settings.decision.clone(),
-                    types: settings.remediate.clone(),
                     rate: settings.remediation_rate,
                     debounce: settings.remediation_debounce,
                     scope: settings.scope.clone(),
@@ -275,9 +292,11 @@ impl Sidecar {
                     leader,
                     recorder,
                 },
+                workload_watches,
                 cancel.clone(),
             ));
         }
+        watches.spawn(&mut tasks, &client, &metrics, &cancel);
         tracing::info!(
             replicate = settings.replicate.len(),
             policies = %settings.configmaps.describe(),

@@ -95,6 +95,21 @@ impl TypeObjects {
         self.read().current.len()
     }
 
+    /// How many objects `keep` accepts.
+    pub(crate) fn count(&self, keep: impl Fn(&ObjectKey) -> bool) -> usize {
+        self.read().current.keys().filter(|k| keep(k)).count()
+    }
+
+    /// The objects `keep` accepts, each with its JSON (buffers shared).
+    pub(crate) fn snapshot(&self, keep: impl Fn(&ObjectKey) -> bool) -> Vec<(ObjectKey, Bytes)> {
+        self.read()
+            .current
+            .iter()
+            .filter(|(k, _)| keep(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     /// The whole-type document (see [`crate::document`] for its layout) of
     /// the objects `keep` accepts, encoded in pieces that share the objects'
     /// buffers, and how many it holds.

@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::component::{Gate, full_sync_loop};
 use crate::data::DataSet;
+use crate::demand::Demand;
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
@@ -476,6 +477,14 @@ struct ConfigMapLoader {
     reads: PolicyReads,
     /// `--replicate-path` as segments: where the policies read replicated data.
     replicate_root: Vec<String>,
+    /// With `--replicate-only-read-types`: the replicated types to write.
+    demand: Option<Arc<Demand>>,
+    /// Policy changes one at a time: the types one asks for must not be let
+    /// go by another before its modules are in.
+    serial: tokio::sync::Mutex<()>,
+    /// A full sync is loading the policies one ConfigMap after another:
+    /// types are let go only once all are in.
+    full_syncing: std::sync::atomic::AtomicBool,
 }
 
 impl ConfigMapLoader {
@@ -486,12 +495,40 @@ impl ConfigMapLoader {
         // else (an authorization policy given to OPA as a file, another
         // tool's rules): the decision may import them. When the engine cannot
         // list them, nothing can be ruled out.
-        let root: Vec<&str> = self.replicate_root.iter().map(String::as_str).collect();
-        self.reads.set(match self.engine.policies().await {
-            Ok(sources) => data_reads(sources.values().map(String::as_str), &root),
-            Err(_) => DataReads::All,
-        });
+        let reads = self.reads_of(&[]).await;
+        self.reads.set(reads.clone());
+        if let Some(demand) = &self.demand
+            && !self.full_syncing.load(std::sync::atomic::Ordering::Acquire)
+        {
+            demand.settle(reads);
+        }
         self.changed.notify_one();
+    }
+
+    /// What the engine's modules and `more` sources read of the replicated
+    /// data.
+    async fn reads_of(&self, more: &[&str]) -> DataReads {
+        let root: Vec<&str> = self.replicate_root.iter().map(String::as_str).collect();
+        match self.engine.policies().await {
+            Ok(sources) => data_reads(
+                sources
+                    .values()
+                    .map(String::as_str)
+                    .chain(more.iter().copied()),
+                &root,
+            ),
+            Err(_) => DataReads::All,
+        }
+    }
+
+    /// With `--replicate-only-read-types`: before modules with `sources` go
+    /// in, have every type they may read written.
+    async fn require_data_of(&self, sources: &[&str]) -> Result<(), SyncError> {
+        let Some(demand) = &self.demand else {
+            return Ok(());
+        };
+        let reads = self.reads_of(sources).await;
+        demand.require(&reads, &self.state).await
     }
 
     fn data_of(cm: &ConfigMap) -> BTreeMap<String, String> {
@@ -513,9 +550,16 @@ impl ConfigMapLoader {
     /// loaded as policy or data, unloaded when gone or no longer selected
     /// (a ConfigMap that lost its label), moved when its kind changed.
     async fn sync_configmap(&self, key: &str, reload: bool) -> Result<(), SyncError> {
+        let _serial = self.serial.lock().await;
         let cm = self.watched.get(key);
         let kind = cm.as_deref().and_then(|cm| self.kind_of(cm));
         let data = cm.as_deref().map(Self::data_of);
+        if kind == Some(ConfigMapKind::Policy)
+            && let Some(data) = &data
+        {
+            let sources: Vec<&str> = data.values().map(String::as_str).collect();
+            self.require_data_of(&sources).await?;
+        }
         let previous = self.lock_kinds().get(key).copied();
         let mut changed = false;
         let mut fail = |e: EngineError| {
@@ -640,7 +684,18 @@ impl ConfigMapLoader {
     }
 
     async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
+        use std::sync::atomic::Ordering;
         let _full = self.gate.full().await;
+        self.full_syncing.store(true, Ordering::Release);
+        let result = self.load_everything(epoch).await;
+        self.full_syncing.store(false, Ordering::Release);
+        if let Some(demand) = &self.demand {
+            demand.settle(self.reads.get());
+        }
+        result
+    }
+
+    async fn load_everything(&self, epoch: u64) -> Result<(), SyncError> {
         let current = self.watched.all();
         // Data first, then policies in dependency order: OPA lost everything,
         // and queries go on while it is filled again.
@@ -657,6 +712,13 @@ impl ConfigMapLoader {
                 None => {}
             }
         }
+        // Every type any of them reads, written at once (not one
+        // ConfigMap's types after another).
+        let sources: Vec<&str> = policies
+            .values()
+            .flat_map(|modules| modules.values().map(String::as_str))
+            .collect();
+        self.require_data_of(&sources).await?;
         let mut keys: Vec<String> = data.into_iter().collect();
         keys.extend(self.modules.configmap_order(&policies));
         // What is on record but no longer selected or there: unload.
@@ -695,6 +757,7 @@ pub(crate) struct PolicyLoaderContext {
     pub(crate) changed: Arc<Notify>,
     pub(crate) reads: PolicyReads,
     pub(crate) replicate_root: Vec<String>,
+    pub(crate) demand: Option<Arc<Demand>>,
 }
 
 /// Watch the policy and data ConfigMaps and keep the engine equal to them
@@ -745,6 +808,9 @@ pub(crate) async fn run(
         engine: ctx.engine.clone(),
         reads: ctx.reads.clone(),
         replicate_root: ctx.replicate_root.clone(),
+        demand: ctx.demand.clone(),
+        serial: tokio::sync::Mutex::new(()),
+        full_syncing: std::sync::atomic::AtomicBool::new(false),
     });
     let queue = {
         let loader = loader.clone();

@@ -185,6 +185,10 @@ impl PolicyReads {
             .includes(resource)
     }
 
+    pub fn get(&self) -> DataReads {
+        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
     pub fn set(&self, reads: DataReads) {
         let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
         if *current != reads {

@@ -14,7 +14,7 @@
 //! stale object and sets a gauge. The webhook runs on the PATCH too and, reading
 //! the same developer view, returns the same decision: no further change, no loop.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,9 +23,8 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::PostParams;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::runtime::reflector::{Store, store::Writer};
-use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use policy_client::ownership_secret::KeySecret;
 use policy_client::placement::{
@@ -40,15 +39,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::blast::{self, BlastRadius, PolicyConfigMaps};
-use crate::component::discover_until_found;
 use crate::config::{OwnershipKeySource, RemediationMode};
 use crate::document::{ObjectKey, object_value};
 use crate::error::SyncError;
-use crate::gvr::Gvr;
 use crate::metrics::Metrics;
 use crate::queue::Backoff;
-use crate::scope::{Scope, ScopeFilter};
+use crate::scope::{Scope, ScopeFilter, parse_label_selector};
 use crate::state::SyncState;
+use crate::watched::{Need, Subscription, WatchChange, WatchedType};
 
 /// Field manager of remediation patches.
 pub const FIELD_MANAGER: &str = "placement-sync-remediator";
@@ -185,8 +183,9 @@ pub struct PassReport {
     pub failed_objects: BTreeSet<WorkloadKey>,
 }
 
-/// A workload of the pass: its type (index into the remediated types) and uid.
-pub type WorkloadKey = (usize, String);
+/// A workload of the pass: its type (index into the remediated types) and
+/// its namespace and name.
+pub type WorkloadKey = (usize, ObjectKey);
 
 /// The object carries a placement the policy wrote (its ownership record).
 fn is_placed(object: &DynamicObject) -> bool {
@@ -195,17 +194,6 @@ fn is_placed(object: &DynamicObject) -> bool {
         .annotations
         .as_ref()
         .is_some_and(|a| a.contains_key(OWNERSHIP_ANNOTATION))
-}
-
-fn workload_key(i: usize, object: &DynamicObject) -> WorkloadKey {
-    let id = object.metadata.uid.clone().unwrap_or_else(|| {
-        format!(
-            "{}/{}",
-            object.metadata.namespace.as_deref().unwrap_or_default(),
-            object.metadata.name.as_deref().unwrap_or_default()
-        )
-    });
-    (i, id)
 }
 
 /// How often a held change looks for its confirmation.
@@ -250,10 +238,58 @@ impl Evaluation {
     }
 }
 
+/// Whether `object` matches `selector` (no selector: every object).
+fn selected(selector: Option<&Selector>, object: &Value) -> bool {
+    selector.is_none_or(|selector| {
+        let labels: BTreeMap<String, String> = object
+            .pointer("/metadata/labels")
+            .and_then(|l| serde_json::from_value(l.clone()).ok())
+            .unwrap_or_default();
+        selector.matches(&labels)
+    })
+}
+
+/// What the remediator needs of the watch of a workload type.
+pub(crate) fn need(scope: &Scope) -> Need {
+    Need {
+        scope: None,
+        fields: None,
+        labels: scope.object_selector.clone(),
+        listed: true,
+    }
+}
+
 struct Target {
     resource: ApiResource,
     api: Api<DynamicObject>,
-    store: Store<DynamicObject>,
+    watched: Arc<WatchedType>,
+    /// The object selector, when the watch (shared with a replicator) could
+    /// not apply it.
+    selector: Option<Selector>,
+}
+
+impl Target {
+    fn selects(&self, object: &Value) -> bool {
+        selected(self.selector.as_ref(), object)
+    }
+
+    /// The resourceVersion the watch holds of `key`.
+    fn resource_version(&self, key: &ObjectKey) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            #[serde(rename = "resourceVersion")]
+            resource_version: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Object {
+            metadata: Meta,
+        }
+        let json = self.watched.objects.get(key)?;
+        serde_json::from_slice::<Object>(&json)
+            .ok()?
+            .metadata
+            .resource_version
+    }
 }
 
 /// Everything the remediator needs.
@@ -265,7 +301,6 @@ pub(crate) struct RemediatorContext {
     pub(crate) state: Arc<SyncState>,
     pub(crate) mode: RemediationMode,
     pub(crate) decision: String,
-    pub(crate) types: Vec<Gvr>,
     pub(crate) rate: f64,
     pub(crate) debounce: Duration,
     pub(crate) scope: Scope,
@@ -395,6 +430,7 @@ impl ChangedWorkloads {
 /// Watch the workload types and remediate until `cancel`.
 pub(crate) async fn run(
     ctx: RemediatorContext,
+    watches: Vec<Subscription>,
     cancel: CancellationToken,
 ) -> Result<(), SyncError> {
     let keys = match &ctx.ownership_keys {
@@ -425,59 +461,61 @@ pub(crate) async fn run(
     let changes = Arc::new(ChangedWorkloads::default());
     let mut targets = Vec::new();
     let mut watchers = Vec::new();
-    for gvr in &ctx.types {
-        let Some((resource, _)) = discover_until_found(&ctx.client, gvr, None, &cancel).await?
-        else {
+    for mut watch in watches {
+        let watched = tokio::select! {
+            found = watch.found() => found,
+            _ = cancel.cancelled() => None,
+        };
+        let Some(watched) = watched else {
             return Ok(());
         };
-        let writer: Writer<DynamicObject> = Writer::new(resource.clone());
-        let store = writer.as_reader();
-        let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
-        let stream = watcher(api.clone(), ctx.scope.watch_config())
-            .default_backoff()
-            .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None)
-            .reflect(writer);
-        let label = resource.plural.clone();
-        let metrics = ctx.metrics.clone();
+        let selector = match &ctx.scope.object_selector {
+            Some(own) if watched.labels.as_ref() != Some(own) => {
+                Some(parse_label_selector(own).map_err(SyncError::Config)?)
+            }
+            _ => None,
+        };
+        let target = Target {
+            resource: watched.resource.clone(),
+            api: Api::all_with(ctx.client.clone(), &watched.resource),
+            watched,
+            selector,
+        };
         let cancel = cancel.clone();
         let (changes, keys, i) = (changes.clone(), keys.clone(), targets.len());
-        let target = resource.clone();
+        let selector = target.selector.clone();
         watchers.push(tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
             // The first list is covered by the first pass; later lists (after
             // a disconnect) may carry objects created or edited meanwhile.
             let mut listed_once = false;
-            let observe = |object: &DynamicObject, announce: bool| {
-                let view = developer_fingerprint(&object_value(object, &target), &keys.current());
-                changes.observe(workload_key(i, object), view, announce);
-            };
             loop {
-                tokio::select! {
-                    e = stream.next() => match e {
-                        Some(Ok(watcher::Event::Apply(object))) => observe(&object, true),
-                        Some(Ok(watcher::Event::InitApply(object))) => observe(&object, listed_once),
-                        Some(Ok(watcher::Event::Delete(object))) => changes.forget(&workload_key(i, &object)),
-                        Some(Ok(watcher::Event::InitDone)) => listed_once = true,
-                        Some(Ok(watcher::Event::Init)) => {}
-                        Some(Err(e)) => {
-                            metrics.watch_error(&label);
-                            tracing::warn!(resource = %label, error = %e, "workload watch error; the watch recovers by itself");
-                        }
-                        None => break,
-                    },
+                let change = tokio::select! {
+                    c = watch.changes.recv() => c,
                     _ = cancel.cancelled() => break,
+                };
+                match change {
+                    Some(WatchChange::Applied { key, json, listed }) => {
+                        let Ok(object) = serde_json::from_slice::<Value>(&json) else {
+                            continue;
+                        };
+                        if selected(selector.as_ref(), &object) {
+                            let view = developer_fingerprint(&object, &keys.current());
+                            changes.observe((i, key), view, !listed || listed_once);
+                        } else {
+                            changes.forget(&(i, key));
+                        }
+                    }
+                    Some(WatchChange::Deleted { key }) => changes.forget(&(i, key)),
+                    Some(WatchChange::ListDone { .. }) => listed_once = true,
+                    None => break,
                 }
             }
         }));
-        targets.push(Target {
-            resource,
-            api,
-            store,
-        });
+        targets.push(target);
     }
     for target in &targets {
         tokio::select! {
-            _ = target.store.wait_until_ready() => {}
+            _ = target.watched.objects.wait_until_listed() => {}
             _ = cancel.cancelled() => return Ok(()),
         }
     }
@@ -739,8 +777,19 @@ impl Remediator {
             .targets
             .iter()
             .enumerate()
-            .flat_map(|(i, t)| t.store.state().into_iter().map(move |o| (i, o)))
-            .filter(|(_, o)| self.scope.admits(o))
+            .flat_map(|(i, t)| {
+                t.watched
+                    .objects
+                    .snapshot(|k| self.scope.admits(k.namespace.as_deref()))
+                    .into_iter()
+                    .filter_map(move |(_, json)| {
+                        let value: Value = serde_json::from_slice(&json).ok()?;
+                        if !t.selects(&value) {
+                            return None;
+                        }
+                        Some((i, Arc::new(serde_json::from_value(value).ok()?)))
+                    })
+            })
             .collect();
         // The blast radius is weighed against every placed workload in scope.
         let placed_in_scope = in_scope.iter().filter(|(_, o)| is_placed(o)).count();
@@ -748,7 +797,7 @@ impl Remediator {
             None => in_scope,
             Some(keys) => in_scope
                 .into_iter()
-                .filter(|(i, o)| keys.contains(&workload_key(*i, o)))
+                .filter(|(i, o)| ObjectKey::of(o).is_some_and(|k| keys.contains(&(*i, k))))
                 .collect(),
         };
         self.forget_caught_up();
@@ -781,13 +830,15 @@ impl Remediator {
         // dominate a pass: concurrent, the rate limiter still spacing them.
         let steps = futures::stream::iter(evaluations)
             .map(|evaluation| async move {
-                let key = workload_key(evaluation.i, &evaluation.object);
+                let key = ObjectKey::of(&evaluation.object).map(|k| (evaluation.i, k));
                 (key, self.act(evaluation, cancel).await)
             })
             .buffer_unordered(PASS_CONCURRENCY);
         let mut steps = std::pin::pin!(steps);
         while let Some((key, step)) = steps.next().await {
-            if matches!(step, Step::Failed | Step::Stale { failed: true, .. }) {
+            if matches!(step, Step::Failed | Step::Stale { failed: true, .. })
+                && let Some(key) = key
+            {
                 report.failed_objects.insert(key);
             }
             match step {
@@ -1023,20 +1074,7 @@ impl Remediator {
         self.in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .retain(|(i, key), rv| {
-                let target = &self.targets[*i];
-                let mut reference = kube::runtime::reflector::ObjectRef::new_with(
-                    &key.name,
-                    target.resource.clone(),
-                );
-                if let Some(ns) = &key.namespace {
-                    reference = reference.within(ns);
-                }
-                target
-                    .store
-                    .get(&reference)
-                    .is_some_and(|o| o.metadata.resource_version.as_ref() == Some(rv))
-            });
+            .retain(|(i, key), rv| self.targets[*i].resource_version(key).as_ref() == Some(rv));
     }
 
     /// Queue an Event about `object` for the end of the pass: each Event is a
@@ -1327,7 +1365,7 @@ mod tests {
     #[test]
     fn changed_workloads_are_due_once_per_change() {
         let changes = ChangedWorkloads::default();
-        let key = |id: &str| (0, id.to_owned());
+        let key = |name: &str| (0, ObjectKey::new(Some("team-a"), name));
         changes.observe(key("listed"), 1, false);
         assert!(
             changes.take().is_empty(),
@@ -1345,7 +1383,8 @@ mod tests {
 
     #[test]
     fn work_merges_toward_everything() {
-        let only = |ids: &[&str]| Work::Only(ids.iter().map(|id| (0, (*id).to_owned())).collect());
+        let only =
+            |ids: &[&str]| Work::Only(ids.iter().map(|id| (0, ObjectKey::new(None, id))).collect());
         assert_eq!(Work::merge(None, only(&["a"])), Some(only(&["a"])));
         assert_eq!(
             Work::merge(Some(only(&["a"])), only(&["b"])),

@@ -1,8 +1,8 @@
 //! Replication of Kubernetes objects into the engine (one task per type).
 //!
-//! Each type is found by discovery and list/watched through the dynamic API into
-//! a compact store of the JSON the engine receives ([`TypeObjects`], with
-//! `managedFields` stripped). The first full list, every
+//! Each type's objects come from its watch ([`crate::watched`], shared with
+//! the remediator when it remediates the type too): a compact store of the
+//! JSON the engine receives, with `managedFields` stripped. The first full list, every
 //! relist (after `410 Gone`) and every engine restart write the whole type as one
 //! document, so deletions missed while disconnected disappear too; in between,
 //! adds, updates and deletes are mirrored one object at a time through a
@@ -11,28 +11,24 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use futures::StreamExt;
-use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject};
-use kube::runtime::{WatchStreamExt, watcher};
 use policy_client::PolicyEngine;
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::component::{Gate, discover_until_found, full_sync_loop};
+use crate::component::{Gate, full_sync_loop};
 use crate::config::{ReplicaScope, ReplicateSpec};
-use crate::document::{ObjectKey, object_json, object_path, type_path};
+use crate::demand::Demand;
+use crate::document::{ObjectKey, object_path, type_path};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
-use crate::objects::TypeObjects;
 use crate::queue::{Backoff, KeyedQueue};
 use crate::rego_refs::PolicyReads;
 use crate::state::SyncState;
+use crate::watched::{Need, Subscription, WatchChange, WatchedType};
 
 /// What every replicated type shares.
 #[derive(Clone)]
 pub(crate) struct ReplicatorContext {
-    pub(crate) client: Client,
     pub(crate) engine: Arc<dyn PolicyEngine>,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) state: Arc<SyncState>,
@@ -43,6 +39,8 @@ pub(crate) struct ReplicatorContext {
     /// (remediation trigger).
     pub(crate) changed: Arc<Notify>,
     pub(crate) reads: PolicyReads,
+    /// With `--replicate-only-read-types`: which types to write.
+    pub(crate) demand: Option<Arc<Demand>>,
 }
 
 /// The sync-state component name of a replicated type.
@@ -62,45 +60,92 @@ pub(crate) fn ignore_selector(ignore: &BTreeSet<String>) -> Option<String> {
 }
 
 struct TypeReplicator {
-    resource: ApiResource,
-    namespaced: bool,
-    objects: TypeObjects,
+    watched: Arc<WatchedType>,
     gate: Gate,
     ctx: ReplicatorContext,
 }
 
 impl TypeReplicator {
     fn label(&self) -> &str {
-        &self.resource.plural
+        &self.watched.resource.plural
     }
 
     fn ignored(&self, key: &ObjectKey) -> bool {
-        self.namespaced
+        self.watched.namespaced
             && key
                 .namespace
                 .as_ref()
                 .is_some_and(|ns| self.ctx.ignore_namespaces.contains(ns))
     }
 
+    /// How many objects the engine holds of this type.
+    fn replicated_count(&self) -> usize {
+        if self.ctx.ignore_namespaces.is_empty() {
+            self.watched.objects.len()
+        } else {
+            // A watch shared with the remediator holds ignored namespaces too.
+            self.watched.objects.count(|k| !self.ignored(k))
+        }
+    }
+
     /// Ask for remediation, unless no policy can see this type: status
     /// heartbeats of an unread type must not re-query every workload.
     fn poke(&self) {
-        if self.ctx.reads.includes(&self.resource.plural) {
+        if self.ctx.reads.includes(&self.watched.resource.plural) {
             self.ctx.changed.notify_one();
         }
     }
 
+    /// Whether the engine is to hold this type.
+    fn wanted(&self) -> bool {
+        self.ctx
+            .demand
+            .as_ref()
+            .is_none_or(|demand| demand.wants(self.label()))
+    }
+
     async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         let _full = self.gate.full().await;
-        let (document, count) = self.objects.document(self.namespaced, |k| !self.ignored(k));
-        let path = type_path(&self.ctx.prefix, &self.resource.plural);
+        if !self.wanted() {
+            return self.remove(epoch).await;
+        }
+        let (document, count) = self
+            .watched
+            .objects
+            .document(self.watched.namespaced, |k| !self.ignored(k));
+        let path = type_path(&self.ctx.prefix, &self.watched.resource.plural);
         match self.ctx.engine.put_data_encoded(&path, document).await {
             Ok(()) => {
                 self.ctx.metrics.write_ok(self.label(), "put_document");
                 self.ctx.metrics.set_replicated(self.label(), count);
+                if let Some(demand) = &self.ctx.demand {
+                    demand.set_written(self.label(), Some(epoch));
+                }
                 self.gate.set_loaded(epoch);
                 self.poke();
                 tracing::info!(resource = %self.label(), objects = count, %path, "replicated the whole type");
+                Ok(())
+            }
+            Err(e) => {
+                self.ctx.metrics.write_error(self.label(), e.kind());
+                Err(e.into())
+            }
+        }
+    }
+
+    /// No policy reads this type (`--replicate-only-read-types`): keep it out
+    /// of the engine.
+    async fn remove(&self, epoch: u64) -> Result<(), SyncError> {
+        let path = type_path(&self.ctx.prefix, &self.watched.resource.plural);
+        match self.ctx.engine.delete_data(&path).await {
+            Ok(()) => {
+                self.ctx.metrics.write_ok(self.label(), "delete_document");
+                self.ctx.metrics.set_replicated(self.label(), 0);
+                if let Some(demand) = &self.ctx.demand {
+                    demand.set_written(self.label(), None);
+                }
+                self.gate.set_loaded(epoch);
+                tracing::info!(resource = %self.label(), %path, "no policy reads this type; it is watched but not written");
                 Ok(())
             }
             Err(e) => {
@@ -116,16 +161,18 @@ impl TypeReplicator {
             // carry this object.
             return Ok(());
         };
-        if self.ignored(&key) {
+        if self.ignored(&key) || !self.wanted() {
+            // Unwanted: the full sync that follows a change of demand writes
+            // or removes the whole type.
             return Ok(());
         }
         let path = object_path(
             &self.ctx.prefix,
-            &self.resource.plural,
+            &self.watched.resource.plural,
             &key,
-            self.namespaced,
+            self.watched.namespaced,
         );
-        let (op, result) = match self.objects.get(&key) {
+        let (op, result) = match self.watched.objects.get(&key) {
             Some(json) => (
                 "put",
                 self.ctx.engine.put_data_encoded(&path, json.into()).await,
@@ -137,7 +184,7 @@ impl TypeReplicator {
                 self.ctx.metrics.write_ok(self.label(), op);
                 self.ctx
                     .metrics
-                    .set_replicated(self.label(), self.objects.len());
+                    .set_replicated(self.label(), self.replicated_count());
                 self.poke();
                 tracing::debug!(resource = %self.label(), %key, op, "replicated");
                 Ok(())
@@ -150,35 +197,40 @@ impl TypeReplicator {
     }
 }
 
-/// Replicate one type until `cancel`. Returns an error only for a configuration
-/// mistake (a scope that contradicts the flag).
+/// What one replicated type needs of its watch.
+pub(crate) fn need(spec: &ReplicateSpec, ignore_namespaces: &BTreeSet<String>) -> Need {
+    Need {
+        scope: Some(spec.scope),
+        fields: match spec.scope {
+            ReplicaScope::Namespaced => ignore_selector(ignore_namespaces),
+            ReplicaScope::Cluster => None,
+        },
+        labels: None,
+        listed: false,
+    }
+}
+
+/// Replicate one type, fed by its watch, until `cancel`.
 pub(crate) async fn run_type(
     ctx: ReplicatorContext,
     spec: ReplicateSpec,
+    mut watch: Subscription,
     cancel: CancellationToken,
 ) -> Result<(), SyncError> {
     let name = component_name(&spec);
-    let Some((resource, namespaced)) =
-        discover_until_found(&ctx.client, &spec.gvr, Some(spec.scope), &cancel).await?
-    else {
+    let watched = tokio::select! {
+        found = watch.found() => found,
+        _ = cancel.cancelled() => None,
+    };
+    let Some(watched) = watched else {
         return Ok(());
     };
-    debug_assert_eq!(namespaced, spec.scope == ReplicaScope::Namespaced);
-    let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
-    let mut config = watcher::Config::default();
-    if namespaced && let Some(selector) = ignore_selector(&ctx.ignore_namespaces) {
-        config = config.fields(&selector);
-    }
-    let label = resource.plural.clone();
-    let metrics = ctx.metrics.clone();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None);
-
+    let mut demand = ctx.demand.as_ref().map(|demand| {
+        demand.register(&watched.resource.plural);
+        demand.subscribe()
+    });
     let replicator = Arc::new(TypeReplicator {
-        resource,
-        namespaced,
-        objects: TypeObjects::default(),
+        watched,
         gate: Gate::default(),
         ctx: ctx.clone(),
     });
@@ -202,7 +254,7 @@ pub(crate) async fn run_type(
         tokio::spawn(full_sync_loop(
             name.clone(),
             ctx.state.clone(),
-            async move { listed.objects.wait_until_listed().await },
+            async move { listed.watched.objects.wait_until_listed().await },
             relist.clone(),
             move |epoch| {
                 let replicator = replicator.clone();
@@ -211,49 +263,35 @@ pub(crate) async fn run_type(
             cancel.clone(),
         ))
     };
-
-    let mut stream = std::pin::pin!(stream);
-    let mut listed_once = false;
+    let mut wanted = replicator.wanted();
     loop {
-        let event = tokio::select! {
-            e = stream.next() => e,
-            _ = cancel.cancelled() => break,
+        let demand_changed = async {
+            match &mut demand {
+                Some(demand) => demand.changed().await.is_ok(),
+                None => std::future::pending().await,
+            }
         };
-        let objects = &replicator.objects;
-        match event {
-            Some(Ok(watcher::Event::Apply(object))) => {
-                if let Some(key) = ObjectKey::of(&object) {
-                    objects.apply(
-                        key.clone(),
-                        object_json(&object, &replicator.resource).into(),
-                    );
-                    queue.push(key);
-                }
-            }
-            Some(Ok(watcher::Event::Delete(object))) => {
-                if let Some(key) = ObjectKey::of(&object) {
-                    objects.delete(&key);
-                    queue.push(key);
-                }
-            }
-            Some(Ok(watcher::Event::Init)) => objects.list_started(),
-            Some(Ok(watcher::Event::InitApply(object))) => {
-                if let Some(key) = ObjectKey::of(&object) {
-                    objects.listed(key, object_json(&object, &replicator.resource).into());
-                }
-            }
-            Some(Ok(watcher::Event::InitDone)) => {
-                objects.list_done();
-                if listed_once {
-                    tracing::info!(resource = %label, "relisted; rewriting the whole type");
+        let change = tokio::select! {
+            c = watch.changes.recv() => c,
+            true = demand_changed => {
+                if replicator.wanted() != wanted {
+                    wanted = !wanted;
+                    // Written or removed as a whole.
                     relist.notify_one();
                 }
-                listed_once = true;
+                continue;
             }
-            Some(Err(e)) => {
-                metrics.watch_error(&label);
-                tracing::warn!(resource = %label, error = %e, "watch error; the watch recovers by itself");
+            _ = cancel.cancelled() => break,
+        };
+        match change {
+            Some(WatchChange::Applied { key, .. } | WatchChange::Deleted { key }) => {
+                queue.push(key);
             }
+            Some(WatchChange::ListDone { first: false }) => {
+                tracing::info!(resource = %replicator.label(), "relisted; rewriting the whole type");
+                relist.notify_one();
+            }
+            Some(WatchChange::ListDone { first: true }) => {}
             None => break,
         }
     }

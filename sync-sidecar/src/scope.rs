@@ -3,14 +3,17 @@
 //! values): not in an excluded namespace, in a namespace matching the
 //! namespace selector, matching the object selector. Selectors are evaluated
 //! by the API server (label-selected watches), so they mean what they mean in
-//! the webhook configuration.
+//! the webhook configuration; only the object selector of a workload type
+//! whose watch is shared with its replicator (which needs every object) is
+//! matched here, by [`parse_label_selector`].
 
 use std::collections::BTreeSet;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
-use kube::api::{Api, DynamicObject};
+use kube::api::Api;
+use kube::core::{Expression, Selector};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio_util::sync::CancellationToken;
@@ -25,14 +28,72 @@ pub struct Scope {
     pub object_selector: Option<String>,
 }
 
-impl Scope {
-    /// The watch of a workload type: only objects matching the object selector.
-    pub(crate) fn watch_config(&self) -> watcher::Config {
-        match &self.object_selector {
-            Some(selector) => watcher::Config::default().labels(selector),
-            None => watcher::Config::default(),
+/// A label selector in `kubectl -l` syntax, for matching objects here: the
+/// remediator's object selector on a watch it shares with a replicator
+/// (which needs every object, so the API server cannot filter it).
+pub(crate) fn parse_label_selector(text: &str) -> Result<Selector, String> {
+    let mut requirements = Vec::new();
+    let (mut depth, mut start) = (0usize, 0usize);
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                requirements.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
         }
     }
+    requirements.push(&text[start..]);
+    let key = |k: &str| {
+        let k = k.trim();
+        if k.is_empty() || k.contains(char::is_whitespace) {
+            Err(format!("label selector {text:?}: bad key {k:?}"))
+        } else {
+            Ok(k.to_owned())
+        }
+    };
+    let mut expressions = Vec::new();
+    for requirement in requirements.iter().map(|r| r.trim()) {
+        if requirement.is_empty() {
+            continue;
+        }
+        let expression = if let Some(rest) = requirement.strip_prefix('!') {
+            Expression::DoesNotExist(key(rest)?)
+        } else if let Some((head, values)) = requirement.split_once('(') {
+            let values = values
+                .strip_suffix(')')
+                .ok_or_else(|| format!("label selector {text:?}: missing ')' in {requirement:?}"))?
+                .split(',')
+                .map(|v| v.trim().to_owned())
+                .collect();
+            match head.split_whitespace().collect::<Vec<_>>()[..] {
+                [k, "in"] => Expression::In(key(k)?, values),
+                [k, "notin"] => Expression::NotIn(key(k)?, values),
+                _ => {
+                    return Err(format!(
+                        "label selector {text:?}: expected `key in (...)` or `key notin (...)`, got {requirement:?}"
+                    ));
+                }
+            }
+        } else if let Some((k, v)) = requirement.split_once("!=") {
+            Expression::NotEqual(key(k)?, v.trim().to_owned())
+        } else if let Some((k, v)) = requirement
+            .split_once("==")
+            .or_else(|| requirement.split_once('='))
+        {
+            Expression::Equal(key(k)?, v.trim().to_owned())
+        } else if requirement.contains(['<', '>']) {
+            return Err(format!(
+                "label selector {text:?}: `<` and `>` do not apply to labels"
+            ));
+        } else {
+            Expression::Exists(key(requirement)?)
+        };
+        expressions.push(expression);
+    }
+    Ok(expressions.into_iter().collect())
 }
 
 /// The scope, with the namespaces its selector admits (watched).
@@ -88,10 +149,10 @@ impl ScopeFilter {
         }
     }
 
-    /// Whether the remediator acts on `object` (the object selector is applied
-    /// by the watch already).
-    pub(crate) fn admits(&self, object: &DynamicObject) -> bool {
-        let namespace = object.metadata.namespace.as_deref().unwrap_or_default();
+    /// Whether the remediator acts on objects of `namespace` (the object
+    /// selector is applied apart).
+    pub(crate) fn admits(&self, namespace: Option<&str>) -> bool {
+        let namespace = namespace.unwrap_or_default();
         if self.excluded.contains(namespace) {
             return false;
         }
@@ -109,13 +170,42 @@ impl ScopeFilter {
 mod tests {
     use super::*;
 
-    fn object(namespace: &str) -> DynamicObject {
-        let mut object = DynamicObject::new(
-            "rs",
-            &kube::api::ApiResource::erase::<k8s_openapi::api::apps::v1::ReplicaSet>(&()),
-        );
-        object.metadata.namespace = Some(namespace.to_owned());
-        object
+    #[test]
+    fn label_selectors_match_as_kubectl_reads_them() {
+        use kube::core::SelectorExt;
+        let labels = |pairs: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let selector =
+            parse_label_selector("team=a, tier in (web, api),!legacy,env!=dev,owner").unwrap();
+        let matching = labels(&[("team", "a"), ("tier", "api"), ("owner", "x")]);
+        assert!(selector.matches(&matching));
+        for (k, v) in [
+            ("team", "b"),
+            ("tier", "db"),
+            ("legacy", "1"),
+            ("env", "dev"),
+        ] {
+            let mut other = matching.clone();
+            other.insert(k.to_owned(), v.to_owned());
+            assert!(!selector.matches(&other), "{k}={v} must not match");
+        }
+        let mut ownerless = matching.clone();
+        ownerless.remove("owner");
+        assert!(!selector.matches(&ownerless));
+        let notin = parse_label_selector("tier notin (web),team==a").unwrap();
+        assert!(notin.matches(&labels(&[("team", "a")])));
+        assert!(!notin.matches(&labels(&[("team", "a"), ("tier", "web")])));
+        assert!(parse_label_selector("").unwrap().selects_all());
+        for bad in ["tier in (web", "a b=c", "replicas>3", "tier within (a)"] {
+            assert!(
+                parse_label_selector(bad).is_err(),
+                "{bad:?} must be refused"
+            );
+        }
     }
 
     #[test]
@@ -124,7 +214,7 @@ mod tests {
             excluded: ["kube-system".to_owned()].into(),
             selected: None,
         };
-        assert!(!filter.admits(&object("kube-system")));
-        assert!(filter.admits(&object("team-a")));
+        assert!(!filter.admits(Some("kube-system")));
+        assert!(filter.admits(Some("team-a")));
     }
 }

@@ -1426,3 +1426,135 @@ async fn a_failing_workload_is_retried_alone_body() {
     let broken = get_json(&plane, &["replicaset", "-n", &ns, "broken"]);
     assert!(annotation(&broken, PREFS).is_none(), "{broken}");
 }
+
+#[test]
+fn only_the_types_the_policies_read_are_written() {
+    run(only_the_types_the_policies_read_are_written_body());
+}
+
+/// `--replicate-only-read-types`: Clusters and ReplicaSets are replicated,
+/// the placement policy reads only the Clusters, so OPA holds no ReplicaSets.
+/// A policy that starts reading ReplicaSets never sees them missing (it is
+/// loaded only once they are written), and when it goes they are deleted from
+/// OPA again. The ReplicaSets' one watch is shared with the remediator, whose
+/// object selector it then applies itself: the replicator still sees both.
+async fn only_the_types_the_policies_read_are_written_body() {
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("sync-reads");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "europe-west1", "running");
+    cluster(&plane, "b", "europe-west2", "running");
+    policy_configmap(
+        &plane,
+        "placement",
+        &[("placement.rego", &placement_policy(&["running"]))],
+    );
+    apply(&plane, &replicaset(&ns, "web", &[]));
+    plane.kubectl_ok(&["label", "replicaset", "web", "-n", &ns, "tier=web"]);
+    apply(&plane, &replicaset(&ns, "batch", &[]));
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--replicate=apps/v1/replicasets",
+            "--replicate-only-read-types",
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            "--scope-object-selector=tier in (web, api)",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+    let client = opa_client(&opa);
+    eventually(
+        "web placed on a, b",
+        Duration::from_secs(30),
+        ctx,
+        || async {
+            let rs = get_json(&plane, &["replicaset", "-n", &ns, "web"]);
+            (placed_clusters(&rs) == Some(set(&["a", "b"]))).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        keys_of(&opa_data(&client, "kubernetes/clusters").await),
+        set(&["a", "b"])
+    );
+    assert_eq!(
+        opa_data(&client, "kubernetes/replicasets").await,
+        None,
+        "no policy reads ReplicaSets, yet OPA holds them"
+    );
+    let batch = get_json(&plane, &["replicaset", "-n", &ns, "batch"]);
+    assert_eq!(
+        placed_clusters(&batch),
+        None,
+        "batch is outside the object selector, yet it was placed"
+    );
+
+    // Watch what a policy counting ReplicaSets answers, from before it exists.
+    let census = "placement/census/replicasets";
+    let seen = std::sync::Arc::new(Mutex::new(Vec::<Value>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let poller = {
+        let (client, seen, stop) = (opa_client(&opa), seen.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(v) = opa_data(&client, census).await {
+                    seen.lock().unwrap().push(v);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    policy_configmap(
+        &plane,
+        "census",
+        &[(
+            "census.rego",
+            "package placement.census\n\nreplicasets := count([1 | data.kubernetes.replicasets[_][_]])\n",
+        )],
+    );
+    eventually(
+        "the census module answering",
+        Duration::from_secs(30),
+        ctx,
+        || async { (!seen.lock().unwrap().is_empty()).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    poller.await.unwrap();
+    let answers = seen.lock().unwrap().clone();
+    let wrong: Vec<&Value> = answers.iter().filter(|v| **v != json!(2)).collect();
+    assert!(
+        wrong.is_empty(),
+        "the census policy saw ReplicaSets missing: {wrong:?} among {} answers\n{}",
+        answers.len(),
+        sidecar.log_tail()
+    );
+    assert_eq!(
+        keys_of(&opa_data(&client, &format!("kubernetes/replicasets/{ns}")).await),
+        set(&["batch", "web"])
+    );
+
+    plane.kubectl_ok(&["delete", "configmap", "census", "-n", POLICY_NAMESPACE]);
+    eventually(
+        "ReplicaSets deleted from OPA once no policy reads them",
+        Duration::from_secs(30),
+        ctx,
+        || async {
+            opa_data(&client, "kubernetes/replicasets")
+                .await
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        keys_of(&opa_data(&client, "kubernetes/clusters").await),
+        set(&["a", "b"])
+    );
+}

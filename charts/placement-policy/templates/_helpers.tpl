@@ -131,6 +131,9 @@ capabilities:
 {{- range .Values.sync.replicateCluster }}
 - --replicate-cluster={{ . }}
 {{- end }}
+{{- if .Values.sync.replicateOnlyReadTypes }}
+- --replicate-only-read-types
+{{- end }}
 - --listen=0.0.0.0:8182
 {{- end -}}
 

@@ -1,0 +1,292 @@
+//! One watch per resource type, shared by everything that needs the type: its
+//! replicator and the remediator. Each type is found by discovery (retried
+//! while it is missing: a CRD may come later), list/watched through the
+//! dynamic API into one [`TypeObjects`] store, and every change is handed to
+//! the subscribers, in order, after the store holds it.
+//!
+//! Selectors: a type only one part needs is watched with that part's
+//! selector (the replicator's ignored namespaces, the remediator's object
+//! selector, both evaluated by the API server). A type both need is watched
+//! whole and each applies its own filter: the replicator skips ignored
+//! namespaces, the remediator matches its object selector ([`LabelSelector`]).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use futures::StreamExt;
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::component::discover_until_found;
+use crate::config::ReplicaScope;
+use crate::document::{ObjectKey, object_json};
+use crate::error::SyncError;
+use crate::gvr::Gvr;
+use crate::metrics::Metrics;
+use crate::objects::TypeObjects;
+
+/// A discovered type and its objects.
+pub(crate) struct WatchedType {
+    pub(crate) resource: ApiResource,
+    pub(crate) namespaced: bool,
+    /// The label selector the API server applies to the watch.
+    pub(crate) labels: Option<String>,
+    pub(crate) objects: TypeObjects,
+}
+
+/// One change of a watched type, handed to subscribers after the store
+/// holds it.
+#[derive(Debug)]
+pub(crate) enum WatchChange {
+    /// Added or updated; `listed`: part of a (re)list.
+    Applied {
+        key: ObjectKey,
+        json: Bytes,
+        listed: bool,
+    },
+    Deleted {
+        key: ObjectKey,
+    },
+    /// A (re)list is complete; `first`: the first one.
+    ListDone {
+        first: bool,
+    },
+}
+
+/// What one part needs of a type.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Need {
+    /// The scope its flag declares (replication checks it).
+    pub(crate) scope: Option<ReplicaScope>,
+    /// Field selector the part would watch with.
+    pub(crate) fields: Option<String>,
+    /// Label selector the part would watch with.
+    pub(crate) labels: Option<String>,
+    /// Whether it wants the objects of each (re)list one by one.
+    pub(crate) listed: bool,
+}
+
+struct Subscriber {
+    tx: mpsc::UnboundedSender<WatchChange>,
+    listed: bool,
+}
+
+struct Slot {
+    needs: Vec<Need>,
+    subscribers: Vec<Subscriber>,
+    found: watch::Sender<Option<Arc<WatchedType>>>,
+}
+
+/// The watched types of one sidecar: every part declares what it needs
+/// ([`TypeWatches::subscribe`]) before [`TypeWatches::spawn`] starts one
+/// watch per type.
+#[derive(Default)]
+pub(crate) struct TypeWatches {
+    slots: Mutex<BTreeMap<Gvr, Slot>>,
+}
+
+/// A part's view of one watched type.
+pub(crate) struct Subscription {
+    found: watch::Receiver<Option<Arc<WatchedType>>>,
+    pub(crate) changes: mpsc::UnboundedReceiver<WatchChange>,
+}
+
+impl Subscription {
+    /// The type once discovered; `None` when the sidecar stops first.
+    pub(crate) async fn found(&mut self) -> Option<Arc<WatchedType>> {
+        self.found
+            .wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|found| found.clone())
+    }
+}
+
+impl TypeWatches {
+    pub(crate) fn subscribe(&self, gvr: &Gvr, need: Need) -> Subscription {
+        let (tx, changes) = mpsc::unbounded_channel();
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = slots.entry(gvr.clone()).or_insert_with(|| Slot {
+            needs: Vec::new(),
+            subscribers: Vec::new(),
+            found: watch::Sender::new(None),
+        });
+        slot.subscribers.push(Subscriber {
+            tx,
+            listed: need.listed,
+        });
+        slot.needs.push(need);
+        Subscription {
+            found: slot.found.subscribe(),
+            changes,
+        }
+    }
+
+    /// Start one watch per subscribed type in `tasks`, each until `cancel`.
+    /// A type whose scope contradicts its flag ends its task with an error.
+    pub(crate) fn spawn(
+        self,
+        tasks: &mut JoinSet<Result<(), SyncError>>,
+        client: &Client,
+        metrics: &Arc<Metrics>,
+        cancel: &CancellationToken,
+    ) {
+        let slots = self.slots.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (gvr, slot) in slots {
+            tasks.spawn(watch_type(
+                client.clone(),
+                metrics.clone(),
+                gvr,
+                slot,
+                cancel.clone(),
+            ));
+        }
+    }
+}
+
+/// The watch of a type: a selector only when every part watches with the
+/// same one (otherwise each part filters for itself).
+fn watch_config(needs: &[Need]) -> watcher::Config {
+    let common = |pick: fn(&Need) -> &Option<String>| {
+        let first = needs.first().map(pick).cloned().flatten();
+        needs.iter().all(|n| *pick(n) == first).then_some(first)?
+    };
+    let mut config = watcher::Config::default();
+    if let Some(fields) = common(|n| &n.fields) {
+        config = config.fields(&fields);
+    }
+    if let Some(labels) = common(|n| &n.labels) {
+        config = config.labels(&labels);
+    }
+    config
+}
+
+async fn watch_type(
+    client: Client,
+    metrics: Arc<Metrics>,
+    gvr: Gvr,
+    slot: Slot,
+    cancel: CancellationToken,
+) -> Result<(), SyncError> {
+    let expected = slot.needs.iter().find_map(|n| n.scope);
+    let Some((resource, namespaced)) =
+        discover_until_found(&client, &gvr, expected, &cancel).await?
+    else {
+        return Ok(());
+    };
+    let api: Api<DynamicObject> = Api::all_with(client, &resource);
+    let config = watch_config(&slot.needs);
+    let labels = config.label_selector.clone();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|o: &mut DynamicObject| o.metadata.managed_fields = None);
+    let watched = Arc::new(WatchedType {
+        resource,
+        namespaced,
+        labels,
+        objects: TypeObjects::default(),
+    });
+    slot.found.send_replace(Some(watched.clone()));
+    let label = watched.resource.plural.clone();
+    let send = |change: &dyn Fn() -> WatchChange, listed: bool| {
+        for s in &slot.subscribers {
+            if !listed || s.listed {
+                // A subscriber gone means the sidecar is stopping.
+                let _ = s.tx.send(change());
+            }
+        }
+    };
+    let objects = &watched.objects;
+    let mut stream = std::pin::pin!(stream);
+    let mut listed_once = false;
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = cancel.cancelled() => break,
+        };
+        match event {
+            Some(Ok(watcher::Event::Apply(object))) => {
+                if let Some(key) = ObjectKey::of(&object) {
+                    let json = Bytes::from(object_json(&object, &watched.resource));
+                    objects.apply(key.clone(), json.clone());
+                    send(
+                        &|| WatchChange::Applied {
+                            key: key.clone(),
+                            json: json.clone(),
+                            listed: false,
+                        },
+                        false,
+                    );
+                }
+            }
+            Some(Ok(watcher::Event::Delete(object))) => {
+                if let Some(key) = ObjectKey::of(&object) {
+                    objects.delete(&key);
+                    send(&|| WatchChange::Deleted { key: key.clone() }, false);
+                }
+            }
+            Some(Ok(watcher::Event::Init)) => objects.list_started(),
+            Some(Ok(watcher::Event::InitApply(object))) => {
+                if let Some(key) = ObjectKey::of(&object) {
+                    let json = Bytes::from(object_json(&object, &watched.resource));
+                    objects.listed(key.clone(), json.clone());
+                    send(
+                        &|| WatchChange::Applied {
+                            key: key.clone(),
+                            json: json.clone(),
+                            listed: true,
+                        },
+                        true,
+                    );
+                }
+            }
+            Some(Ok(watcher::Event::InitDone)) => {
+                objects.list_done();
+                let first = !listed_once;
+                listed_once = true;
+                send(&|| WatchChange::ListDone { first }, false);
+            }
+            Some(Err(e)) => {
+                metrics.watch_error(&label);
+                tracing::warn!(resource = %label, error = %e, "watch error; the watch recovers by itself");
+            }
+            None => break,
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn need(fields: Option<&str>, labels: Option<&str>) -> Need {
+        Need {
+            fields: fields.map(str::to_owned),
+            labels: labels.map(str::to_owned),
+            ..Need::default()
+        }
+    }
+
+    #[test]
+    fn a_shared_watch_keeps_only_the_selectors_every_part_uses() {
+        let alone = watch_config(&[need(Some("metadata.namespace!=a"), None)]);
+        assert_eq!(
+            alone.field_selector.as_deref(),
+            Some("metadata.namespace!=a")
+        );
+        let shared = watch_config(&[
+            need(Some("metadata.namespace!=a"), None),
+            need(None, Some("team=x")),
+        ]);
+        assert_eq!(shared.field_selector, None);
+        assert_eq!(shared.label_selector, None);
+        let same = watch_config(&[need(None, Some("team=x")), need(None, Some("team=x"))]);
+        assert_eq!(same.label_selector.as_deref(), Some("team=x"));
+    }
+}
