@@ -19,6 +19,9 @@ use crate::error::SyncError;
 use crate::rego_refs::DataReads;
 use crate::state::SyncState;
 
+/// How long a policy change waits for its data before saying so.
+const SLOW_WRITE: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub(crate) struct Demand {
     /// Types that must be in the engine: what the modules in force read, and
     /// what modules about to be put read.
@@ -87,6 +90,9 @@ impl Demand {
         let epoch = state.epoch();
         let mut epochs = state.subscribe_epoch();
         let mut written = self.written.subscribe();
+        // Blocking is the safe side (the policy would decide on nothing),
+        // but it must show.
+        let mut warn_at = Some(tokio::time::Instant::now() + SLOW_WRITE);
         loop {
             let missing: Vec<String> = {
                 let replicated = self.replicated.lock().unwrap_or_else(|e| e.into_inner());
@@ -104,7 +110,17 @@ impl Demand {
                 ?missing,
                 "waiting for replicated types the policies will read"
             );
+            let warn = async {
+                match warn_at {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
+                _ = warn => {
+                    warn_at = None;
+                    tracing::warn!(?missing, "policies that read these replicated types wait for them to be written to the engine; see the replicators' errors");
+                }
                 r = written.changed() => if r.is_err() { return Ok(()) },
                 r = epochs.changed() => if r.is_err() || state.epoch() != epoch {
                     return Err(SyncError::EngineRestarted);

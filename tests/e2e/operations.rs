@@ -119,6 +119,37 @@ impl Release {
         }
     }
 
+    /// [`wait_for`], and on a timeout the sidecars' logs with the cluster's
+    /// diagnostics (the pods, and their logs, go with the release).
+    fn wait_for<T>(&self, what: &str, timeout: Duration, check: impl FnMut() -> Option<T>) -> T {
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for(what, timeout, check)
+        })) {
+            Ok(value) => value,
+            Err(_) => {
+                // The kubelet's log files (the API server cannot reach the
+                // node by name in the test bed).
+                let mut logs = String::new();
+                let pods = self.cluster.dir().join("state/pod-logs");
+                for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+                    let name = pod.file_name().to_string_lossy().into_owned();
+                    if name.starts_with(&format!("{NAMESPACE}_{RELEASE}-remediator")) {
+                        let log = std::fs::read_to_string(pod.path().join("placement-sync/0.log"))
+                            .unwrap_or_default();
+                        let lines: Vec<&str> = log.lines().collect();
+                        logs.push_str(&format!("--- {name}\n"));
+                        logs.push_str(&lines[lines.len().saturating_sub(40)..].join("\n"));
+                        logs.push('\n');
+                    }
+                }
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}\nremediator sidecars:\n{logs}\n{}",
+                    self.cluster.diagnostics()
+                );
+            }
+        }
+    }
+
     fn policy_status(&self) -> String {
         self.cluster
             .kubectl(&[
@@ -227,12 +258,52 @@ fn running_pods(cluster: &Cluster, component: &str) -> Vec<String> {
         .collect()
 }
 
-/// A namespace of one's own for a case's workloads.
-fn workload_namespace(cluster: &Cluster, prefix: &str) -> String {
+/// A namespace of one's own for a case's workloads, deleted (and waited
+/// for) when the case ends: the cases share one cluster, and workloads left
+/// by one count for the next (a Cluster going offline under 100 leftover
+/// ReplicaSets is a change beyond the remediator's blast radius, held).
+struct WorkloadNamespace {
+    cluster: &'static Cluster,
+    name: String,
+}
+
+impl std::ops::Deref for WorkloadNamespace {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for WorkloadNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl Drop for WorkloadNamespace {
+    fn drop(&mut self) {
+        let out = self.cluster.kubectl(&[
+            "delete",
+            "namespace",
+            &self.name,
+            "--wait=true",
+            "--timeout=120s",
+        ]);
+        if !out.status.success() {
+            eprintln!(
+                "could not delete namespace {}: {}",
+                self.name,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+fn workload_namespace(cluster: &'static Cluster, prefix: &str) -> WorkloadNamespace {
     static COUNTER: AtomicU32 = AtomicU32::new(0);
     let name = format!("{prefix}-{}", COUNTER.fetch_add(1, Ordering::Relaxed));
     let _ = cluster.kubectl(&["create", "namespace", &name]);
-    name
+    WorkloadNamespace { cluster, name }
 }
 
 /// A ReplicaSet asking for EU clusters with PCI level 2 (the example's
@@ -405,7 +476,7 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     set_phase(cluster, "gce-europe-west2", "offline");
     let went_offline = Instant::now();
     for (kind, name) in [("rs", "plain"), ("rs", "requested"), ("deployment", "web")] {
-        wait_for(
+        release.wait_for(
             &format!("{kind}/{name} to leave the offline cluster"),
             Duration::from_secs(60),
             || {
