@@ -149,6 +149,14 @@ impl TypeWatches {
     }
 }
 
+/// Objects per page of a (re)list. Each page is a read through etcd, so
+/// small pages make a large type slow to list; the page is decoded whole
+/// before its objects are stored compactly, so large pages cost memory. First
+/// sync of 100,000 ConfigMaps of 0.5 KB (one run each): pages of 500 5.3 s
+/// and 125 MiB peak, 1000 4.2 s, 2000 3.4 s and 126 MiB, 5000 3.0 s and
+/// 177 MiB.
+const LIST_PAGE_SIZE: u32 = 2000;
+
 /// The watch of a type: a selector only when every part watches with the
 /// same one (otherwise each part filters for itself).
 fn watch_config(needs: &[Need]) -> watcher::Config {
@@ -156,7 +164,7 @@ fn watch_config(needs: &[Need]) -> watcher::Config {
         let first = needs.first().map(pick).cloned().flatten();
         needs.iter().all(|n| *pick(n) == first).then_some(first)?
     };
-    let mut config = watcher::Config::default();
+    let mut config = watcher::Config::default().page_size(LIST_PAGE_SIZE);
     if let Some(fields) = common(|n| &n.fields) {
         config = config.fields(&fields);
     }
