@@ -773,33 +773,10 @@ impl Remediator {
         only: Option<&BTreeSet<WorkloadKey>>,
     ) -> PassReport {
         let mut report = PassReport::default();
-        let in_scope: Vec<(usize, Arc<DynamicObject>)> = self
-            .targets
-            .iter()
-            .enumerate()
-            .flat_map(|(i, t)| {
-                t.watched
-                    .objects
-                    .snapshot(|k| self.scope.admits(k.namespace.as_deref()))
-                    .into_iter()
-                    .filter_map(move |(_, json)| {
-                        let value: Value = serde_json::from_slice(&json).ok()?;
-                        if !t.selects(&value) {
-                            return None;
-                        }
-                        Some((i, Arc::new(serde_json::from_value(value).ok()?)))
-                    })
-            })
-            .collect();
-        // The blast radius is weighed against every placed workload in scope.
-        let placed_in_scope = in_scope.iter().filter(|(_, o)| is_placed(o)).count();
-        let objects: Vec<(usize, Arc<DynamicObject>)> = match only {
-            None => in_scope,
-            Some(keys) => in_scope
-                .into_iter()
-                .filter(|(i, o)| ObjectKey::of(o).is_some_and(|k| keys.contains(&(*i, k))))
-                .collect(),
-        };
+        let objects = self.workloads(only);
+        // The blast radius is weighed against every placed workload in scope
+        // (a pass over everything only).
+        let placed_in_scope = objects.iter().filter(|(_, o)| is_placed(o)).count();
         self.forget_caught_up();
         // First every object is evaluated (concurrently), then the pass's
         // PATCHes are weighed as one change before any is sent.
@@ -882,6 +859,43 @@ impl Remediator {
                 .set(report.unplaceable as i64);
         }
         report
+    }
+
+    /// The workloads in scope, decoded from the watch caches: every one, or
+    /// only those of `only` (a few created, edited or failed workloads must
+    /// not cost decoding every workload).
+    fn workloads(&self, only: Option<&BTreeSet<WorkloadKey>>) -> Vec<(usize, Arc<DynamicObject>)> {
+        let decode = |i: usize, json: &[u8]| -> Option<(usize, Arc<DynamicObject>)> {
+            let value: Value = serde_json::from_slice(json).ok()?;
+            if !self.targets[i].selects(&value) {
+                return None;
+            }
+            Some((i, Arc::new(serde_json::from_value(value).ok()?)))
+        };
+        let decode = &decode;
+        let admitted = |key: &ObjectKey| self.scope.admits(key.namespace.as_deref());
+        match only {
+            None => self
+                .targets
+                .iter()
+                .enumerate()
+                .flat_map(|(i, t)| {
+                    t.watched
+                        .objects
+                        .snapshot(admitted)
+                        .into_iter()
+                        .filter_map(move |(_, json)| decode(i, &json))
+                })
+                .collect(),
+            Some(keys) => keys
+                .iter()
+                .filter(|(_, key)| admitted(key))
+                .filter_map(|(i, key)| {
+                    let json = self.targets.get(*i)?.watched.objects.get(key)?;
+                    decode(*i, &json)
+                })
+                .collect(),
+        }
     }
 
     /// Ask the decision for one object and compare; `None` when the pass must
