@@ -689,7 +689,11 @@ impl ConfigMapLoader {
         self.full_syncing.store(true, Ordering::Release);
         let result = self.load_everything(epoch).await;
         self.full_syncing.store(false, Ordering::Release);
-        if let Some(demand) = &self.demand {
+        // After a failure, what was asked for stays asked for: modules that
+        // went in may read it.
+        if result.is_ok()
+            && let Some(demand) = &self.demand
+        {
             demand.settle(self.reads.get());
         }
         result
