@@ -260,7 +260,6 @@ pub(crate) fn need(scope: &Scope) -> Need {
 }
 
 struct Target {
-    resource: ApiResource,
     api: Api<DynamicObject>,
     watched: Arc<WatchedType>,
     /// The object selector, when the watch (shared with a replicator) could
@@ -269,6 +268,10 @@ struct Target {
 }
 
 impl Target {
+    fn resource(&self) -> &ApiResource {
+        &self.watched.resource
+    }
+
     fn selects(&self, object: &Value) -> bool {
         selected(self.selector.as_ref(), object)
     }
@@ -476,7 +479,6 @@ pub(crate) async fn run(
             _ => None,
         };
         let target = Target {
-            resource: watched.resource.clone(),
             api: Api::all_with(ctx.client.clone(), &watched.resource),
             watched,
             selector,
@@ -560,7 +562,7 @@ impl Remediator {
     /// PATCHed (an UPDATE by the remediator, the stored object as
     /// `oldObject`), so both get the same answer.
     fn input(&self, i: usize, value: &Value) -> Value {
-        let resource = &self.targets[i].resource;
+        let resource = self.targets[i].resource();
         let kind =
             json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
         let gvr = json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
@@ -596,7 +598,7 @@ impl Remediator {
         }
         let objects: Vec<String> = affected
             .iter()
-            .map(|e| describe(&e.object, &self.targets[e.i].resource))
+            .map(|e| describe(&e.object, self.targets[e.i].resource()))
             .collect();
         let id = blast::change_id(
             affected
@@ -909,7 +911,7 @@ impl Remediator {
         if cancel.is_cancelled() || !self.may_act() {
             return None;
         }
-        let value = object_value(&object, &self.targets[i].resource);
+        let value = object_value(&object, self.targets[i].resource());
         let input = self.input(i, &value);
         let deadline = Instant::now() + self.ctx.query_timeout;
         self.ctx.metrics.remediation_queries.inc();
@@ -921,7 +923,7 @@ impl Remediator {
         {
             Ok(outcome) => Some(assess(&value, &outcome, &self.keys.current())),
             Err(e) => {
-                tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "placement query failed");
+                tracing::warn!(object = %describe(&object, self.targets[i].resource()), error = %e, "placement query failed");
                 None
             }
         };
@@ -951,7 +953,7 @@ impl Remediator {
             Assessment::Placed => Step::Placed,
             Assessment::Undefined => Step::Undefined,
             Assessment::Invalid(reason) => {
-                tracing::warn!(object = %describe(&object, &self.targets[i].resource), %reason, "cannot remediate");
+                tracing::warn!(object = %describe(&object, self.targets[i].resource()), %reason, "cannot remediate");
                 Step::Failed
             }
             Assessment::Unplaceable(errors) => {
@@ -974,8 +976,8 @@ impl Remediator {
                 RemediationMode::Report => {
                     let note = format!(
                         "{} {}: placement is stale; policy-owned annotations differ from the current decision: {}",
-                        self.targets[i].resource.kind,
-                        describe(&object, &self.targets[i].resource),
+                        self.targets[i].resource().kind,
+                        describe(&object, self.targets[i].resource()),
                         changed.join(", ")
                     );
                     self.event(i, &object, EventType::Warning, "PlacementStale", note);
@@ -1016,7 +1018,7 @@ impl Remediator {
                             failed: false,
                         },
                         Err(e) => {
-                            tracing::warn!(object = %describe(&object, &self.targets[i].resource), error = %e, "remediation patch failed; will retry");
+                            tracing::warn!(object = %describe(&object, self.targets[i].resource()), error = %e, "remediation patch failed; will retry");
                             Step::Stale {
                                 patched: false,
                                 failed: true,
@@ -1043,7 +1045,7 @@ impl Remediator {
         let name = object.metadata.name.clone().unwrap_or_default();
         let api = match &object.metadata.namespace {
             Some(ns) => {
-                Api::namespaced_with(target.api.clone().into_client(), ns, &target.resource)
+                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
             }
             None => target.api.clone(),
         };
@@ -1062,7 +1064,7 @@ impl Remediator {
                         .unwrap_or_else(|e| e.into_inner())
                         .insert((i, key), rv);
                 }
-                tracing::info!(object = %describe(object, &target.resource), "remediated placement");
+                tracing::info!(object = %describe(object, target.resource()), "remediated placement");
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
@@ -1101,7 +1103,7 @@ impl Remediator {
         reason: &str,
         note: String,
     ) {
-        let reference: ObjectReference = object.object_ref(&self.targets[i].resource);
+        let reference: ObjectReference = object.object_ref(self.targets[i].resource());
         let event = Event {
             type_,
             reason: reason.to_owned(),

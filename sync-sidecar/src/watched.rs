@@ -210,6 +210,24 @@ async fn watch_type(
         }
     };
     let objects = &watched.objects;
+    // An add or update (`listed`: part of a (re)list): stored, then handed on.
+    let applied = |object: &DynamicObject, listed: bool| {
+        let Some(key) = ObjectKey::of(object) else {
+            return;
+        };
+        let json = Bytes::from(object_json(object, &watched.resource));
+        if listed {
+            objects.listed(key.clone(), json.clone());
+        } else {
+            objects.apply(key.clone(), json.clone());
+        }
+        let change = || WatchChange::Applied {
+            key: key.clone(),
+            json: json.clone(),
+            listed,
+        };
+        send(&change, listed);
+    };
     let mut stream = std::pin::pin!(stream);
     let mut listed_once = false;
     loop {
@@ -218,20 +236,7 @@ async fn watch_type(
             _ = cancel.cancelled() => break,
         };
         match event {
-            Some(Ok(watcher::Event::Apply(object))) => {
-                if let Some(key) = ObjectKey::of(&object) {
-                    let json = Bytes::from(object_json(&object, &watched.resource));
-                    objects.apply(key.clone(), json.clone());
-                    send(
-                        &|| WatchChange::Applied {
-                            key: key.clone(),
-                            json: json.clone(),
-                            listed: false,
-                        },
-                        false,
-                    );
-                }
-            }
+            Some(Ok(watcher::Event::Apply(object))) => applied(&object, false),
             Some(Ok(watcher::Event::Delete(object))) => {
                 if let Some(key) = ObjectKey::of(&object) {
                     objects.delete(&key);
@@ -239,20 +244,7 @@ async fn watch_type(
                 }
             }
             Some(Ok(watcher::Event::Init)) => objects.list_started(),
-            Some(Ok(watcher::Event::InitApply(object))) => {
-                if let Some(key) = ObjectKey::of(&object) {
-                    let json = Bytes::from(object_json(&object, &watched.resource));
-                    objects.listed(key.clone(), json.clone());
-                    send(
-                        &|| WatchChange::Applied {
-                            key: key.clone(),
-                            json: json.clone(),
-                            listed: true,
-                        },
-                        true,
-                    );
-                }
-            }
+            Some(Ok(watcher::Event::InitApply(object))) => applied(&object, true),
             Some(Ok(watcher::Event::InitDone)) => {
                 objects.list_done();
                 let first = !listed_once;

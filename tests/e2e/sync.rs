@@ -158,6 +158,23 @@ fn policy_configmap(plane: &ControlPlane, name: &str, modules: &[(&str, &str)]) 
     apply(plane, &manifest.to_string());
 }
 
+/// A control plane and OPA, a namespace of its own (`prefix-...`), running
+/// Clusters `a` and `b`, and the placement policy of running clusters.
+fn two_running_clusters(prefix: &str) -> (ControlPlane, OpaServer, String) {
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name(prefix);
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "europe-west1", "running");
+    cluster(&plane, "b", "europe-west2", "running");
+    policy_configmap(
+        &plane,
+        "placement",
+        &[("placement.rego", &placement_policy(&["running"]))],
+    );
+    (plane, opa, ns)
+}
+
 /// Test placement policy: the allowed clusters are those whose phase is in
 /// `phases`; a developer's request (`replica-set-preferences`) narrows the
 /// selection to the requested allowed clusters; every selected cluster gets
@@ -1078,20 +1095,10 @@ fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation() {
 /// remediation pass (no decision query per workload); a Cluster going offline
 /// still re-places.
 async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
-    let plane = ControlPlane::start();
     // With OPA's authorization policy, loaded from a file as token-protected
     // OPAs run: the sidecar did not load that module, yet reads its source
     // (it reads no replicated data) instead of assuming it reads everything.
-    let opa = OpaServer::start();
-    let ns = unique_name("sync-churn");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "europe-west1", "running");
-    cluster(&plane, "b", "europe-west2", "running");
-    policy_configmap(
-        &plane,
-        "placement",
-        &[("placement.rego", &placement_policy(&["running"]))],
-    );
+    let (plane, opa, ns) = two_running_clusters("sync-churn");
     apply(&plane, &replicaset(&ns, "web", &[]));
     let sidecar = Sidecar::start(
         &plane,
@@ -1181,17 +1188,7 @@ struct RemediatedWorkloads {
 
 impl RemediatedWorkloads {
     async fn start(prefix: &str) -> RemediatedWorkloads {
-        let plane = ControlPlane::start();
-        let opa = OpaServer::start();
-        let ns = unique_name(prefix);
-        plane.create_namespace(&ns);
-        cluster(&plane, "a", "europe-west1", "running");
-        cluster(&plane, "b", "europe-west2", "running");
-        policy_configmap(
-            &plane,
-            "placement",
-            &[("placement.rego", &placement_policy(&["running"]))],
-        );
+        let (plane, opa, ns) = two_running_clusters(prefix);
         let names: Vec<String> = (0..10).map(|i| format!("w{i}")).collect();
         for name in &names {
             apply(&plane, &replicaset(&ns, name, &[]));
@@ -1439,17 +1436,7 @@ fn only_the_types_the_policies_read_are_written() {
 /// OPA again. The ReplicaSets' one watch is shared with the remediator, whose
 /// object selector it then applies itself: the replicator still sees both.
 async fn only_the_types_the_policies_read_are_written_body() {
-    let plane = ControlPlane::start();
-    let opa = OpaServer::start();
-    let ns = unique_name("sync-reads");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "europe-west1", "running");
-    cluster(&plane, "b", "europe-west2", "running");
-    policy_configmap(
-        &plane,
-        "placement",
-        &[("placement.rego", &placement_policy(&["running"]))],
-    );
+    let (plane, opa, ns) = two_running_clusters("sync-reads");
     apply(&plane, &replicaset(&ns, "web", &[]));
     plane.kubectl_ok(&["label", "replicaset", "web", "-n", &ns, "tier=web"]);
     apply(&plane, &replicaset(&ns, "batch", &[]));
