@@ -18,6 +18,8 @@ mod component;
 pub mod config;
 pub mod data;
 mod demand;
+#[allow(dead_code)] // wired into the reconciler next
+mod karmada;
 pub mod document;
 pub mod error;
 pub mod gvr;
