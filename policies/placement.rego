@@ -20,10 +20,13 @@
 # once per query and none appears in the decision document. Those rules are only
 # consulted for workloads.
 #
-# Data: the replicated Cluster objects (CRD placement-policy.io/v1alpha1, kind
-# Cluster) at data.kubernetes.clusters[<name>]. A cluster is
-#   - RUNNING when status.phase == "running". Phase-1 rule: only running clusters
-#     accept workloads; pending, offline and terminated clusters never do.
+# Data: the replicated Cluster objects at data.kubernetes.clusters[<name>]: the
+# CRD placement-policy.io/v1alpha1 Cluster, or Karmada's Cluster
+# (cluster.karmada.io/v1alpha1), or both side by side. A cluster is
+#   - RUNNING when status.phase == "running" (placement-policy.io), or when its
+#     Ready condition is "True" and no taint of effect NoSchedule or NoExecute
+#     is on it (Karmada). Phase-1 rule: only running clusters accept
+#     workloads; pending, offline, terminated, not-ready and tainted ones never do.
 #   - in the EU when its label `placement-policy.io/jurisdiction` is "eu", or, when
 #     that label is neither "eu" nor "non-eu", when its spec.region starts with
 #     "europe-" (GCE style, e.g. europe-west1) or "eu-" (AWS style, e.g.
@@ -55,11 +58,16 @@
 #      are allowed (the intersection of request and policy: the policy says which
 #      clusters MAY be used). An empty "clusters" object requests nothing. A value
 #      that is not JSON, or has no object "clusters", is an error.
-#   5. Even spreading (phase 1): the selected clusters (the requested ones, or
-#      every allowed cluster when nothing was requested) get equal weight. The
+#   5. Spreading: the selected clusters (the requested ones, or every allowed
+#      cluster when nothing was requested) get equal weight (phase 1). The
 #      answer is the annotation `federation.kubernetes.io/replica-set-preferences`
 #      = {"clusters": {<name>: {"weight": 1}, ...}, "rebalance": R}, R being the
-#      developer's "rebalance" when it is a boolean, else true.
+#      developer's "rebalance" when it is a boolean, else true. With the
+#      setting `weighting := "least-loaded"` (a module of package
+#      io.k8s.federation.settings), each selected cluster is weighted by its
+#      free CPU in millicores (a Karmada Cluster's status.resourceSummary:
+#      allocatable - allocated - allocating, at least 0), when every selected
+#      cluster reports it; otherwise evenly. Any other weighting is an error.
 #   6. No allowed cluster at all is an error ("no cluster satisfies the placement
 #      requirements (...)").
 #   The annotation is given when there is no error, and also when the only

@@ -40,10 +40,28 @@ requirements_valid if {
 
 # --- The allowed clusters (rules 1-3) -----------------------------------------
 
-# Rule 1: only running clusters accept workloads.
+# Rule 1: only running clusters accept workloads. A placement-policy.io
+# Cluster runs when its phase says so; a Karmada Cluster (cluster.karmada.io)
+# when its Ready condition is True and no taint keeps new workloads off it
+# (NoSchedule) or evicts them (NoExecute).
 running_clusters contains name if {
 	some name, cluster in data.kubernetes.clusters
 	cluster.status.phase == "running"
+}
+
+running_clusters contains name if {
+	some name, cluster in data.kubernetes.clusters
+	startswith(cluster.apiVersion, "cluster.karmada.io/")
+	some condition in cluster.status.conditions
+	condition.type == "Ready"
+	condition.status == "True"
+	not tainted_clusters[name]
+}
+
+tainted_clusters contains name if {
+	some name, cluster in data.kubernetes.clusters
+	some taint in cluster.spec.taints
+	taint.effect in {"NoSchedule", "NoExecute"}
 }
 
 # Rule 2: every cluster when EU jurisdiction is not required, else the EU
@@ -108,7 +126,7 @@ requested_preferences := prefs if {
 
 requested := {name | some name, _ in requested_preferences.clusters}
 
-# --- Rule 5: even spreading ---------------------------------------------------
+# --- Rule 5: spreading ----------------------------------------------------------
 
 selected := requested & allowed if {
 	count(requested) > 0
@@ -119,9 +137,36 @@ rebalance := r if {
 	is_boolean(r)
 } else := true
 
+# How the selected clusters are weighted: "even" (phase 1: every cluster
+# weight 1), or "least-loaded" (the seed's phase-1 rule for workloads without
+# a request: weight by free CPU). A module of package
+# io.k8s.federation.settings chooses with `weighting := "least-loaded"`.
+default weighting := "even"
+
+weighting := data.io.k8s.federation.settings.weighting
+
+# Weighted by free CPU when every selected cluster reports it, else evenly.
 preferences := {
+	"clusters": {name: {"weight": free_millicores[name]} | some name in selected},
+	"rebalance": rebalance,
+} if {
+	weighting == "least-loaded"
+	count(free_millicores) == count(selected)
+} else := {
 	"clusters": {name: {"weight": 1} | some name in selected},
 	"rebalance": rebalance,
+}
+
+# Free CPU of each selected cluster, in millicores (at least 0), from a
+# Karmada Cluster's status.resourceSummary: allocatable - allocated -
+# allocating. A cluster with no free CPU gets no replicas.
+free_millicores[name] := max([0, round(1000 * ((allocatable - allocated) - allocating))]) if {
+	weighting == "least-loaded"
+	some name in selected
+	summary := data.kubernetes.clusters[name].status.resourceSummary
+	allocatable := units.parse(summary.allocatable.cpu)
+	allocated := units.parse(object.get(summary, ["allocated", "cpu"], "0"))
+	allocating := units.parse(object.get(summary, ["allocating", "cpu"], "0"))
 }
 
 # --- Errors (asked for workloads only) ---------------------------------------
@@ -186,6 +231,15 @@ errors contains msg if {
 	msg := sprintf(
 		"no cluster satisfies the placement requirements (eu-jurisdiction-required=%s, pci-compliance-level>=%s)",
 		[eu_value, object.get({"": "0"}, significant, significant)],
+	)
+}
+
+# The settings must name a known weighting.
+errors contains msg if {
+	not weighting in {"even", "least-loaded"}
+	msg := sprintf(
+		"placement settings: weighting must be \"even\" or \"least-loaded\", got %s",
+		[shown(weighting)],
 	)
 }
 
