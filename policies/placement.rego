@@ -63,8 +63,8 @@
 #      answer is the annotation `federation.kubernetes.io/replica-set-preferences`
 #      = {"clusters": {<name>: {"weight": 1}, ...}, "rebalance": R}, R being the
 #      developer's "rebalance" when it is a boolean, else true. With the
-#      setting `weighting := "least-loaded"` (a module of package
-#      io.k8s.federation.settings), each selected cluster is weighted by its
+#      setting `weighting := "least-loaded"` (placement_settings.rego,
+#      package io.k8s.federation.settings), each selected cluster is weighted by its
 #      free CPU in millicores (a Karmada Cluster's status.resourceSummary:
 #      allocatable - allocated - allocating, at least 0), when every selected
 #      cluster reports it; otherwise evenly. Any other weighting is an error.

@@ -138,9 +138,8 @@ rebalance := r if {
 } else := true
 
 # How the selected clusters are weighted: "even" (phase 1: every cluster
-# weight 1), or "least-loaded" (the seed's phase-1 rule for workloads without
-# a request: weight by free CPU). A module of package
-# io.k8s.federation.settings chooses with `weighting := "least-loaded"`.
+# weight 1), or "least-loaded" (the seed's phase-1 rule: weight by free CPU),
+# as the settings module (placement_settings.rego) says.
 default weighting := "even"
 
 weighting := data.io.k8s.federation.settings.weighting

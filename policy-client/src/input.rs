@@ -16,6 +16,10 @@ use crate::placement::developer_view;
 /// Key of the request metadata in the policy input.
 pub const ADMISSION_INPUT_KEY: &str = "_admission";
 
+/// Key of the Karmada binding in the policy input when a binding's resource
+/// template is placed (its identity and spec; the template is the root).
+pub const BINDING_INPUT_KEY: &str = "_binding";
+
 /// The request metadata a policy may read, as `admission.k8s.io/v1` names it.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestMeta<'a> {

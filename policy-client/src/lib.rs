@@ -19,7 +19,7 @@ pub mod text;
 pub use decision::{Decision, DecisionError};
 pub use embedded::Embedded;
 pub use engine::{CompileError, EncodedJson, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
-pub use input::{ADMISSION_INPUT_KEY, RequestMeta, policy_input};
+pub use input::{ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, RequestMeta, policy_input};
 pub use opa::{Opa, OpaConfig, Token};
 pub use ownership_keys::{OwnershipKeys, SharedKeys};
 pub use reqwest::Url;

@@ -26,6 +26,9 @@ pub const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
 pub const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
 /// Default Lease name for remediation leader election.
 pub const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
+/// Default `--scheduler-name`: the `spec.schedulerName` a PropagationPolicy sets
+/// to hand its bindings to placement-policy.
+pub const DEFAULT_SCHEDULER_NAME: &str = "placement-policy";
 
 /// What the remediator does with objects whose placement is stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -179,6 +182,17 @@ pub struct Args {
     /// deployments have neither the webhook nor the RBAC to re-place workloads].
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION", value_enum)]
     pub remediation: Option<RemediationMode>,
+
+    /// Schedule Karmada ResourceBindings and ClusterResourceBindings whose
+    /// `spec.schedulerName` is `--scheduler-name`: the policy decides their
+    /// clusters (karmada-scheduler ignores them). Replicate Karmada's
+    /// Clusters with `--replicate-cluster=cluster.karmada.io/v1alpha1/clusters`.
+    #[arg(long, env = "PLACEMENT_SYNC_SCHEDULE_KARMADA_BINDINGS")]
+    pub schedule_karmada_bindings: bool,
+
+    /// The scheduler name of the bindings this sidecar schedules.
+    #[arg(long, env = "PLACEMENT_SYNC_SCHEDULER_NAME", default_value = DEFAULT_SCHEDULER_NAME)]
+    pub scheduler_name: String,
 
     /// Workload type the remediator keeps placed, `[group/]version/resource`
     /// (repeatable, or comma-separated).
@@ -344,6 +358,8 @@ pub struct Settings {
     pub decision: String,
     pub remediation: RemediationMode,
     pub remediate: Vec<Gvr>,
+    /// The Karmada scheduler's name, when it schedules bindings.
+    pub karmada_scheduler: Option<String>,
     pub remediation_rate: f64,
     pub remediation_debounce: Duration,
     /// What the remediator acts on.
@@ -527,6 +543,13 @@ impl Settings {
             decision,
             remediation,
             remediate: args.remediate,
+            karmada_scheduler: match (args.schedule_karmada_bindings, args.scheduler_name.trim()) {
+                (false, _) => None,
+                (true, "") => {
+                    return Err(config("--scheduler-name must not be empty".to_owned()));
+                }
+                (true, name) => Some(name.to_owned()),
+            },
             remediation_rate: args.remediation_rate,
             remediation_debounce: args.remediation_debounce,
             ownership_keys: match (&args.ownership_secret, &args.ownership_key_file) {

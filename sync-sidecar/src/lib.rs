@@ -6,8 +6,9 @@
 //!   reload and a status annotation ([`policies`]);
 //! - notices engine restarts and reloads everything, tracking whether the engine
 //!   is in sync ([`state`]);
-//! - remediates: keeps existing workloads placed by the current policy, on one
-//!   elected replica ([`remediator`]);
+//! - reconciles, on one elected replica: keeps existing workloads placed by
+//!   the current policy (remediation) and schedules Karmada bindings that name
+//!   it as their scheduler (`reconcile`);
 //! - serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
 //!
 //! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; tests build
@@ -18,18 +19,17 @@ mod component;
 pub mod config;
 pub mod data;
 mod demand;
-#[allow(dead_code)] // wired into the reconciler next
-mod karmada;
 pub mod document;
 pub mod error;
 pub mod gvr;
+mod karmada;
 mod leader;
 pub mod metrics;
 mod objects;
 pub mod policies;
 pub mod queue;
+mod reconcile;
 pub mod rego_refs;
-pub mod remediator;
 mod replicator;
 pub mod scope;
 pub mod server;
@@ -246,7 +246,7 @@ impl Sidecar {
         ));
 
         let mut leader_task = None;
-        if settings.remediation != RemediationMode::Off {
+        if settings.remediation != RemediationMode::Off || settings.karmada_scheduler.is_some() {
             let (leader, task) = leader::elect(
                 client.clone(),
                 settings.leader.clone(),
@@ -266,13 +266,30 @@ impl Sidecar {
                     instance,
                 },
             );
-            let workload_watches = settings
-                .remediate
-                .iter()
-                .map(|gvr| watches.subscribe(gvr, remediator::need(&settings.scope)))
-                .collect();
-            tasks.spawn(remediator::run(
-                remediator::RemediatorContext {
+            let gvr =
+                |(group, version, resource): (&str, &str, &str)| Gvr::new(group, version, resource);
+            let subscriptions = reconcile::Subscriptions {
+                workloads: settings
+                    .remediate
+                    .iter()
+                    .map(|gvr| watches.subscribe(gvr, reconcile::workload_need(&settings.scope)))
+                    .collect(),
+                bindings: match &settings.karmada_scheduler {
+                    Some(_) => reconcile::BINDING_TYPES
+                        .into_iter()
+                        .map(|t| watches.subscribe(&gvr(t), reconcile::binding_need()))
+                        .collect(),
+                    None => Vec::new(),
+                },
+                karmada_clusters: (settings.karmada_scheduler.is_some()
+                    && settings
+                        .replicate
+                        .iter()
+                        .any(|spec| spec.gvr == gvr(reconcile::KARMADA_CLUSTERS)))
+                .then(|| watches.subscribe(&gvr(reconcile::KARMADA_CLUSTERS), Default::default())),
+            };
+            tasks.spawn(reconcile::run(
+                reconcile::ReconcilerContext {
                     client: client.clone(),
                     engine: engine.clone(),
                     metrics: metrics.clone(),
@@ -293,8 +310,9 @@ impl Sidecar {
                     trigger: trigger.clone(),
                     leader,
                     recorder,
+                    scheduler_name: settings.karmada_scheduler.clone().unwrap_or_default(),
                 },
-                workload_watches,
+                subscriptions,
                 cancel.clone(),
             ));
         }
@@ -303,6 +321,7 @@ impl Sidecar {
             replicate = settings.replicate.len(),
             policies = %settings.configmaps.describe(),
             remediation = ?settings.remediation,
+            karmada_scheduler = settings.karmada_scheduler.as_deref(),
             "placement-sync started"
         );
 

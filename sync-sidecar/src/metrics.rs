@@ -73,6 +73,9 @@ pub struct Metrics {
     pub remediation_passes: Counter,
     /// `placement_sync_remediation_queries_total`: decision queries the remediator sent.
     pub remediation_queries: Counter,
+    /// `placement_sync_binding_schedules_total{result}`: Karmada binding writes:
+    /// `scheduled` (placed), `failed` (`Scheduled=False` written), `error`.
+    pub binding_schedules: Family<ResultLabels, Counter>,
     /// `placement_sync_leader`: 1 while this replica holds the remediation Lease.
     pub leader: Gauge,
 }
@@ -110,6 +113,7 @@ impl Metrics {
             remediation_held: Gauge::default(),
             remediation_passes: Counter::default(),
             remediation_queries: Counter::default(),
+            binding_schedules: Family::default(),
             leader: Gauge::default(),
         };
         registry.register(
@@ -193,6 +197,11 @@ impl Metrics {
             m.remediation_queries.clone(),
         );
         registry.register(
+            "binding_schedules",
+            "Karmada binding writes by result (scheduled, failed, error)",
+            m.binding_schedules.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the remediation Lease",
             m.leader.clone(),
@@ -238,6 +247,14 @@ impl Metrics {
         self.watch_errors
             .get_or_create(&ResourceLabels {
                 resource: resource.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn binding_schedule(&self, result: &str) {
+        self.binding_schedules
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
             })
             .inc();
     }

@@ -316,24 +316,29 @@ mod tests {
 
     fn shipped() -> BTreeMap<String, String> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
-        ["placement.rego", "placement_rules.rego"]
-            .iter()
-            .map(|name| {
-                (
-                    format!("ns/placement/{name}"),
-                    std::fs::read_to_string(dir.join(name)).unwrap(),
-                )
-            })
-            .collect()
+        [
+            "placement.rego",
+            "placement_rules.rego",
+            "placement_settings.rego",
+        ]
+        .iter()
+        .map(|name| {
+            (
+                format!("ns/placement/{name}"),
+                std::fs::read_to_string(dir.join(name)).unwrap(),
+            )
+        })
+        .collect()
     }
 
     #[test]
-    fn the_shipped_policy_is_whole_and_loads_rules_first() {
+    fn the_shipped_policy_is_whole_and_loads_dependencies_first() {
         let set = shipped();
         assert!(missing_packages(&set, &["kubernetes".into()]).is_empty());
         assert_eq!(
             load_order(&set),
             [
+                "ns/placement/placement_settings.rego",
                 "ns/placement/placement_rules.rego",
                 "ns/placement/placement.rego"
             ]
@@ -404,6 +409,7 @@ y := data.a.c.rule
         let shipped = [
             include_str!("../../policies/placement.rego"),
             include_str!("../../policies/placement_rules.rego"),
+            include_str!("../../policies/placement_settings.rego"),
         ];
         assert_eq!(
             data_reads(shipped, &root),

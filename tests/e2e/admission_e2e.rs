@@ -158,6 +158,10 @@ impl Env {
                 "--from-file={}",
                 policies.join("placement_rules.rego").display()
             ),
+            &format!(
+                "--from-file={}",
+                policies.join("placement_settings.rego").display()
+            ),
         ]);
         assert!(
             out.status.success(),

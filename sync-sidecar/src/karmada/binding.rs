@@ -79,9 +79,6 @@ fn is_zero(n: &i32) -> bool {
 #[serde(rename_all = "camelCase")]
 struct Meta {
     #[serde(default)]
-    namespace: Option<String>,
-    name: String,
-    #[serde(default)]
     generation: i64,
     #[serde(default)]
     resource_version: Option<String>,
@@ -167,10 +164,6 @@ impl Binding {
 
     pub(crate) fn template(&self) -> &ResourceRef {
         &self.spec.resource
-    }
-
-    pub(crate) fn generation(&self) -> i64 {
-        self.metadata.generation
     }
 
     pub(crate) fn resource_version(&self) -> Option<&str> {
@@ -601,7 +594,8 @@ mod tests {
             .collect()
     }
 
-    const EU: &str = r#"{"clusters":{"member-eu-1":{"weight":1},"member-eu-2":{"weight":1}},"rebalance":true}"#;
+    const EU: &str =
+        r#"{"clusters":{"member-eu-1":{"weight":1},"member-eu-2":{"weight":1}},"rebalance":true}"#;
 
     #[test]
     fn the_policys_weights_divide_the_replicas() {
@@ -631,7 +625,13 @@ mod tests {
         );
         let (_, config) = binding(json!({"placement": {}}), json!({}));
         assert_eq!(
-            placement(&config, &template(), &decision(json!(EU), &[]), keys(), None),
+            placement(
+                &config,
+                &template(),
+                &decision(json!(EU), &[]),
+                keys(),
+                None
+            ),
             Some(Placement::Clusters(targets(&[
                 ("member-eu-1", 0),
                 ("member-eu-2", 0)
@@ -648,7 +648,10 @@ mod tests {
         let failed = placement(
             &b,
             &template(),
-            &decision(json!(EU), &["no cluster satisfies the placement requirements"]),
+            &decision(
+                json!(EU),
+                &["no cluster satisfies the placement requirements"],
+            ),
             keys(),
             None,
         )
@@ -666,7 +669,11 @@ mod tests {
         let condition = &status["status"]["conditions"][0];
         assert_eq!(condition["status"], "False");
         assert_eq!(condition["reason"], "NoClusterFit");
-        assert!(status["status"].get("schedulerObservedGeneration").is_none());
+        assert!(
+            status["status"]
+                .get("schedulerObservedGeneration")
+                .is_none()
+        );
         assert_eq!(write.event.unwrap().1, "ScheduleBindingFailed");
     }
 
@@ -677,7 +684,13 @@ mod tests {
             placement(&b, &template(), &QueryOutcome::Undefined, keys(), None),
             None
         );
-        let bad = placement(&b, &template(), &decision(json!("not json"), &[]), keys(), None);
+        let bad = placement(
+            &b,
+            &template(),
+            &decision(json!("not json"), &[]),
+            keys(),
+            None,
+        );
         assert!(matches!(
             bad,
             Some(Placement::Failed {
@@ -746,12 +759,18 @@ mod tests {
         assert_eq!(applied, raw["spec"]["placement"]);
         let status = write.status.unwrap();
         assert_eq!(status["status"]["schedulerObservedGeneration"], 2);
-        assert_eq!(status["status"]["lastScheduledTime"], "2026-11-25T10:00:00Z");
+        assert_eq!(
+            status["status"]["lastScheduledTime"],
+            "2026-11-25T10:00:00Z"
+        );
         assert_eq!(status["status"]["conditions"][0]["reason"], "Success");
         let (normal, reason, note) = write.event.unwrap();
         assert!(normal);
         assert_eq!(reason, "ScheduleBindingSucceed");
-        assert!(note.ends_with("Result: {member-eu-1:3, member-eu-2:3}"), "{note}");
+        assert!(
+            note.ends_with("Result: {member-eu-1:3, member-eu-2:3}"),
+            "{note}"
+        );
     }
 
     #[test]

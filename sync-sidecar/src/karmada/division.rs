@@ -42,7 +42,9 @@ pub(crate) enum DivisionError {
     Negative { cluster: String, what: &'static str },
     #[error("cluster {cluster}: minReplicas {min} is above maxReplicas {max}")]
     MinAboveMax { cluster: String, min: i64, max: i64 },
-    #[error("the clusters' minReplicas add up to {min}, more than the {replicas} replicas to place")]
+    #[error(
+        "the clusters' minReplicas add up to {min}, more than the {replicas} replicas to place"
+    )]
     MinimumsExceedReplicas { min: i64, replicas: i32 },
     #[error(
         "only {placed} of {replicas} replicas can be placed: every cluster with a weight is at its maxReplicas"
@@ -201,7 +203,10 @@ mod tests {
     fn karmadas_documented_examples() {
         // pkg/scheduler/core/assignment.go: 9 over 1:2 is 3:6, 9 over 1:3 is 2:7.
         let one_two = weights(&[("a", 1), ("b", 2)]);
-        assert_eq!(divide(9, &one_two, "").unwrap(), owned(&[("a", 3), ("b", 6)]));
+        assert_eq!(
+            divide(9, &one_two, "").unwrap(),
+            owned(&[("a", 3), ("b", 6)])
+        );
         let one_three = weights(&[("a", 1), ("b", 3)]);
         assert_eq!(
             divide(9, &one_three, "").unwrap(),
@@ -275,14 +280,20 @@ mod tests {
         prefs.get_mut("b").unwrap().min_replicas = 5;
         assert_eq!(
             divide(6, &prefs, ""),
-            Err(DivisionError::MinimumsExceedReplicas { min: 10, replicas: 6 })
+            Err(DivisionError::MinimumsExceedReplicas {
+                min: 10,
+                replicas: 6
+            })
         );
         let mut capped = weights(&[("a", 1), ("b", 1)]);
         capped.get_mut("a").unwrap().max_replicas = Some(1);
         capped.get_mut("b").unwrap().max_replicas = Some(2);
         assert_eq!(
             divide(6, &capped, ""),
-            Err(DivisionError::MaximumsTooLow { placed: 3, replicas: 6 })
+            Err(DivisionError::MaximumsTooLow {
+                placed: 3,
+                replicas: 6
+            })
         );
         let mut inverted = weights(&[("a", 1)]);
         inverted.get_mut("a").unwrap().min_replicas = 3;

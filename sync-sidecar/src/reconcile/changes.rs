@@ -1,0 +1,86 @@
+//! The targets whose own content changed since the reconciler last saw them
+//! (a workload's developer view, a binding's spec), fed by the watches: each
+//! is evaluated on its own, so a create or an edit never costs a pass over
+//! everything, and a status update costs nothing.
+
+use std::collections::{BTreeSet, HashMap};
+
+use tokio::sync::Notify;
+
+use crate::document::ObjectKey;
+
+/// One target object: the index of its watched type and its key.
+pub(crate) type ItemKey = (usize, ObjectKey);
+
+#[derive(Default)]
+pub(crate) struct Changes {
+    seen: std::sync::Mutex<HashMap<ItemKey, u64>>,
+    due: std::sync::Mutex<BTreeSet<ItemKey>>,
+    pub(crate) notify: Notify,
+}
+
+impl Changes {
+    /// An object as watched, by the fingerprint of what decides its
+    /// placement; `announce`: a new or changed fingerprint is due.
+    pub(crate) fn observe(&self, key: ItemKey, fingerprint: u64, announce: bool) {
+        let before = self
+            .seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), fingerprint);
+        if announce && before != Some(fingerprint) {
+            self.due
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key);
+            self.notify.notify_one();
+        }
+    }
+
+    pub(crate) fn forget(&self, key: &ItemKey) {
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+        self.due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
+    }
+
+    pub(crate) fn take(&self) -> BTreeSet<ItemKey> {
+        std::mem::take(&mut *self.due.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A stable hash of a JSON value.
+pub(crate) fn fingerprint(value: &serde_json::Value) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    value.to_string().hash(&mut hasher);
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn changed_objects_are_due_once_per_change() {
+        let changes = Changes::default();
+        let key = |name: &str| (0, ObjectKey::new(Some("team-a"), name));
+        changes.observe(key("listed"), 1, false);
+        assert!(
+            changes.take().is_empty(),
+            "the first list is the first pass's"
+        );
+        changes.observe(key("listed"), 1, true);
+        changes.observe(key("created"), 5, true);
+        assert_eq!(changes.take(), [key("created")].into());
+        changes.observe(key("listed"), 2, true);
+        changes.observe(key("created"), 6, true);
+        changes.forget(&key("created"));
+        assert_eq!(changes.take(), [key("listed")].into());
+        assert!(changes.take().is_empty());
+    }
+}

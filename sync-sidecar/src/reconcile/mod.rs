@@ -1,0 +1,565 @@
+//! The reconciler: keeps every target placed by the current policy, on the
+//! elected replica. Two kinds of target share everything here (triggers,
+//! leadership, the rate limit, the blast-radius guard, Events):
+//!
+//! - **workloads** ([`workloads`]): the placement annotations of the objects
+//!   the webhook evaluates (remediation);
+//! - **Karmada bindings** ([`bindings`]): the `spec.clusters` of the
+//!   ResourceBindings and ClusterResourceBindings whose `spec.schedulerName`
+//!   is ours (the scheduler).
+//!
+//! When a policy module or replicated data the policies read changes
+//! (coalesced over a short quiet time), the leader re-evaluates every target
+//! object; when one object's own content changes (a workload's developer view,
+//! a binding's spec; never a status), it re-evaluates that object alone. Both
+//! use the policy input the webhook gets ([`policy_input`]: an UPDATE by this
+//! reconciler, the stored object as `oldObject`), so both get its answer.
+//!
+//! Why not kube-runtime's `Controller`: the guard weighs a pass over
+//! everything as one change before any of it is written, which a
+//! per-object reconcile cannot do; a `Controller` with a generation predicate
+//! would miss label and annotation edits the policy reads, and without one it
+//! reconciles every status update.
+
+mod bindings;
+mod changes;
+mod events;
+mod pass;
+mod rate;
+mod target;
+mod workloads;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
+use kube::Client;
+use kube::api::{Api, ApiResource, PostParams};
+use kube::runtime::events::Recorder;
+use policy_client::ownership_secret::KeySecret;
+use policy_client::{OwnershipKeys, PolicyEngine, RequestMeta, SharedKeys, policy_input};
+use serde_json::{Value, json};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS};
+use changes::{Changes, ItemKey};
+use events::PassEvents;
+use rate::RateLimiter;
+use target::{Kind, Target};
+
+use crate::blast::{BlastRadius, PolicyConfigMaps};
+use crate::config::{OwnershipKeySource, RemediationMode};
+use crate::error::SyncError;
+use crate::metrics::Metrics;
+use crate::queue::Backoff;
+use crate::scope::{Scope, ScopeFilter, parse_label_selector};
+use crate::state::SyncState;
+use crate::watched::{Need, Subscription, WatchChange, WatchedType};
+
+/// Field manager of the reconciler's writes.
+pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";
+
+/// How often a held change looks for its confirmation.
+const HELD_RECHECK: Duration = Duration::from_secs(5);
+
+/// What the reconciler needs of the watch of a workload type.
+pub(crate) fn workload_need(scope: &Scope) -> Need {
+    workloads::need(scope)
+}
+
+/// What the scheduler needs of the watch of a binding type.
+pub(crate) fn binding_need() -> Need {
+    bindings::need()
+}
+
+/// Everything the reconciler needs.
+#[derive(Clone)]
+pub(crate) struct ReconcilerContext {
+    pub(crate) client: Client,
+    pub(crate) engine: Arc<dyn PolicyEngine>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) state: Arc<SyncState>,
+    pub(crate) mode: RemediationMode,
+    pub(crate) decision: String,
+    pub(crate) rate: f64,
+    pub(crate) debounce: Duration,
+    pub(crate) scope: Scope,
+    pub(crate) blast_radius: BlastRadius,
+    /// Where the keys of the ownership record come from (shared with the webhook).
+    pub(crate) ownership_keys: OwnershipKeySource,
+    /// Where held changes are reported and confirmed.
+    pub(crate) policy_configmaps: PolicyConfigMaps,
+    pub(crate) query_timeout: Duration,
+    pub(crate) trigger: Arc<Notify>,
+    pub(crate) leader: watch::Receiver<bool>,
+    pub(crate) recorder: Recorder,
+    /// The Karmada scheduler's name (`spec.schedulerName` of the bindings it
+    /// schedules); unused without binding subscriptions.
+    pub(crate) scheduler_name: String,
+}
+
+/// The watches of the reconciler's targets.
+pub(crate) struct Subscriptions {
+    /// Workload types (remediated when remediation is on; the templates of
+    /// bindings either way).
+    pub(crate) workloads: Vec<Subscription>,
+    /// Binding types (empty when the Karmada scheduler is off).
+    pub(crate) bindings: Vec<Subscription>,
+    /// Karmada's replicated Clusters, when they are replicated.
+    pub(crate) karmada_clusters: Option<Subscription>,
+}
+
+pub(crate) struct Reconciler {
+    ctx: ReconcilerContext,
+    targets: Vec<Target>,
+    scope: ScopeFilter,
+    /// Who this reconciler's writes come from, as the API server tells the
+    /// webhook (`userInfo` of the policy input).
+    user_info: Value,
+    /// Sign and verify the ownership record.
+    keys: SharedKeys,
+    limiter: RateLimiter,
+    /// Objects written from a resourceVersion the cache still shows: skipped
+    /// until the cache catches up, so the same write is not sent twice.
+    in_flight: std::sync::Mutex<HashMap<ItemKey, String>>,
+    /// Events of the running pass, published once its writes are done.
+    events: PassEvents,
+    /// Objects created or changed since they were last evaluated.
+    changes: Arc<Changes>,
+    /// Template types found by discovery (bindings whose templates are not
+    /// among the watched workload types).
+    templates: bindings::TemplateTypes,
+    karmada_clusters: Option<Arc<WatchedType>>,
+}
+
+/// What a pass evaluates.
+#[derive(Debug, Clone, PartialEq)]
+enum Work {
+    /// Every target object in scope (a policy or data change, a new leader).
+    All,
+    /// These objects only (created or changed, or failed before).
+    Only(BTreeSet<ItemKey>),
+}
+
+impl Work {
+    fn merge(pending: Option<Work>, more: Work) -> Option<Work> {
+        Some(match (pending, more) {
+            (Some(Work::Only(mut a)), Work::Only(b)) => {
+                a.extend(b);
+                Work::Only(a)
+            }
+            (None, more) => more,
+            _ => Work::All,
+        })
+    }
+}
+
+/// The ownership keys of the reconciler's source; `None` when stopping first.
+async fn ownership_keys(
+    ctx: &ReconcilerContext,
+    cancel: &CancellationToken,
+) -> Result<Option<SharedKeys>, SyncError> {
+    Ok(Some(match &ctx.ownership_keys {
+        OwnershipKeySource::Secret { namespace, name } => {
+            let secret = KeySecret {
+                api: Api::namespaced(ctx.client.clone(), namespace),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                create: false,
+            };
+            // Waits until the webhook created the key; a shutdown meanwhile
+            // must not wait with it.
+            tokio::select! {
+                keys = secret.keys() => keys.map_err(|e| SyncError::Config(e.to_string()))?,
+                _ = cancel.cancelled() => return Ok(None),
+            }
+        }
+        OwnershipKeySource::Fixed(keys) => SharedKeys::new(keys.clone()),
+        OwnershipKeySource::Ephemeral => {
+            tracing::warn!(
+                "no --ownership-secret or --ownership-key-file: the ownership records this remediator writes verify nowhere else; give it the webhook's keys"
+            );
+            SharedKeys::new(
+                OwnershipKeys::ephemeral().map_err(|e| SyncError::Config(e.to_string()))?,
+            )
+        }
+    }))
+}
+
+/// What decides a target object's placement, as a fingerprint.
+struct Fingerprinter {
+    kind: Kind,
+    selector: Option<kube::core::Selector>,
+    scheduler_name: String,
+    keys: SharedKeys,
+}
+
+impl Fingerprinter {
+    /// `None` for an object the reconciler does not keep placed.
+    fn print(&self, object: &Value) -> Option<u64> {
+        match self.kind {
+            Kind::Workloads { .. } => workloads::selected(self.selector.as_ref(), object)
+                .then(|| workloads::developer_fingerprint(object, &self.keys.current())),
+            Kind::Bindings => (object.pointer("/spec/schedulerName")
+                == Some(&json!(self.scheduler_name)))
+            .then(|| bindings::binding_fingerprint(object)),
+        }
+    }
+}
+
+/// Feed a target's watch into `changes`: an object is due when what decides
+/// its placement changed. The first list is covered by the first pass;
+/// later lists (after a disconnect) may carry objects changed meanwhile.
+fn watch_changes(
+    mut watch: Subscription,
+    i: usize,
+    fingerprinter: Fingerprinter,
+    changes: Arc<Changes>,
+    cancel: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut listed_once = false;
+        loop {
+            let change = tokio::select! {
+                c = watch.changes.recv() => c,
+                _ = cancel.cancelled() => break,
+            };
+            match change {
+                Some(WatchChange::Applied { key, json, listed }) => {
+                    let Ok(object) = serde_json::from_slice::<Value>(&json) else {
+                        continue;
+                    };
+                    match fingerprinter.print(&object) {
+                        Some(print) => changes.observe((i, key), print, !listed || listed_once),
+                        None => changes.forget(&(i, key)),
+                    }
+                }
+                Some(WatchChange::Deleted { key }) => changes.forget(&(i, key)),
+                Some(WatchChange::ListDone { .. }) => listed_once = true,
+                None => break,
+            }
+        }
+    })
+}
+
+/// Watch the targets and keep them placed until `cancel`.
+pub(crate) async fn run(
+    ctx: ReconcilerContext,
+    subscriptions: Subscriptions,
+    cancel: CancellationToken,
+) -> Result<(), SyncError> {
+    let Some(keys) = ownership_keys(&ctx, &cancel).await? else {
+        return Ok(());
+    };
+    let changes = Arc::new(Changes::default());
+    let act = ctx.mode != RemediationMode::Off;
+    let mut targets = Vec::new();
+    let mut watchers = Vec::new();
+    let kinds = subscriptions
+        .workloads
+        .into_iter()
+        .map(|s| (Kind::Workloads { act }, s))
+        .chain(
+            subscriptions
+                .bindings
+                .into_iter()
+                .map(|s| (Kind::Bindings, s)),
+        );
+    for (kind, mut watch) in kinds {
+        let watched = tokio::select! {
+            found = watch.found() => found,
+            _ = cancel.cancelled() => None,
+        };
+        let Some(watched) = watched else {
+            return Ok(());
+        };
+        let selector = match (&ctx.scope.object_selector, kind) {
+            (Some(own), Kind::Workloads { .. }) if watched.labels.as_ref() != Some(own) => {
+                Some(parse_label_selector(own).map_err(SyncError::Config)?)
+            }
+            _ => None,
+        };
+        let target = Target {
+            kind,
+            api: Api::all_with(ctx.client.clone(), &watched.resource),
+            watched,
+            selector: selector.clone(),
+        };
+        let fingerprinter = Fingerprinter {
+            kind,
+            selector,
+            scheduler_name: ctx.scheduler_name.clone(),
+            keys: keys.clone(),
+        };
+        watchers.push(watch_changes(
+            watch,
+            targets.len(),
+            fingerprinter,
+            changes.clone(),
+            cancel.clone(),
+        ));
+        targets.push(target);
+    }
+    let karmada_clusters = match subscriptions.karmada_clusters {
+        Some(mut watch) => {
+            let found = tokio::select! {
+                found = watch.found() => found,
+                _ = cancel.cancelled() => return Ok(()),
+            };
+            // Only the store is read; the changes reach the replicator.
+            drop(watch.changes);
+            found
+        }
+        None => None,
+    };
+    for target in &targets {
+        tokio::select! {
+            _ = target.watched.objects.wait_until_listed() => {}
+            _ = cancel.cancelled() => return Ok(()),
+        }
+    }
+    let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
+    let user_info = own_user_info(&ctx.client).await;
+    let reconciler = Reconciler {
+        limiter: RateLimiter::new(ctx.rate),
+        events: PassEvents::new(ctx.recorder.clone()),
+        ctx,
+        targets,
+        scope,
+        user_info,
+        keys,
+        changes,
+        in_flight: std::sync::Mutex::new(HashMap::new()),
+        templates: bindings::TemplateTypes::default(),
+        karmada_clusters,
+    };
+    reconciler.run(cancel).await;
+    for w in watchers {
+        let _ = w.await;
+    }
+    Ok(())
+}
+
+/// The identity of this process as the API server sees it (a
+/// SelfSubjectReview), or nothing when it cannot be asked.
+async fn own_user_info(client: &Client) -> Value {
+    let review = Api::<SelfSubjectReview>::all(client.clone())
+        .create(&PostParams::default(), &SelfSubjectReview::default())
+        .await;
+    match review.map(|r| r.status.and_then(|s| s.user_info)) {
+        Ok(Some(user)) => serde_json::to_value(user).unwrap_or_default(),
+        Ok(None) => Value::Object(Default::default()),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot learn the remediator's own identity; policies see an empty userInfo during remediation");
+            Value::Object(Default::default())
+        }
+    }
+}
+
+impl Reconciler {
+    /// The policy input: what the webhook will be asked when this object is
+    /// written (an UPDATE by this reconciler, the stored object as
+    /// `oldObject`), so both get the same answer.
+    fn update_input(&self, value: &Value, resource: &ApiResource) -> Value {
+        let kind =
+            json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
+        let gvr = json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
+        policy_input(
+            value,
+            &RequestMeta {
+                uid: "",
+                operation: "UPDATE",
+                kind: &kind,
+                resource: &gvr,
+                namespace: value.pointer("/metadata/namespace").and_then(Value::as_str),
+                name: value.pointer("/metadata/name").and_then(Value::as_str),
+                user_info: &self.user_info,
+                dry_run: false,
+                old_object: Some(value),
+                keys: &self.keys.current(),
+            },
+        )
+    }
+
+    fn may_act(&self) -> bool {
+        *self.ctx.leader.borrow() && self.ctx.state.is_ready()
+    }
+
+    /// Note that `key` was written from `resource_version`.
+    fn mark_in_flight(&self, key: ItemKey, resource_version: Option<String>) {
+        if let Some(rv) = resource_version {
+            self.in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, rv);
+        }
+    }
+
+    /// Whether `key`, seen at `resource_version`, was written from it already.
+    fn is_in_flight(&self, key: &ItemKey, resource_version: Option<&str>) -> bool {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(key)
+            .is_some_and(|rv| resource_version == Some(rv.as_str()))
+    }
+
+    fn forget_caught_up(&self) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|(i, key), rv| self.targets[*i].resource_version(key).as_ref() == Some(rv));
+    }
+
+    async fn run(&self, cancel: CancellationToken) {
+        let mut leader = self.ctx.leader.clone();
+        let mut synced = self.ctx.state.subscribe_synced();
+        let fresh_delays = || {
+            Backoff {
+                min_delay: Duration::from_secs(1),
+                max_delay: Duration::from_secs(60),
+            }
+            .delays()
+        };
+        let mut retry_delays = fresh_delays();
+        // Work to do later: a held change looks for its confirmation, failed
+        // objects are retried alone (one failing object must not cost a pass
+        // over every target).
+        let mut retry: Option<(Instant, Work)> = None;
+        let mut pending = Some(Work::All);
+        loop {
+            if pending.is_none() {
+                let retry_due = async {
+                    match &retry {
+                        Some((at, _)) => tokio::time::sleep_until(*at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = self.ctx.trigger.notified() => {
+                        pending = Some(Work::All);
+                        retry = None;
+                    }
+                    _ = self.changes.notify.notified() => {
+                        pending = Some(Work::Only(self.changes.take()));
+                    }
+                    r = leader.changed() => {
+                        if r.is_err() { return }
+                        if *leader.borrow_and_update() {
+                            pending = Some(Work::All);
+                            retry = None;
+                        }
+                    }
+                    r = synced.changed() => {
+                        if r.is_err() { return }
+                        if *synced.borrow_and_update() {
+                            pending = Some(Work::All);
+                            retry = None;
+                        }
+                    }
+                    _ = retry_due => pending = retry.take().map(|(_, work)| work),
+                    _ = cancel.cancelled() => return,
+                }
+                continue;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.ctx.debounce) => {}
+                _ = cancel.cancelled() => return,
+            }
+            if !self.may_act() {
+                // Wait for leadership / sync; a new leader or a fresh sync
+                // starts over with every target.
+                tokio::select! {
+                    _ = leader.changed() => {}
+                    _ = synced.changed() => {}
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = cancel.cancelled() => return,
+                }
+                pending = Some(Work::All);
+                continue;
+            }
+            // The pass reads the engine and the leadership as they are now, so
+            // it covers the triggers, leadership and sync changes signalled
+            // before it starts: they make it a pass over everything, and are
+            // consumed. Left pending, each cost one more pass over everything
+            // once this one ended (a fresh remediator passed three times).
+            let triggered = self.ctx.trigger.notified().now_or_never().is_some();
+            let leader_changed = leader.has_changed().unwrap_or(false);
+            let synced_changed = synced.has_changed().unwrap_or(false);
+            leader.borrow_and_update();
+            synced.borrow_and_update();
+            let mut work = pending.take();
+            if triggered || leader_changed || synced_changed {
+                work = Work::merge(work, Work::All);
+            }
+            // Changes seen during the debounce join this pass.
+            let changed = self.changes.take();
+            if !changed.is_empty() {
+                work = Work::merge(work, Work::Only(changed));
+            }
+            let work = work.unwrap_or(Work::All);
+            let only = match &work {
+                Work::All => None,
+                Work::Only(keys) if keys.is_empty() => continue,
+                Work::Only(keys) => Some(keys),
+            };
+            let started = Instant::now();
+            let report = self.pass(&cancel, only).await;
+            self.ctx.metrics.remediation_passes.inc();
+            tracing::info!(
+                mode = ?self.ctx.mode,
+                only = only.map(BTreeSet::len),
+                evaluated = report.evaluated,
+                stale = report.stale,
+                patched = report.patched,
+                failed = report.failed,
+                unplaceable = report.unplaceable,
+                undefined = report.undefined,
+                held = report.held,
+                aborted = report.aborted,
+                took_ms = started.elapsed().as_millis() as u64,
+                "remediation pass"
+            );
+            if report.aborted {
+                pending = Work::merge(pending, work);
+            } else if report.held > 0 {
+                // Look for a confirmation again soon.
+                retry = Some((Instant::now() + HELD_RECHECK, Work::All));
+            } else if !report.failed_objects.is_empty() {
+                let delay = retry_delays.next().unwrap_or(Duration::from_secs(60));
+                let failed = Work::Only(report.failed_objects);
+                // A later full pass still owes its retry to the failed ones.
+                let merged = match retry.take() {
+                    Some((_, Work::All)) => Work::All,
+                    _ => failed,
+                };
+                retry = Some((Instant::now() + delay, merged));
+            } else if work == Work::All {
+                retry_delays = fresh_delays();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::document::ObjectKey;
+
+    #[test]
+    fn work_merges_toward_everything() {
+        let only =
+            |ids: &[&str]| Work::Only(ids.iter().map(|id| (0, ObjectKey::new(None, id))).collect());
+        assert_eq!(Work::merge(None, only(&["a"])), Some(only(&["a"])));
+        assert_eq!(
+            Work::merge(Some(only(&["a"])), only(&["b"])),
+            Some(only(&["a", "b"]))
+        );
+        assert_eq!(Work::merge(Some(only(&["a"])), Work::All), Some(Work::All));
+        assert_eq!(Work::merge(Some(Work::All), only(&["a"])), Some(Work::All));
+    }
+}

@@ -1,0 +1,528 @@
+//! One pass of the reconciler: every target object in scope (or a few due
+//! ones) is evaluated first, concurrently; a pass over everything is then
+//! weighed as one change by the blast-radius guard before anything is
+//! written; then each object is acted on, and the pass's Events published.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::Resource;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::EventType;
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::bindings::BindingEvaluation;
+use super::changes::ItemKey;
+use super::target::{Item, Kind, describe};
+use super::workloads::{Assessment, assess, guarded_patch, is_placed};
+use super::{FIELD_MANAGER, Reconciler};
+use crate::blast;
+use crate::config::RemediationMode;
+use crate::document::{ObjectKey, object_value};
+use crate::error::SyncError;
+
+/// Objects evaluated and written at once in a pass.
+const PASS_CONCURRENCY: usize = 16;
+
+/// Tally of one pass.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct PassReport {
+    pub(crate) evaluated: usize,
+    pub(crate) stale: usize,
+    pub(crate) patched: usize,
+    pub(crate) failed: usize,
+    pub(crate) unplaceable: usize,
+    pub(crate) undefined: usize,
+    /// Placements this pass would have rewritten or removed, held back by the
+    /// blast-radius guard until an administrator confirms (0: nothing held).
+    pub(crate) held: usize,
+    /// Aborted because leadership or the engine's sync was lost.
+    pub(crate) aborted: bool,
+    /// The objects that failed (query, write or unusable decision): the only
+    /// ones a retry evaluates again.
+    pub(crate) failed_objects: BTreeSet<ItemKey>,
+}
+
+/// What happened to one object in a pass.
+pub(crate) enum Step {
+    /// Leadership or the engine's sync was lost, or the sidecar is stopping.
+    Aborted,
+    /// Written already; the watch cache has not caught up.
+    InFlight,
+    Failed,
+    Placed,
+    Undefined,
+    Unplaceable,
+    Stale {
+        patched: bool,
+        failed: bool,
+    },
+}
+
+/// One workload's evaluation, before anything is patched.
+pub(crate) struct WorkloadEvaluation {
+    i: usize,
+    object: Arc<DynamicObject>,
+    /// The object carries a placement the policy wrote (its ownership record).
+    placed: bool,
+    /// `None` when the query failed.
+    assessment: Option<Assessment>,
+}
+
+/// One object's evaluation.
+pub(crate) enum Evaluation {
+    Workload(WorkloadEvaluation),
+    Binding(BindingEvaluation),
+}
+
+impl Evaluation {
+    /// Would this change rewrite or remove a placement the object has?
+    pub(crate) fn replaces_a_placement(&self) -> bool {
+        match self {
+            Evaluation::Workload(e) => {
+                e.placed && matches!(e.assessment, Some(Assessment::Stale { .. }))
+            }
+            Evaluation::Binding(e) => e.replaces_a_placement(),
+        }
+    }
+
+    /// The object's name and its change, for the identity of a held change.
+    pub(crate) fn change(&self, reconciler: &Reconciler) -> (String, String) {
+        match self {
+            Evaluation::Workload(e) => {
+                let patch = match &e.assessment {
+                    Some(Assessment::Stale { patch, .. }) => {
+                        serde_json::to_string(patch).unwrap_or_default()
+                    }
+                    _ => String::new(),
+                };
+                let name = describe(
+                    reconciler.targets[e.i].resource(),
+                    ObjectKey::of(&e.object).as_ref(),
+                );
+                (name, patch)
+            }
+            Evaluation::Binding(e) => (
+                describe(reconciler.targets[e.i].resource(), Some(&e.item.key)),
+                e.change_text(),
+            ),
+        }
+    }
+
+    fn key(&self) -> Option<ItemKey> {
+        match self {
+            Evaluation::Workload(e) => ObjectKey::of(&e.object).map(|k| (e.i, k)),
+            Evaluation::Binding(e) => Some((e.i, e.item.key.clone())),
+        }
+    }
+}
+
+impl Reconciler {
+    /// Evaluate every target object in scope (or, for a retry or a change,
+    /// only those of `only`) and act on the stale ones.
+    pub(super) async fn pass(
+        &self,
+        cancel: &CancellationToken,
+        only: Option<&BTreeSet<ItemKey>>,
+    ) -> PassReport {
+        let mut report = PassReport::default();
+        let mut items = self.workloads(only);
+        items.extend(self.bindings(only));
+        // The blast radius is weighed against every placed object in scope
+        // (a pass over everything only).
+        let placed_in_scope = items.iter().filter(|item| self.is_placed(item)).count();
+        self.forget_caught_up();
+        // First every object is evaluated (concurrently), then the pass's
+        // writes are weighed as one change before any is sent.
+        let evaluations: Vec<Option<Evaluation>> = futures::stream::iter(items)
+            .map(|item| self.evaluate(item, cancel))
+            .buffer_unordered(PASS_CONCURRENCY)
+            .collect()
+            .await;
+        let Some(evaluations) = evaluations.into_iter().collect::<Option<Vec<_>>>() else {
+            report.aborted = true;
+            return report;
+        };
+        // The guard weighs a policy or data change (a pass over everything);
+        // a few created, edited or failed objects are no such change, and
+        // the webhook applies the policy in force to them anyway.
+        if only.is_none() && self.guards() && self.held(&evaluations, placed_in_scope).await {
+            report.evaluated = evaluations.len();
+            report.held = evaluations
+                .iter()
+                .filter(|e| e.replaces_a_placement())
+                .count();
+            return report;
+        }
+        // Write round trips (which also pass through the admission webhook)
+        // dominate a pass: concurrent, the rate limiter still spacing them.
+        let steps = futures::stream::iter(evaluations)
+            .map(|evaluation| async move {
+                let key = evaluation.key();
+                let step = match evaluation {
+                    Evaluation::Workload(e) => self.act_workload(e, cancel).await,
+                    Evaluation::Binding(e) => self.act_binding(e, cancel).await,
+                };
+                (key, step)
+            })
+            .buffer_unordered(PASS_CONCURRENCY);
+        let mut steps = std::pin::pin!(steps);
+        while let Some((key, step)) = steps.next().await {
+            if matches!(step, Step::Failed | Step::Stale { failed: true, .. })
+                && let Some(key) = key
+            {
+                report.failed_objects.insert(key);
+            }
+            match step {
+                Step::Aborted => {
+                    report.aborted = true;
+                    break;
+                }
+                Step::InFlight => {}
+                Step::Failed => {
+                    report.evaluated += 1;
+                    report.failed += 1;
+                }
+                Step::Placed => report.evaluated += 1,
+                Step::Undefined => {
+                    report.evaluated += 1;
+                    report.undefined += 1;
+                }
+                Step::Unplaceable => {
+                    report.evaluated += 1;
+                    report.unplaceable += 1;
+                }
+                Step::Stale { patched, failed } => {
+                    report.evaluated += 1;
+                    report.stale += 1;
+                    report.patched += usize::from(patched);
+                    report.failed += usize::from(failed);
+                }
+            }
+        }
+        self.events.publish(cancel).await;
+        // A retry saw a few objects: the gauges keep the last full pass's view.
+        if !report.aborted && only.is_none() {
+            let unresolved = match self.ctx.mode {
+                RemediationMode::Auto => report.stale.saturating_sub(report.patched),
+                _ => report.stale,
+            };
+            self.ctx.metrics.remediation_stale.set(unresolved as i64);
+            self.ctx
+                .metrics
+                .remediation_unplaceable
+                .set(report.unplaceable as i64);
+        }
+        report
+    }
+
+    /// Whether passes over everything are weighed by the guard: they write
+    /// (remediation in `auto` mode, or the scheduler).
+    fn guards(&self) -> bool {
+        self.ctx.mode == RemediationMode::Auto
+            || self.targets.iter().any(|t| t.kind == Kind::Bindings)
+    }
+
+    fn is_placed(&self, item: &Item) -> bool {
+        match item {
+            Item::Workload(_, object) => is_placed(object),
+            Item::Binding(_, item) => !item.binding.clusters().is_empty(),
+        }
+    }
+
+    /// The blast-radius guard: whether this pass, as one change, must be held
+    /// (reported, not applied) until an administrator confirms it.
+    async fn held(&self, evaluations: &[Evaluation], placed: usize) -> bool {
+        let affected: Vec<&Evaluation> = evaluations
+            .iter()
+            .filter(|e| e.replaces_a_placement())
+            .collect();
+        let configmaps = &self.ctx.policy_configmaps;
+        if !self.ctx.blast_radius.holds(affected.len(), placed) {
+            self.ctx.metrics.remediation_held.set(0);
+            configmaps.clear().await;
+            return false;
+        }
+        let changes: Vec<(String, String)> = affected.iter().map(|e| e.change(self)).collect();
+        let objects: Vec<String> = changes.iter().map(|(name, _)| name.clone()).collect();
+        let id = blast::change_id(changes);
+        if configmaps.confirmed(&id).await {
+            tracing::warn!(%id, affected = affected.len(), placed, "applying a confirmed change beyond the blast radius");
+            self.ctx.metrics.remediation_held.set(0);
+            configmaps.clear().await;
+            return false;
+        }
+        tracing::warn!(%id, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
+        self.ctx.metrics.remediation_held.set(affected.len() as i64);
+        configmaps
+            .report(&blast::report(
+                &id,
+                &objects,
+                placed,
+                &configmaps.namespace(),
+            ))
+            .await;
+        true
+    }
+
+    /// The workloads in scope, decoded from the watch caches: every one, or
+    /// only those of `only` (a few created, edited or failed workloads must
+    /// not cost decoding every workload). None when remediation is off.
+    pub(super) fn workloads(&self, only: Option<&BTreeSet<ItemKey>>) -> Vec<Item> {
+        let acts = |i: usize| {
+            self.targets
+                .get(i)
+                .is_some_and(|t| t.kind == Kind::Workloads { act: true })
+        };
+        let decode = |i: usize, json: &[u8]| -> Option<Item> {
+            let value: Value = serde_json::from_slice(json).ok()?;
+            if !super::workloads::selected(self.targets[i].selector.as_ref(), &value) {
+                return None;
+            }
+            Some(Item::Workload(
+                i,
+                Arc::new(serde_json::from_value(value).ok()?),
+            ))
+        };
+        let decode = &decode;
+        let admitted = |key: &ObjectKey| self.scope.admits(key.namespace.as_deref());
+        match only {
+            None => self
+                .targets
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| acts(*i))
+                .flat_map(|(i, t)| {
+                    t.watched
+                        .objects
+                        .snapshot(admitted)
+                        .into_iter()
+                        .filter_map(move |(_, json)| decode(i, &json))
+                })
+                .collect(),
+            Some(keys) => keys
+                .iter()
+                .filter(|(i, key)| acts(*i) && admitted(key))
+                .filter_map(|(i, key)| {
+                    let json = self.targets[*i].watched.objects.get(key)?;
+                    decode(*i, &json)
+                })
+                .collect(),
+        }
+    }
+
+    /// Ask the decision for one object and compare; `None` when the pass must
+    /// stop (leadership or the engine's sync lost, or stopping).
+    async fn evaluate(&self, item: Item, cancel: &CancellationToken) -> Option<Evaluation> {
+        if cancel.is_cancelled() || !self.may_act() {
+            return None;
+        }
+        let evaluation = match item {
+            Item::Workload(i, object) => {
+                Evaluation::Workload(self.evaluate_workload(i, object).await)
+            }
+            Item::Binding(i, item) => Evaluation::Binding(self.evaluate_binding(i, item).await),
+        };
+        if cancel.is_cancelled() || !self.may_act() {
+            return None;
+        }
+        Some(evaluation)
+    }
+
+    async fn evaluate_workload(&self, i: usize, object: Arc<DynamicObject>) -> WorkloadEvaluation {
+        let resource = self.targets[i].resource();
+        let value = object_value(&object, resource);
+        let input = self.update_input(&value, resource);
+        let deadline = Instant::now() + self.ctx.query_timeout;
+        self.ctx.metrics.remediation_queries.inc();
+        let assessment = match self
+            .ctx
+            .engine
+            .query(&self.ctx.decision, &input, deadline)
+            .await
+        {
+            Ok(outcome) => Some(assess(&value, &outcome, &self.keys.current())),
+            Err(e) => {
+                tracing::warn!(object = %describe(resource, ObjectKey::of(&object).as_ref()), error = %e, "placement query failed");
+                None
+            }
+        };
+        WorkloadEvaluation {
+            i,
+            placed: is_placed(&object),
+            object,
+            assessment,
+        }
+    }
+
+    /// Act on one workload's evaluation: patch, report or note it.
+    async fn act_workload(
+        &self,
+        evaluation: WorkloadEvaluation,
+        cancel: &CancellationToken,
+    ) -> Step {
+        let WorkloadEvaluation {
+            i,
+            object,
+            assessment,
+            ..
+        } = evaluation;
+        let resource = self.targets[i].resource();
+        let name = describe(resource, ObjectKey::of(&object).as_ref());
+        let Some(assessment) = assessment else {
+            return Step::Failed;
+        };
+        match assessment {
+            Assessment::Placed => Step::Placed,
+            Assessment::Undefined => Step::Undefined,
+            Assessment::Invalid(reason) => {
+                tracing::warn!(object = %name, %reason, "cannot remediate");
+                Step::Failed
+            }
+            Assessment::Unplaceable(errors) => {
+                let note = format!(
+                    "the placement policy reports errors for this object, so it cannot be placed: {}",
+                    errors.join("; ")
+                );
+                self.workload_event(i, &object, EventType::Warning, "PlacementRejected", note);
+                Step::Unplaceable
+            }
+            Assessment::Stale {
+                patch,
+                changed,
+                conflicts,
+            } => match self.ctx.mode {
+                RemediationMode::Auto
+                    if ObjectKey::of(&object).is_some_and(|k| {
+                        self.is_in_flight(&(i, k), object.metadata.resource_version.as_deref())
+                    }) =>
+                {
+                    // Patched already; the cache has not seen the result yet.
+                    Step::InFlight
+                }
+                RemediationMode::Report => {
+                    let note = format!(
+                        "{} {name}: placement is stale; policy-owned annotations differ from the current decision: {}",
+                        resource.kind,
+                        changed.join(", ")
+                    );
+                    self.workload_event(i, &object, EventType::Warning, "PlacementStale", note);
+                    Step::Stale {
+                        patched: false,
+                        failed: false,
+                    }
+                }
+                RemediationMode::Auto => {
+                    self.limiter.acquire().await;
+                    if cancel.is_cancelled() || !self.may_act() {
+                        return Step::Aborted;
+                    }
+                    match self.patch_workload(i, &object, &patch).await {
+                        Ok(true) if !conflicts.is_empty() => {
+                            let note = format!(
+                                "re-placed where the policy allows (updated {}), but the request conflicts with the policy; fix it: {}",
+                                changed.join(", "),
+                                conflicts.join("; ")
+                            );
+                            self.workload_event(
+                                i,
+                                &object,
+                                EventType::Warning,
+                                "PlacementConflict",
+                                note,
+                            );
+                            Step::Stale {
+                                patched: true,
+                                failed: false,
+                            }
+                        }
+                        Ok(true) => {
+                            let note =
+                                format!("updated placement annotations: {}", changed.join(", "));
+                            self.workload_event(
+                                i,
+                                &object,
+                                EventType::Normal,
+                                "PlacementRemediated",
+                                note,
+                            );
+                            Step::Stale {
+                                patched: true,
+                                failed: false,
+                            }
+                        }
+                        Ok(false) => Step::Stale {
+                            patched: false,
+                            failed: false,
+                        },
+                        Err(e) => {
+                            tracing::warn!(object = %name, error = %e, "remediation patch failed; will retry");
+                            Step::Stale {
+                                patched: false,
+                                failed: true,
+                            }
+                        }
+                    }
+                }
+                RemediationMode::Off => Step::Stale {
+                    patched: false,
+                    failed: false,
+                },
+            },
+        }
+    }
+
+    /// PATCH one workload; `Ok(false)` when it is gone.
+    async fn patch_workload(
+        &self,
+        i: usize,
+        object: &DynamicObject,
+        patch: &json_patch::Patch,
+    ) -> Result<bool, SyncError> {
+        let target = &self.targets[i];
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let api = match &object.metadata.namespace {
+            Some(ns) => {
+                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
+            }
+            None => target.api.clone(),
+        };
+        let rv = object.metadata.resource_version.clone();
+        let guarded = guarded_patch(patch, rv.as_deref());
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        match api.patch(&name, &params, &Patch::<()>::Json(guarded)).await {
+            Ok(_) => {
+                self.ctx.metrics.patch(true);
+                if let Some(key) = ObjectKey::of(object) {
+                    self.mark_in_flight((i, key), rv);
+                }
+                tracing::info!(object = %describe(target.resource(), ObjectKey::of(object).as_ref()), "remediated placement");
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+            Err(e) => {
+                self.ctx.metrics.patch(false);
+                Err(e.into())
+            }
+        }
+    }
+
+    fn workload_event(
+        &self,
+        i: usize,
+        object: &DynamicObject,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let reference = object.object_ref(self.targets[i].resource());
+        self.events
+            .queue(reference, type_, reason, "Remediate", note);
+    }
+}

@@ -1,0 +1,57 @@
+//! The reconciler's write rate limit, shared by every kind of target.
+
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+/// Spaces calls `1/rate` seconds apart (no limit when the rate is 0).
+#[derive(Debug)]
+pub(crate) struct RateLimiter {
+    interval: Option<Duration>,
+    next: Mutex<Instant>,
+}
+
+impl RateLimiter {
+    pub(crate) fn new(per_second: f64) -> Self {
+        RateLimiter {
+            interval: (per_second > 0.0).then(|| Duration::from_secs_f64(1.0 / per_second)),
+            next: Mutex::new(Instant::now()),
+        }
+    }
+
+    pub(crate) async fn acquire(&self) {
+        let Some(interval) = self.interval else {
+            return;
+        };
+        let at = {
+            let mut next = self.next.lock().await;
+            let at = (*next).max(Instant::now());
+            *next = at + interval;
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn rate_limiter_spaces_calls() {
+        let limiter = RateLimiter::new(10.0);
+        let start = Instant::now();
+        for _ in 0..5 {
+            limiter.acquire().await;
+        }
+        assert!(start.elapsed() >= Duration::from_millis(400));
+        assert!(start.elapsed() < Duration::from_millis(500));
+        let unlimited = RateLimiter::new(0.0);
+        let start = Instant::now();
+        for _ in 0..100 {
+            unlimited.acquire().await;
+        }
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+}

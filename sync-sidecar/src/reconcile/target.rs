@@ -1,0 +1,77 @@
+//! The reconciler's targets: one watched type each, of workloads (their
+//! placement annotations) or of Karmada bindings (their `spec.clusters`).
+
+use std::sync::Arc;
+
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::core::Selector;
+use serde_json::Value;
+
+use crate::document::ObjectKey;
+use crate::karmada::binding::Binding;
+use crate::watched::WatchedType;
+
+/// What a target keeps placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Workloads' placement annotations; `act`: remediation is on (with it
+    /// off, the type is only the Karmada scheduler's source of templates).
+    Workloads { act: bool },
+    /// Karmada ResourceBindings or ClusterResourceBindings.
+    Bindings,
+}
+
+pub(crate) struct Target {
+    pub(crate) kind: Kind,
+    pub(crate) api: Api<DynamicObject>,
+    pub(crate) watched: Arc<WatchedType>,
+    /// The object selector, when the watch (shared with a replicator) could
+    /// not apply it.
+    pub(crate) selector: Option<Selector>,
+}
+
+impl Target {
+    pub(crate) fn resource(&self) -> &ApiResource {
+        &self.watched.resource
+    }
+
+    /// The resourceVersion the watch holds of `key`.
+    pub(crate) fn resource_version(&self, key: &ObjectKey) -> Option<String> {
+        #[derive(serde::Deserialize)]
+        struct Meta {
+            #[serde(rename = "resourceVersion")]
+            resource_version: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Object {
+            metadata: Meta,
+        }
+        let json = self.watched.objects.get(key)?;
+        serde_json::from_slice::<Object>(&json)
+            .ok()?
+            .metadata
+            .resource_version
+    }
+}
+
+/// A binding of a pass: its raw JSON (the policy sees part of it) and the
+/// fields the scheduler reads.
+pub(crate) struct BindingItem {
+    pub(crate) key: ObjectKey,
+    pub(crate) raw: Value,
+    pub(crate) binding: Binding,
+}
+
+/// One object a pass evaluates.
+pub(crate) enum Item {
+    Workload(usize, Arc<DynamicObject>),
+    Binding(usize, Arc<BindingItem>),
+}
+
+/// `resource/namespace/name` of an object, for logs and reports.
+pub(crate) fn describe(resource: &ApiResource, key: Option<&ObjectKey>) -> String {
+    match key {
+        Some(key) => format!("{}/{key}", resource.plural),
+        None => resource.plural.clone(),
+    }
+}

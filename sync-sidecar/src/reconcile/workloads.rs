@@ -1,0 +1,364 @@
+//! Workloads as a target of the reconciler: the placement annotations of the
+//! objects the webhook evaluates. A workload is stale when its policy-owned
+//! annotations differ from what the decision for its developer view asks;
+//! `auto` mode PATCHes them (with a `test` of the resourceVersion the patch
+//! was computed from, so it never overwrites a change it has not seen),
+//! `report` mode emits an Event. The webhook runs on the PATCH too and,
+//! reading the same developer view, returns the same decision: no loop.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::api::DynamicObject;
+use kube::core::{Selector, SelectorExt};
+use policy_client::placement::{
+    OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view, plan_patch,
+};
+use policy_client::{Decision, OwnershipKeys, QueryOutcome};
+use serde_json::{Value, json};
+
+use super::changes::fingerprint;
+use crate::scope::Scope;
+use crate::watched::Need;
+
+/// How an object's placement compares with the current decision.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Assessment {
+    /// The object carries what the decision asks for.
+    Placed,
+    /// The annotations differ; `patch` fixes them, `changed` names the annotation
+    /// keys whose values change (the ownership record left out). `conflicts`:
+    /// errors the policy reports beside its annotations (the developer's request
+    /// conflicts with the policy, e.g. a requested cluster went offline); the
+    /// policy's annotations still apply, and the developer is told what to fix.
+    Stale {
+        patch: json_patch::Patch,
+        changed: Vec<String>,
+        conflicts: Vec<String>,
+    },
+    /// The policy reports errors and no annotations: the object cannot be
+    /// placed, and keeps what it has.
+    Unplaceable(Vec<String>),
+    /// No decision (the engine has no policy at the decision path).
+    Undefined,
+    /// The decision or the object cannot be used.
+    Invalid(String),
+}
+
+/// Compare `object` (as stored, not the developer view) with the decision the
+/// engine returned for its developer view.
+pub(crate) fn assess(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKeys) -> Assessment {
+    let result = match outcome {
+        QueryOutcome::Undefined => return Assessment::Undefined,
+        QueryOutcome::Defined(result) => result,
+    };
+    let decision = match Decision::from_result(result) {
+        Ok(d) => d,
+        Err(e) => return Assessment::Invalid(e.to_string()),
+    };
+    // Errors without annotations leave the object as it is: planning a patch
+    // from an empty decision would hand the policy's values back to the
+    // developer's request.
+    if decision.is_denied() && decision.annotations.is_empty() {
+        return Assessment::Unplaceable(decision.errors);
+    }
+    let patch = match plan_patch(object, &decision, keys) {
+        Ok(None) if decision.is_denied() => return Assessment::Unplaceable(decision.errors),
+        Ok(None) => return Assessment::Placed,
+        Ok(Some(patch)) => patch,
+        Err(e) => return Assessment::Invalid(e.to_string()),
+    };
+    let current = annotations(object).ok().flatten().unwrap_or_default();
+    let changed = match desired_annotations(object, &decision, keys) {
+        Ok(desired) => current
+            .keys()
+            .chain(desired.keys())
+            .filter(|k| k.as_str() != OWNERSHIP_ANNOTATION && current.get(*k) != desired.get(*k))
+            .cloned()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect(),
+        Err(e) => return Assessment::Invalid(e.to_string()),
+    };
+    Assessment::Stale {
+        patch,
+        changed,
+        conflicts: decision.errors,
+    }
+}
+
+/// `patch` preceded by a test that the object is still at `resource_version`.
+pub(crate) fn guarded_patch(
+    patch: &json_patch::Patch,
+    resource_version: Option<&str>,
+) -> json_patch::Patch {
+    let mut ops = Vec::with_capacity(patch.0.len() + 1);
+    if let Some(rv) = resource_version {
+        // A test op built from JSON cannot fail to parse.
+        if let Ok(test) = serde_json::from_value::<json_patch::PatchOperation>(json!({
+            "op": "test", "path": "/metadata/resourceVersion", "value": rv
+        })) {
+            ops.push(test);
+        }
+    }
+    ops.extend(patch.0.iter().cloned());
+    json_patch::Patch(ops)
+}
+
+/// The object carries a placement the policy wrote (its ownership record).
+pub(crate) fn is_placed(object: &DynamicObject) -> bool {
+    object
+        .metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(OWNERSHIP_ANNOTATION))
+}
+
+/// Whether `object` matches `selector` (no selector: every object).
+pub(crate) fn selected(selector: Option<&Selector>, object: &Value) -> bool {
+    selector.is_none_or(|selector| {
+        let labels: BTreeMap<String, String> = object
+            .pointer("/metadata/labels")
+            .and_then(|l| serde_json::from_value(l.clone()).ok())
+            .unwrap_or_default();
+        selector.matches(&labels)
+    })
+}
+
+/// What the reconciler needs of the watch of a workload type.
+pub(crate) fn need(scope: &Scope) -> Need {
+    Need {
+        scope: None,
+        fields: None,
+        labels: scope.object_selector.clone(),
+        listed: true,
+    }
+}
+
+/// A fingerprint of what the policy sees of a workload that its own status
+/// and the policy's own annotations cannot change: the developer view (see
+/// [`developer_view`]) without `status`, `resourceVersion` and an empty
+/// annotation map.
+pub(crate) fn developer_fingerprint(object: &Value, keys: &OwnershipKeys) -> u64 {
+    let mut view = developer_view(object, keys);
+    if let Value::Object(map) = &mut view {
+        map.remove("status");
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            meta.remove("resourceVersion");
+            meta.remove("managedFields");
+            // The view of a placed object that had no annotations has an
+            // empty map: the same request.
+            if meta
+                .get("annotations")
+                .and_then(Value::as_object)
+                .is_some_and(|a| a.is_empty())
+            {
+                meta.remove("annotations");
+            }
+        }
+    }
+    fingerprint(&view)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys() -> &'static OwnershipKeys {
+        static KEYS: std::sync::OnceLock<OwnershipKeys> = std::sync::OnceLock::new();
+        KEYS.get_or_init(|| OwnershipKeys::ephemeral().unwrap())
+    }
+
+    const PREFS: &str = "federation.kubernetes.io/replica-set-preferences";
+
+    fn decision(prefs: &str) -> QueryOutcome {
+        QueryOutcome::Defined(json!({"annotations": {PREFS: prefs}, "errors": []}))
+    }
+
+    fn apply(object: &Value, patch: &json_patch::Patch) -> Value {
+        let mut doc = object.clone();
+        json_patch::patch(&mut doc, patch).unwrap();
+        doc
+    }
+
+    #[test]
+    fn unannotated_object_is_stale_and_the_patch_converges() {
+        let object =
+            json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7"}});
+        let outcome = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
+        let Assessment::Stale { patch, changed, .. } = assess(&object, &outcome, keys()) else {
+            panic!("expected stale");
+        };
+        assert_eq!(changed, [PREFS]);
+        let patched = apply(&object, &patch);
+        assert_eq!(
+            patched["metadata"]["annotations"][PREFS],
+            r#"{"clusters":{"eu-1":{"weight":1}}}"#
+        );
+        assert!(patched["metadata"]["annotations"][OWNERSHIP_ANNOTATION].is_string());
+        // Evaluating the patched object again (the webhook on the PATCH, or the next
+        // pass) finds it placed: no loop.
+        let view = developer_view(&patched, keys());
+        assert!(
+            view["metadata"]["annotations"].get(PREFS).is_none(),
+            "developer asked for nothing"
+        );
+        assert_eq!(assess(&patched, &outcome, keys()), Assessment::Placed);
+    }
+
+    #[test]
+    fn policy_change_makes_the_policy_value_stale_but_not_the_developer_request() {
+        let developer_prefs = r#"{"clusters":{"eu-1":{"weight":1},"eu-2":{"weight":1}}}"#;
+        let object = json!({"metadata": {"name": "rs", "annotations": {PREFS: developer_prefs}}});
+        // The policy narrows to eu-1.
+        let first = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
+        let Assessment::Stale { patch, .. } = assess(&object, &first, keys()) else {
+            panic!()
+        };
+        let placed = apply(&object, &patch);
+        // The developer's request survives in the developer view.
+        assert_eq!(
+            developer_view(&placed, keys())["metadata"]["annotations"][PREFS],
+            developer_prefs
+        );
+        // The policy now allows both: the object goes back to the developer's request.
+        let second = decision(developer_prefs);
+        let Assessment::Stale { patch, changed, .. } = assess(&placed, &second, keys()) else {
+            panic!("expected stale")
+        };
+        assert_eq!(changed, [PREFS]);
+        let replaced = apply(&placed, &patch);
+        assert_eq!(replaced["metadata"]["annotations"][PREFS], developer_prefs);
+        assert!(
+            replaced["metadata"]["annotations"]
+                .get(OWNERSHIP_ANNOTATION)
+                .is_none()
+        );
+        assert_eq!(assess(&replaced, &second, keys()), Assessment::Placed);
+    }
+
+    #[test]
+    fn errors_undefined_and_bad_shapes() {
+        let object = json!({"metadata": {"name": "rs"}});
+        assert_eq!(
+            assess(
+                &object,
+                &QueryOutcome::Defined(
+                    json!({"annotations": {}, "errors": ["no cluster allowed"]})
+                ),
+                keys()
+            ),
+            Assessment::Unplaceable(vec!["no cluster allowed".into()])
+        );
+        assert_eq!(
+            assess(&object, &QueryOutcome::Undefined, keys()),
+            Assessment::Undefined
+        );
+        assert!(matches!(
+            assess(&object, &QueryOutcome::Defined(json!("x")), keys()),
+            Assessment::Invalid(_)
+        ));
+        assert!(matches!(
+            assess(
+                &object,
+                &QueryOutcome::Defined(json!({"annotations": {"bad key!": "v"}, "errors": []})),
+                keys()
+            ),
+            Assessment::Invalid(_)
+        ));
+        // A decision without `errors` (or `annotations`) is an incomplete policy.
+        assert!(matches!(
+            assess(
+                &object,
+                &QueryOutcome::Defined(json!({"annotations": {}})),
+                keys()
+            ),
+            Assessment::Invalid(_)
+        ));
+        assert_eq!(
+            assess(
+                &object,
+                &QueryOutcome::Defined(json!({"annotations": {}, "errors": []})),
+                keys()
+            ),
+            Assessment::Placed
+        );
+    }
+
+    /// The seed's conflict: errors and the intersection. The object is
+    /// re-placed on the intersection, the errors kept for the developer; once
+    /// re-placed it is unplaceable-as-is, not stale again.
+    #[test]
+    fn a_conflict_re_places_on_the_policys_annotations_and_names_the_errors() {
+        let object = json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "3",
+            "annotations": {PREFS: r#"{"clusters":{"a":{"weight":1},"b":{"weight":1}}}"#}}});
+        let outcome = QueryOutcome::Defined(json!({
+            "annotations": {PREFS: {"clusters": {"a": {"weight": 1}}, "rebalance": true}},
+            "errors": ["requested replica-set-preferences includes invalid clusters: b"]
+        }));
+        let Assessment::Stale {
+            patch, conflicts, ..
+        } = assess(&object, &outcome, keys())
+        else {
+            panic!("a conflict is stale")
+        };
+        assert_eq!(
+            conflicts,
+            vec!["requested replica-set-preferences includes invalid clusters: b"]
+        );
+        let placed = apply(&object, &patch);
+        assert!(matches!(
+            assess(&placed, &outcome, keys()),
+            Assessment::Unplaceable(_)
+        ));
+    }
+
+    #[test]
+    fn guarded_patch_tests_the_resource_version_first() {
+        let patch: json_patch::Patch = serde_json::from_value(json!([
+            {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}
+        ]))
+        .unwrap();
+        let guarded = serde_json::to_value(guarded_patch(&patch, Some("42"))).unwrap();
+        assert_eq!(
+            guarded[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
+        );
+        assert_eq!(guarded[1]["op"], "add");
+        let mut doc = json!({"metadata": {"resourceVersion": "41"}});
+        assert!(json_patch::patch(&mut doc, &guarded_patch(&patch, Some("42"))).is_err());
+        assert_eq!(
+            serde_json::to_value(guarded_patch(&patch, None))
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_status_and_the_policys_own_placement() {
+        let object = json!({
+            "metadata": {"name": "rs", "namespace": "default", "resourceVersion": "7", "labels": {"app": "a"}},
+            "spec": {"replicas": 1},
+            "status": {"replicas": 0}
+        });
+        let outcome = decision(r#"{"clusters":{"eu-1":{"weight":1}}}"#);
+        let Assessment::Stale { patch, .. } = assess(&object, &outcome, keys()) else {
+            panic!("expected stale");
+        };
+        let placed = apply(&object, &patch);
+        let print = |o: &Value| developer_fingerprint(o, keys());
+        assert_eq!(print(&object), print(&placed), "the policy's own PATCH");
+        let mut status = placed.clone();
+        status["status"]["replicas"] = json!(3);
+        status["metadata"]["resourceVersion"] = json!("8");
+        assert_eq!(print(&placed), print(&status), "a status update");
+        let mut labelled = placed.clone();
+        labelled["metadata"]["labels"]["tier"] = json!("web");
+        assert_ne!(print(&placed), print(&labelled), "a label edit");
+        let mut requested = placed.clone();
+        requested["metadata"]["annotations"][PREFS] = json!(r#"{"clusters":{"eu-2":{}}}"#);
+        assert_ne!(print(&placed), print(&requested), "a new request");
+    }
+}
