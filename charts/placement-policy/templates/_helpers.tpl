@@ -173,3 +173,24 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- end -}}
 {{- join "," $terms -}}
 {{- end -}}
+
+{{/*
+The shipped policy's modules (policies/*.rego but the tests) as ConfigMap
+data, with the settings module's weighting from policy.weighting.
+*/}}
+{{- define "pp.shippedPolicy" -}}
+{{- $weighting := .Values.policy.weighting | default "even" -}}
+{{- if not (has $weighting (list "even" "least-loaded")) -}}
+{{- fail (printf "policy.weighting must be even or least-loaded, got %q" $weighting) -}}
+{{- end -}}
+{{- range $path, $_ := .Files.Glob "policies/*.rego" }}
+{{- if not (hasSuffix "_test.rego" $path) }}
+{{ base $path }}: |
+  {{- $source := $.Files.Get $path }}
+  {{- if eq (base $path) "placement_settings.rego" }}
+  {{- $source = replace "weighting := \"even\"" (printf "weighting := %q" $weighting) $source }}
+  {{- end }}
+  {{- $source | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end }}
