@@ -40,33 +40,13 @@ fn wait_or_explain<T>(
 }
 
 /// The replicas of Deployment `namespace/name` in each Work Karmada made
-/// for it, by member (from the Works' execution namespaces `karmada-es-<member>`).
+/// for it, by member.
 fn deployment_works(karmada: &Karmada, namespace: &str, name: &str) -> BTreeMap<String, i64> {
-    let text = karmada.kubectl_ok(&["get", "works.work.karmada.io", "-A", "-o", "json"]);
-    let list: Value = serde_json::from_str(&text).expect("work list JSON");
-    let mut works = BTreeMap::new();
-    for work in list["items"].as_array().into_iter().flatten() {
-        for manifest in work["spec"]["workload"]["manifests"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            if manifest["kind"] == "Deployment"
-                && manifest["metadata"]["namespace"] == namespace
-                && manifest["metadata"]["name"] == name
-            {
-                let execution_space = work["metadata"]["namespace"].as_str().unwrap_or_default();
-                let member = execution_space
-                    .strip_prefix("karmada-es-")
-                    .unwrap_or_else(|| panic!("a Work outside an execution space: {work}"));
-                works.insert(
-                    member.to_owned(),
-                    manifest["spec"]["replicas"].as_i64().unwrap_or(-1),
-                );
-            }
-        }
-    }
-    works
+    karmada
+        .works_for(namespace, "Deployment", name)
+        .into_iter()
+        .map(|(member, manifest)| (member, manifest["spec"]["replicas"].as_i64().unwrap_or(-1)))
+        .collect()
 }
 
 /// A Deployment of 3 replicas propagated by a native PropagationPolicy
@@ -153,6 +133,22 @@ fn karmada_propagates_a_deployment_by_static_weights_onto_the_eu_members() {
             )
         },
     );
+
+    // karmada-scheduler placed the binding; the Works follow its clusters.
+    let binding = karmada
+        .resource_binding(&namespace, "Deployment", "web")
+        .expect("the Deployment's ResourceBinding");
+    assert_eq!(binding["spec"]["schedulerName"], "default-scheduler");
+    let scheduled: BTreeMap<String, i64> = binding["spec"]["clusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let name = c["name"].as_str().unwrap_or_default().to_owned();
+            (name, c["replicas"].as_i64().unwrap_or(-1))
+        })
+        .collect();
+    assert_eq!(scheduled, expected, "the binding: {binding}");
 
     for member in karmada.members() {
         let want = expected.get(member.name());

@@ -228,7 +228,10 @@ fn up_karmada(bare: bool) {
         );
     }
     println!();
-    println!("  kubectl --kubeconfig=$KARMADA_KUBECONFIG get clusters");
+    println!(
+        "  kubectl --kubeconfig={} get clusters.cluster.karmada.io",
+        karmada.karmada_kubeconfig().display()
+    );
     println!(
         "  (workloads for member-eu-1 run image {})",
         placement_tests::karmada::WORKLOAD_IMAGE

@@ -21,6 +21,7 @@
 
 mod control_plane;
 mod members;
+mod works;
 
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
