@@ -11,10 +11,6 @@ use std::time::Duration;
 use placement_tests::{
     ControlPlane, Identity, WebhookProcess, repo_root, scratch_dir, unique_name, wait_for,
 };
-use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose,
-};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
@@ -24,29 +20,7 @@ const PCI: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
 /// A CA and one client certificate it signed, as PEM files in `dir`:
 /// `{name}-ca.crt`, `{name}.crt`, `{name}.key`.
 fn client_pki(dir: &Path, name: &str) {
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, format!("{name} client CA"));
-    ca.distinguished_name = dn;
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_key = KeyPair::generate().unwrap();
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = Issuer::new(ca, ca_key);
-    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, format!("{name} kube-apiserver"));
-    client.distinguished_name = dn;
-    client.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = KeyPair::generate().unwrap();
-    let client_cert = client.signed_by(&client_key, &issuer).unwrap();
-    std::fs::write(dir.join(format!("{name}-ca.crt")), ca_cert.pem()).unwrap();
-    std::fs::write(dir.join(format!("{name}.crt")), client_cert.pem()).unwrap();
-    std::fs::write(dir.join(format!("{name}.key")), client_key.serialize_pem()).unwrap();
+    placement_tests::pki::client_pki(dir, name, &format!("{name} kube-apiserver"));
 }
 
 /// kube-apiserver's admission configuration: its webhook clients present

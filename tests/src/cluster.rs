@@ -157,10 +157,16 @@ impl NodeNamespaces {
     }
 }
 
-/// One component process of the node, with its log.
+/// One component process of the node, with its log and what started it
+/// (to start it again after [`Cluster::stop_component`]).
 struct Component {
     name: &'static str,
     process: Process,
+    program: PathBuf,
+    args: Vec<String>,
+    /// Stopped on purpose: not an error that it has exited.
+    stopped: bool,
+    starts: u32,
 }
 
 pub struct Cluster {
@@ -260,6 +266,21 @@ impl Cluster {
         self.dir.join("kubeconfig-admin")
     }
 
+    /// The administrator's kube client (bound to the calling test's runtime).
+    pub async fn client(&self) -> kube::Client {
+        crate::control_plane::kube_client(&self.kubeconfig()).await
+    }
+
+    /// The CA that signed the API server's serving certificate (PEM file).
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.crt")
+    }
+
+    /// The administrator's bearer token (`system:masters`).
+    pub fn admin_token(&self) -> String {
+        token("admin")
+    }
+
     /// Run a command in the node's namespaces and wait for it.
     fn node_exec(&self, program: &Path, args: &[&str]) -> Output {
         let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
@@ -285,23 +306,94 @@ impl Cluster {
 
     /// Start a long-running component in the node's namespaces.
     fn spawn_component(&self, name: &'static str, program: &Path, args: &[String]) {
-        let process = Process::spawn(
-            name,
-            &host_tool("nsenter"),
-            &self.namespaces.command_args(program, args),
-            &self.dir.join(format!("{name}.log")),
-        )
-        .unwrap_or_else(|e| panic!("start {name}: {e}"));
+        let process = self.spawn_in_node(name, program, args, &format!("{name}.log"));
         self.components
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push(Component { name, process });
+            .push(Component {
+                name,
+                process,
+                program: program.to_owned(),
+                args: args.to_vec(),
+                stopped: false,
+                starts: 1,
+            });
+    }
+
+    fn spawn_in_node(&self, name: &str, program: &Path, args: &[String], log: &str) -> Process {
+        Process::spawn(
+            name,
+            &host_tool("nsenter"),
+            &self.namespaces.command_args(program, args),
+            &self.dir.join(log),
+        )
+        .unwrap_or_else(|e| panic!("start {name}: {e}"))
+    }
+
+    /// Stop a component (`kube-apiserver`, `kubelet`, ...) as a crash would:
+    /// it stays down until [`Cluster::start_component`].
+    pub fn stop_component(&self, name: &str) {
+        let mut components = self.components.lock().unwrap_or_else(|p| p.into_inner());
+        let component = components
+            .iter_mut()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("the node runs no component {name}"));
+        component.stopped = true;
+        // SIGTERM ends `nsenter`, which forwards no signal; the component
+        // dies with it through `setpriv --pdeathsig=KILL`.
+        component.process.terminate(Duration::from_secs(20));
+    }
+
+    /// Start a stopped component again with the same flags (its log goes to
+    /// `<name>-<n>.log`).
+    pub fn start_component(&self, name: &str) {
+        let mut components = self.components.lock().unwrap_or_else(|p| p.into_inner());
+        let component = components
+            .iter_mut()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("the node runs no component {name}"));
+        assert!(component.stopped, "{name} is running; stop it first");
+        component.starts += 1;
+        let log = format!("{name}-{}.log", component.starts);
+        component.process = self.spawn_in_node(name, &component.program, &component.args, &log);
+        component.stopped = false;
+    }
+
+    /// Stop the node's kube-apiserver and wait until its port is closed (etcd,
+    /// the kubelet and the pods keep running).
+    pub fn stop_apiserver(&self) {
+        self.stop_component("kube-apiserver");
+        let address = std::net::SocketAddr::from((self.node_ip, 6443));
+        wait_for(
+            "the node's kube-apiserver port to close",
+            Duration::from_secs(30),
+            || {
+                std::net::TcpStream::connect_timeout(&address, Duration::from_millis(200))
+                    .is_err()
+                    .then_some(())
+            },
+        );
+    }
+
+    /// Start the node's kube-apiserver again and wait until it is ready.
+    pub fn start_apiserver(&self) {
+        self.start_component("kube-apiserver");
+        self.wait_apiserver_ready();
+    }
+
+    fn wait_apiserver_ready(&self) {
+        wait_for("kube-apiserver /readyz", Duration::from_secs(180), || {
+            self.check_components();
+            let out = self.kubectl(&["get", "--raw=/readyz"]);
+            (out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
+                .then_some(())
+        });
     }
 
     /// Panic with the log's tail when a component has exited.
     fn check_components(&self) {
         let mut components = self.components.lock().unwrap_or_else(|p| p.into_inner());
-        for component in components.iter_mut() {
+        for component in components.iter_mut().filter(|c| !c.stopped) {
             assert!(
                 !component.process.has_exited(),
                 "{} exited:\n{}",
@@ -399,7 +491,7 @@ echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
         write(&self.dir.join("sa.pub"), &sa_key.public_key_pem());
         let mut tokens = String::new();
         for (slug, user, group) in IDENTITIES {
-            let token = format!("testbed-cluster-{slug}-token");
+            let token = token(slug);
             tokens.push_str(&if group.is_empty() {
                 format!("{token},{user},{slug}-uid\n")
             } else {
@@ -461,12 +553,7 @@ echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables
                 "--v=1".into(),
             ],
         );
-        wait_for("kube-apiserver /readyz", Duration::from_secs(180), || {
-            self.check_components();
-            let out = self.kubectl(&["get", "--raw=/readyz"]);
-            (out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok")
-                .then_some(())
-        });
+        self.wait_apiserver_ready();
         self.spawn_component(
             "kube-controller-manager",
             &node_bin("kube-controller-manager"),
@@ -951,6 +1038,11 @@ fn is_node_init(pid: &str) -> bool {
     std::fs::read_link(format!("/proc/{pid}/exe"))
         .map(|exe| exe.file_name().is_some_and(|n| n == "pause"))
         .unwrap_or(false)
+}
+
+/// The static token of one of the cluster's identities.
+fn token(slug: &str) -> String {
+    format!("testbed-cluster-{slug}-token")
 }
 
 fn run_ok(program: &Path, args: &[&str]) {

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
@@ -66,6 +67,8 @@ pub struct ControlPlane {
     apiserver: Mutex<Process>,
     apiserver_args: Vec<String>,
     examples_loaded: Mutex<bool>,
+    /// How often the API server was started again.
+    restarts: AtomicU32,
     pub apiserver_port: u16,
     pub etcd_port: u16,
 }
@@ -189,6 +192,7 @@ impl ControlPlane {
             apiserver: Mutex::new(apiserver),
             apiserver_args,
             examples_loaded: Mutex::new(false),
+            restarts: AtomicU32::new(0),
             apiserver_port,
             etcd_port,
         };
@@ -208,13 +212,23 @@ impl ControlPlane {
         format!("https://127.0.0.1:{}", self.apiserver_port)
     }
 
+    /// The CA that signed the API server's serving certificate (PEM file).
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("apiserver-ca.crt")
+    }
+
+    /// The bearer token of `identity` (a static token of this test bed).
+    pub fn token(&self, identity: Identity) -> String {
+        token(identity.slug())
+    }
+
     /// Kubeconfig file of `identity`.
     pub fn kubeconfig(&self, identity: Identity) -> PathBuf {
         self.dir.join(format!("kubeconfig-{}", identity.slug()))
     }
 
     fn write_kubeconfig(&self, identity: Identity) {
-        let ca = self.dir.join("apiserver-ca.crt");
+        let ca = self.ca_file();
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: testbed\n  cluster:\n    server: {server}\n    certificate-authority: {ca}\nusers:\n- name: {user}\n  user:\n    token: {token}\ncontexts:\n- name: testbed\n  context:\n    cluster: testbed\n    user: {user}\ncurrent-context: testbed\n",
             server = self.server_url(),
@@ -227,13 +241,7 @@ impl ControlPlane {
 
     /// A kube client for `identity` (bound to the calling test's runtime).
     pub async fn client(&self, identity: Identity) -> kube::Client {
-        crate::install_crypto();
-        let kubeconfig = Kubeconfig::read_from(self.kubeconfig(identity)).expect("read kubeconfig");
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .expect("kubeconfig");
-        kube::Client::try_from(config).expect("kube client")
+        kube_client(&self.kubeconfig(identity)).await
     }
 
     /// Run kubectl as the admin.
@@ -297,6 +305,14 @@ impl ControlPlane {
     /// Stop the API server (SIGTERM), then start it again with the same flags
     /// and wait until it is ready. `while_down` runs in between.
     pub fn restart_apiserver(&self, while_down: impl FnOnce()) {
+        self.stop_apiserver();
+        while_down();
+        self.start_apiserver();
+    }
+
+    /// Stop the API server (SIGTERM) and wait until its port is closed; etcd
+    /// keeps running. [`ControlPlane::start_apiserver`] brings it back.
+    pub fn stop_apiserver(&self) {
         let mut apiserver = self.apiserver.lock().unwrap_or_else(|p| p.into_inner());
         apiserver.terminate(Duration::from_secs(20));
         wait_for(
@@ -304,12 +320,23 @@ impl ControlPlane {
             Duration::from_secs(30),
             || (!port_open(self.apiserver_port)).then_some(()),
         );
-        while_down();
+    }
+
+    /// Start the API server again with the same flags (after
+    /// [`ControlPlane::stop_apiserver`]) and wait until it is ready.
+    pub fn start_apiserver(&self) {
+        let mut apiserver = self.apiserver.lock().unwrap_or_else(|p| p.into_inner());
+        let restarts = self.restarts.fetch_add(1, Ordering::Relaxed);
+        let log = if restarts == 0 {
+            "kube-apiserver-restarted.log".to_owned()
+        } else {
+            format!("kube-apiserver-restarted-{}.log", restarts + 1)
+        };
         *apiserver = Process::spawn(
             "kube-apiserver",
             &peer("kube-apiserver"),
             &self.apiserver_args,
-            &self.dir.join("kube-apiserver-restarted.log"),
+            &self.dir.join(log),
         )
         .expect("restart kube-apiserver");
         drop(apiserver);
@@ -452,6 +479,16 @@ impl ControlPlane {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// A kube client from a kubeconfig file (bound to the calling runtime).
+pub async fn kube_client(kubeconfig: &Path) -> kube::Client {
+    crate::install_crypto();
+    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .expect("kubeconfig");
+    kube::Client::try_from(config).expect("kube client")
 }
 
 /// The static token of an identity in this test bed.

@@ -101,15 +101,21 @@ pub fn deploy_documents(kinds: &[&str]) -> Vec<serde_json::Value> {
     let path = repo_root().join("deploy/placement-policy.yaml");
     let text =
         std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-    yaml_serde::Deserializer::from_str(&text)
-        .map(|document| {
-            serde::Deserialize::deserialize(document).expect("deploy/placement-policy.yaml is YAML")
-        })
-        .filter(|doc: &serde_json::Value| {
+    yaml_documents(&text)
+        .into_iter()
+        .filter(|doc| {
             doc["kind"]
                 .as_str()
                 .is_some_and(|kind| kinds.contains(&kind))
         })
+        .collect()
+}
+
+/// The documents of a YAML stream, as JSON (empty documents left out).
+pub fn yaml_documents(text: &str) -> Vec<serde_json::Value> {
+    yaml_serde::Deserializer::from_str(text)
+        .map(|document| serde::Deserialize::deserialize(document).expect("a YAML document"))
+        .filter(|doc: &serde_json::Value| !doc.is_null())
         .collect()
 }
 

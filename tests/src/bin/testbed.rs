@@ -3,12 +3,17 @@
 //! Cluster registry, the shipped policy as a ConfigMap, `placement-sync`
 //! replicating into OPA, and `placement-webhook` registered with the API server.
 //! Prints how to reach everything; Ctrl-C stops it all.
+//!
+//! `testbed up --cluster [--bare]`: the single-node cluster instead, with the
+//! product installed from its images. `testbed up --karmada [--bare]`: a
+//! Karmada federation (control plane and three members) with OPA and
+//! placement-sync against Karmada's API server.
 
 use std::time::Duration;
 
 use placement_tests::{
-    Cluster, ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, SidecarProcess, WebhookProcess,
-    cluster, repo_root,
+    Cluster, ControlPlane, Identity, Karmada, OpaServer, POLICY_NAMESPACE, SidecarProcess,
+    WebhookProcess, cluster, repo_root,
 };
 use serde_json::json;
 
@@ -18,9 +23,12 @@ fn main() {
         Some("up") if args.iter().any(|a| a == "--cluster") => {
             up_cluster(args.iter().any(|a| a == "--bare"))
         }
+        Some("up") if args.iter().any(|a| a == "--karmada") => {
+            up_karmada(args.iter().any(|a| a == "--bare"))
+        }
         Some("up") => up(args.iter().any(|a| a == "--bare")),
         _ => {
-            eprintln!("usage: testbed up [--bare] [--cluster]");
+            eprintln!("usage: testbed up [--bare] [--cluster | --karmada]");
             std::process::exit(2);
         }
     }
@@ -162,6 +170,80 @@ fn up_cluster(bare: bool) {
     });
     eprintln!("stopping ...");
     drop(cluster);
+}
+
+/// `up --karmada [--bare]`: Karmada's control plane and its three members
+/// and, unless `--bare`, the shipped policy, OPA and placement-sync against
+/// Karmada's API server.
+fn up_karmada(bare: bool) {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    eprintln!("starting Karmada's control plane and its three members ...");
+    let karmada = Karmada::start();
+    let mut product = None;
+    if !bare {
+        eprintln!("starting OPA and placement-sync with the shipped policy ...");
+        let opa = OpaServer::start();
+        placement_tests::kubectl::create_shipped_policy_configmap(
+            &karmada.karmada_kubeconfig(),
+            POLICY_NAMESPACE,
+        );
+        let sidecar = karmada.start_placement_sync(&opa, POLICY_NAMESPACE, &[]);
+        runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+        product = Some((opa, sidecar));
+    }
+
+    println!();
+    println!("Karmada API server {}", karmada.server_url());
+    for member in karmada.members() {
+        println!("{:<18} {}", member.name(), member.server_url());
+    }
+    if let Some((opa, sidecar)) = &product {
+        println!(
+            "OPA                {} (bearer token in {})",
+            opa.url(),
+            opa.token_file().display()
+        );
+        println!(
+            "placement-sync     http://127.0.0.1:{}/metrics (log: {})",
+            sidecar.port,
+            sidecar.log_path().display()
+        );
+    }
+    println!("logs               {}", karmada.dir().display());
+    println!();
+    println!(
+        "KARMADA_KUBECONFIG={}",
+        karmada.karmada_kubeconfig().display()
+    );
+    for member in karmada.members() {
+        println!(
+            "MEMBER_KUBECONFIG_{}={}",
+            member.name().to_uppercase().replace('-', "_"),
+            member.kubeconfig().display()
+        );
+    }
+    println!();
+    println!(
+        "  kubectl --kubeconfig={} get clusters.cluster.karmada.io",
+        karmada.karmada_kubeconfig().display()
+    );
+    println!(
+        "  (workloads for member-eu-1 run image {})",
+        placement_tests::karmada::WORKLOAD_IMAGE
+    );
+    println!();
+    println!("Ctrl-C stops everything.");
+    runtime.block_on(async {
+        let _ = tokio::signal::ctrl_c().await;
+    });
+    eprintln!("stopping ...");
+    drop(product);
+    drop(karmada);
 }
 
 /// Register the webhook with the chart's mutating configuration (from

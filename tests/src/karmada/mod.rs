@@ -1,0 +1,282 @@
+//! A real Karmada federation: Karmada's control plane (etcd, kube-apiserver
+//! with the aggregation layer, karmada-aggregated-apiserver, karmada-webhook,
+//! karmada-controller-manager, karmada-scheduler) and three member clusters
+//! registered in Push mode:
+//!
+//! | member | what it is | region | `placement-policy.io/pci-compliance-level` |
+//! |---|---|---|---|
+//! | `member-eu-1` | the single-node [`Cluster`](crate::Cluster): its pods run | europe-west1 | 2 |
+//! | `member-eu-2` | etcd + kube-apiserver, one Node object | europe-west2 | 3 |
+//! | `member-us-1` | etcd + kube-apiserver, one Node object | us-central1 | 3 |
+//!
+//! Karmada's binaries, CRDs and manifests come from `scripts/testbed
+//! karmada-assets` (built from `../shared/peers/karmada`) or
+//! `PLACEMENT_KARMADA_BIN`. The Karmada API server is a [`ControlPlane`]
+//! (`Deref`): its kubeconfigs, clients, kubectl and helpers such as
+//! `register_webhook` work as on a plain one.
+//!
+//! Workloads for `member-eu-1` use [`WORKLOAD_IMAGE`]: no registry is
+//! reachable, so it is the sandbox (`pause`) image under a plain name,
+//! imported into the node's containerd; it runs, does nothing and never exits.
+
+mod control_plane;
+mod members;
+mod works;
+
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use crate::{ControlPlane, Identity, OpaServer, SidecarProcess, repo_root, wait_for};
+
+pub use members::{Member, MemberKind, MemberSpec, PCI_LABEL, WORKLOAD_IMAGE, cluster_ready};
+
+use control_plane::Components;
+
+/// The members, as registered with Karmada.
+pub const MEMBERS: [MemberSpec; 3] = [
+    MemberSpec {
+        name: "member-eu-1",
+        region: "europe-west1",
+        pci_level: "2",
+        kind: MemberKind::Node,
+    },
+    MemberSpec {
+        name: "member-eu-2",
+        region: "europe-west2",
+        pci_level: "3",
+        kind: MemberKind::Plain {
+            cpu: "8",
+            memory: "32Gi",
+        },
+    },
+    MemberSpec {
+        name: "member-us-1",
+        region: "us-central1",
+        pci_level: "3",
+        kind: MemberKind::Plain {
+            cpu: "16",
+            memory: "64Gi",
+        },
+    },
+];
+
+/// The type placement-sync replicates Karmada's clusters from (into the same
+/// engine path, `kubernetes/clusters`, as our own Cluster CRD).
+pub const KARMADA_CLUSTERS: &str = "cluster.karmada.io/v1alpha1/clusters";
+
+/// Folder holding Karmada's four binaries with `crds/` and `deploy/` of the
+/// same snapshot: `PLACEMENT_KARMADA_BIN`, else `scripts/testbed
+/// karmada-assets`. Panics with the reason when neither can provide it.
+pub fn karmada_assets() -> &'static Path {
+    static ASSETS: OnceLock<PathBuf> = OnceLock::new();
+    ASSETS.get_or_init(|| {
+        let dir = match std::env::var("PLACEMENT_KARMADA_BIN") {
+            Ok(dir) => PathBuf::from(dir),
+            Err(_) => {
+                let output = std::process::Command::new(repo_root().join("scripts/testbed"))
+                    .arg("karmada-assets")
+                    .stderr(std::process::Stdio::inherit())
+                    .output()
+                    .expect("run scripts/testbed karmada-assets");
+                assert!(
+                    output.status.code() != Some(3),
+                    "the Karmada tests need Karmada: PLACEMENT_KARMADA_BIN is not set and its \
+                     source is absent (../shared/peers/karmada, or $PLACEMENT_KARMADA_SRC); \
+                     run without them (`--skip karmada`), as scripts/test does there"
+                );
+                assert!(
+                    output.status.success(),
+                    "scripts/testbed karmada-assets failed (exit {:?})",
+                    output.status.code()
+                );
+                PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+            }
+        };
+        for needed in [
+            "karmada-controller-manager",
+            "karmada-scheduler",
+            "karmada-webhook",
+            "karmada-aggregated-apiserver",
+            "crds",
+            "deploy/webhook-configuration.yaml",
+            "deploy/karmada-aggregated-apiserver-apiservice.yaml",
+        ] {
+            assert!(
+                dir.join(needed).exists(),
+                "{} has no {needed}: rebuild it with scripts/testbed karmada-assets",
+                dir.display()
+            );
+        }
+        dir
+    })
+}
+
+/// A running Karmada federation. Every process ends with it (or with the test
+/// process).
+pub struct Karmada {
+    /// Stopped first: the controllers, before what they talk to.
+    components: Components,
+    members: Vec<Member>,
+    plane: ControlPlane,
+}
+
+impl Deref for Karmada {
+    type Target = ControlPlane;
+
+    /// The Karmada API server.
+    fn deref(&self) -> &ControlPlane {
+        &self.plane
+    }
+}
+
+impl Karmada {
+    /// One federation shared by the tests of a test binary (each test uses its
+    /// own namespaces). Started on first use; it ends with the test process.
+    pub fn shared() -> &'static Karmada {
+        static SHARED: OnceLock<Result<Karmada, String>> = OnceLock::new();
+        let started = SHARED.get_or_init(|| {
+            std::panic::catch_unwind(Karmada::start).map_err(|panic| {
+                panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "unknown panic".to_owned())
+            })
+        });
+        match started {
+            Ok(karmada) => karmada,
+            Err(message) => panic!("the shared Karmada federation did not start: {message}"),
+        }
+    }
+
+    /// Start Karmada's control plane and the three members side by side,
+    /// register the members and wait until Karmada reports every one Ready
+    /// with its resource summary.
+    pub fn start() -> Karmada {
+        crate::install_crypto();
+        let assets = karmada_assets();
+        let (plane, components, members) = std::thread::scope(|scope| {
+            let members: Vec<_> = MEMBERS
+                .iter()
+                .map(|spec| scope.spawn(move || Member::start(*spec)))
+                .collect();
+            let plane = control_plane::start_apiserver();
+            let components = control_plane::start_components(&plane, assets);
+            let members: Vec<Member> = members
+                .into_iter()
+                .map(|handle| {
+                    handle
+                        .join()
+                        .unwrap_or_else(|p| std::panic::resume_unwind(p))
+                })
+                .collect();
+            (plane, components, members)
+        });
+        let karmada = Karmada {
+            components,
+            members,
+            plane,
+        };
+        for member in &karmada.members {
+            member.register(&karmada.plane);
+        }
+        karmada.wait_members_ready();
+        karmada
+    }
+
+    /// The Karmada API server (also reachable through `Deref`).
+    pub fn plane(&self) -> &ControlPlane {
+        &self.plane
+    }
+
+    /// The administrator's kubeconfig of the Karmada API server.
+    pub fn karmada_kubeconfig(&self) -> PathBuf {
+        self.plane.kubeconfig(Identity::Admin)
+    }
+
+    pub fn members(&self) -> &[Member] {
+        &self.members
+    }
+
+    /// The member named `name` (one of [`MEMBERS`]).
+    pub fn member(&self, name: &str) -> &Member {
+        self.members
+            .iter()
+            .find(|m| m.name() == name)
+            .unwrap_or_else(|| panic!("no member {name}"))
+    }
+
+    /// Karmada's `Cluster` objects, by name.
+    pub fn clusters(&self) -> Vec<serde_json::Value> {
+        let text = self.kubectl_ok(&["get", "clusters.cluster.karmada.io", "-o", "json"]);
+        let list: serde_json::Value = serde_json::from_str(&text).expect("cluster list JSON");
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Wait until Karmada reports every member `Ready=True` with a filled
+    /// `status.resourceSummary`.
+    pub fn wait_members_ready(&self) {
+        wait_for(
+            "Karmada to report every member Ready",
+            Duration::from_secs(180),
+            || {
+                self.components.check();
+                let clusters = self.clusters();
+                let ready = MEMBERS.iter().all(|spec| {
+                    clusters.iter().any(|c| {
+                        c["metadata"]["name"] == spec.name
+                            && cluster_ready(c)
+                            && c["status"]["resourceSummary"]["allocatable"]
+                                .as_object()
+                                .is_some_and(|a| a.contains_key("cpu"))
+                    })
+                });
+                ready.then_some(())
+            },
+        );
+    }
+
+    /// Panics with the log's tail when a Karmada component has exited.
+    pub fn check_components(&self) {
+        self.components.check();
+    }
+
+    /// placement-sync against the Karmada API server and `opa`, loading
+    /// policies from `policy_namespace` and replicating Karmada's Clusters,
+    /// with `extra` flags. The one start the Karmada tests and `testbed up
+    /// --karmada` share: the scheduler's flags belong here.
+    // It runs as the administrator until the chart grants the sidecar's
+    // service account Karmada's resources.
+    pub fn start_placement_sync(
+        &self,
+        opa: &OpaServer,
+        policy_namespace: &str,
+        extra: &[&str],
+    ) -> SidecarProcess {
+        let mut args = vec![
+            format!("--replicate-cluster={KARMADA_CLUSTERS}"),
+            format!("--policy-namespace={policy_namespace}"),
+        ];
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        SidecarProcess::start_as(&self.plane, Identity::Admin, opa, &args)
+    }
+
+    /// Where the logs are, and the state of the Clusters, for a failing test.
+    pub fn diagnostics(&self) -> String {
+        let clusters = self.kubectl(&["get", "clusters.cluster.karmada.io", "-o", "wide"]);
+        let mut text = String::from_utf8_lossy(&clusters.stdout).into_owned();
+        text.push_str(&format!(
+            "(Karmada logs in {}; members in {})\n",
+            self.plane.dir().display(),
+            self.members
+                .iter()
+                .map(|m| format!("{}: {}", m.name(), m.dir().display()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+        text
+    }
+}
