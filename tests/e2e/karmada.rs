@@ -2,16 +2,19 @@
 //! `../shared/peers/karmada`) with three members registered in Push mode,
 //! driven as a Karmada user drives it, with Karmada's own scheduler.
 //!
-//! Every test name contains `karmada`: where Karmada's source is absent (and
+//! Every test name starts with `karmada_`: where Karmada's source is absent (and
 //! `PLACEMENT_KARMADA_BIN` unset), `scripts/test` runs this binary with
-//! `--skip karmada` and says so; run anyway, the tests fail and say why.
+//! `--skip karmada_` and says so; run anyway, the tests fail and say why.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use placement_tests::karmada::{MEMBERS, MemberKind, PCI_LABEL, WORKLOAD_IMAGE, cluster_ready};
-use placement_tests::{Karmada, unique_name, wait_for};
+use placement_tests::{
+    Karmada, OpaServer, SidecarProcess, WebhookProcess, shipped_policy_modules, unique_name,
+    wait_for,
+};
 use serde_json::{Value, json};
 
 /// One test at a time: they share one federation, and one stops a member.
@@ -282,4 +285,777 @@ fn karmada_sees_a_member_api_server_killed_and_back() {
     }
     karmada.wait_members_ready();
     assert!(ready(karmada));
+}
+
+// ---------------------------------------------------------------------------
+// placement-policy as Karmada's scheduler
+// ---------------------------------------------------------------------------
+
+const EU_KEY: &str = "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required";
+const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
+
+/// OPA and placement-sync scheduling the bindings named `scheduler_name`,
+/// with `modules` (file name, Rego) as the policy ConfigMap of a policy
+/// namespace of their own.
+struct Scheduler {
+    name: String,
+    policy_namespace: String,
+    opa: OpaServer,
+    sync: Option<SidecarProcess>,
+}
+
+impl Scheduler {
+    fn start(karmada: &Karmada, modules: &[(String, String)]) -> Scheduler {
+        let name = unique_name("pp-sched");
+        let policy_namespace = unique_name("karmada-policy");
+        karmada.create_policy_namespace(&policy_namespace);
+        let mut args = vec![
+            "create".to_owned(),
+            "configmap".to_owned(),
+            "placement".to_owned(),
+            "-n".to_owned(),
+            policy_namespace.clone(),
+        ];
+        let dir = placement_tests::scratch_dir("karmada-policy");
+        for (file, source) in modules {
+            let path = dir.join(file);
+            std::fs::write(&path, source).expect("write policy module");
+            args.push(format!("--from-file={}", path.display()));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        karmada.kubectl_ok(&args);
+        let opa = OpaServer::start();
+        let sync = karmada.start_placement_sync(
+            &opa,
+            &policy_namespace,
+            &[&format!("--scheduler-name={name}")],
+        );
+        Scheduler {
+            name,
+            policy_namespace,
+            opa,
+            sync: Some(sync),
+        }
+    }
+
+    fn shipped(karmada: &Karmada) -> Scheduler {
+        Scheduler::start(karmada, &shipped_policy_modules())
+    }
+
+    fn log_tail(&self) -> String {
+        self.sync
+            .as_ref()
+            .map(SidecarProcess::log_tail)
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        if let Some(sync) = self.sync.take() {
+            sync.stop();
+        }
+    }
+}
+
+fn deployment(namespace: &str, name: &str, replicas: i64, annotations: Value) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": WORKLOAD_IMAGE}]}
+            }
+        }
+    })
+}
+
+/// A PropagationPolicy handing Deployment `name` to `scheduler`, its replicas
+/// divided (by the policy's weights).
+fn handed_to(namespace: &str, name: &str, scheduler: &str) -> Value {
+    json!({
+        "apiVersion": "policy.karmada.io/v1alpha1",
+        "kind": "PropagationPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "schedulerName": scheduler,
+            "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name}],
+            "placement": {
+                "replicaScheduling": {
+                    "replicaSchedulingType": "Divided",
+                    "replicaDivisionPreference": "Weighted"
+                }
+            }
+        }
+    })
+}
+
+fn create(karmada: &Karmada, objects: &[&Value]) {
+    for object in objects {
+        let out = karmada.kubectl_stdin(&["create", "-f", "-"], &object.to_string());
+        assert!(
+            out.status.success(),
+            "create {} {}: {}",
+            object["kind"],
+            object["metadata"]["name"],
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// The ResourceBinding of Deployment `namespace/name`, when it exists.
+fn binding(karmada: &Karmada, namespace: &str, name: &str) -> Option<Value> {
+    karmada.resource_binding(namespace, "Deployment", name)
+}
+
+fn scheduled_condition(binding: &Value) -> Option<&Value> {
+    binding["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "Scheduled")
+}
+
+/// The binding's clusters as `{member: replicas}`.
+fn binding_clusters(binding: &Value) -> BTreeMap<String, i64> {
+    binding["spec"]["clusters"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap_or_default().to_owned(),
+                c["replicas"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+/// Wait until the binding of `namespace/name` is `Scheduled=True` for its
+/// current generation with `expected` clusters, and its Works say the same.
+fn wait_scheduled(
+    karmada: &Karmada,
+    scheduler: &Scheduler,
+    namespace: &str,
+    name: &str,
+    expected: &BTreeMap<String, i64>,
+) -> Value {
+    wait_or_explain(
+        &format!("{namespace}/{name} scheduled onto {expected:?}, its Works alike"),
+        Duration::from_secs(120),
+        || {
+            karmada.check_components();
+            let binding = binding(karmada, namespace, name)?;
+            let condition = scheduled_condition(&binding)?;
+            let current = condition["status"] == "True"
+                && binding["status"]["schedulerObservedGeneration"]
+                    == binding["metadata"]["generation"]
+                && binding_clusters(&binding) == *expected
+                && deployment_works(karmada, namespace, name) == *expected;
+            current.then_some(binding)
+        },
+        || {
+            format!(
+                "binding: {}\nWorks: {:?}\nplacement-sync:\n{}\n{}",
+                binding(karmada, namespace, name)
+                    .map(
+                        |b| serde_json::to_string_pretty(&b["spec"]["clusters"]).unwrap()
+                            + &serde_json::to_string_pretty(&b["status"]).unwrap()
+                    )
+                    .unwrap_or_else(|| "none".into()),
+                deployment_works(karmada, namespace, name),
+                scheduler.log_tail(),
+                karmada.diagnostics()
+            )
+        },
+    )
+}
+
+/// The replicas of Deployment `namespace/name` in each member's own API
+/// server (`None`: the member has no such Deployment).
+fn member_replicas(
+    karmada: &Karmada,
+    namespace: &str,
+    name: &str,
+) -> BTreeMap<String, Option<i64>> {
+    karmada
+        .members()
+        .iter()
+        .map(|member| {
+            let out = member.kubectl(&[
+                "get",
+                "deployment",
+                name,
+                "-n",
+                namespace,
+                "-o",
+                "jsonpath={.spec.replicas}",
+            ]);
+            let replicas = out
+                .status
+                .success()
+                .then(|| String::from_utf8_lossy(&out.stdout).trim().parse().ok())
+                .flatten();
+            (member.name().to_owned(), replicas)
+        })
+        .collect()
+}
+
+fn wait_member_replicas(
+    karmada: &Karmada,
+    namespace: &str,
+    name: &str,
+    expected: &BTreeMap<String, i64>,
+) {
+    let want: BTreeMap<String, Option<i64>> = karmada
+        .members()
+        .iter()
+        .map(|m| (m.name().to_owned(), expected.get(m.name()).copied()))
+        .collect();
+    wait_or_explain(
+        "each member's API server to hold its share (and only those)",
+        Duration::from_secs(120),
+        || (member_replicas(karmada, namespace, name) == want).then_some(()),
+        || {
+            format!(
+                "members: {:?}, expected {want:?}\n{}",
+                member_replicas(karmada, namespace, name),
+                karmada.diagnostics()
+            )
+        },
+    );
+}
+
+fn split(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
+    pairs.iter().map(|(n, r)| ((*n).to_owned(), *r)).collect()
+}
+
+/// The issue's first scenario: a Deployment of 6 replicas with EU
+/// jurisdiction and PCI 2, handed to placement-policy, gets Works only for
+/// the two EU members, 3 + 3 by the policy's even weights, read back from
+/// each member's own API server; the binding is `Scheduled=True` for its
+/// generation; its pods run in member-eu-1.
+#[test]
+fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let scheduler = Scheduler::shipped(karmada);
+    let namespace = unique_name("karmada-eu");
+    karmada.create_namespace(&namespace);
+    let web = deployment(&namespace, "web", 6, json!({EU_KEY: "true", PCI_KEY: "2"}));
+    create(
+        karmada,
+        &[&handed_to(&namespace, "web", &scheduler.name), &web],
+    );
+
+    let expected = split(&[("member-eu-1", 3), ("member-eu-2", 3)]);
+    let binding = wait_scheduled(karmada, &scheduler, &namespace, "web", &expected);
+    let condition = scheduled_condition(&binding).expect("condition");
+    assert_eq!(condition["reason"], "Success", "{condition}");
+    assert!(
+        binding["metadata"]["annotations"]["policy.karmada.io/applied-placement"].is_string(),
+        "{binding}"
+    );
+    assert!(
+        binding["status"]["lastScheduledTime"].is_string(),
+        "{binding}"
+    );
+    wait_member_replicas(karmada, &namespace, "web", &expected);
+
+    let eu1 = karmada.member("member-eu-1");
+    wait_or_explain(
+        "the Deployment's 3 pods to run in member-eu-1",
+        Duration::from_secs(180),
+        || {
+            let text = eu1.kubectl_ok(&[
+                "get", "pods", "-n", &namespace, "-l", "app=web", "-o", "json",
+            ]);
+            let pods: Value = serde_json::from_str(&text).expect("pod list JSON");
+            let running = pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|pod| pod["status"]["phase"] == "Running")
+                .count();
+            (running == 3).then_some(())
+        },
+        || eu1.cluster().expect("member-eu-1 has a node").diagnostics(),
+    );
+}
+
+/// Karmada Events on an object, as `(reason, message)`.
+fn events(karmada: &Karmada, namespace: &str, kind: &str, name: &str) -> Vec<(String, String)> {
+    let text = karmada.kubectl_ok(&[
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        &format!("involvedObject.kind={kind},involvedObject.name={name}"),
+        "-o",
+        "json",
+    ]);
+    let list: Value = serde_json::from_str(&text).expect("event list JSON");
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap_or_default().to_owned(),
+                e["message"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A workload the policy forbids (PCI level 5: no member has it) is not
+/// scheduled: `Scheduled=False` with the policy's message, a Warning Event on
+/// the Deployment, no Work anywhere.
+#[test]
+fn karmada_a_forbidden_workload_is_not_scheduled_and_says_why() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let scheduler = Scheduler::shipped(karmada);
+    let namespace = unique_name("karmada-forbidden");
+    karmada.create_namespace(&namespace);
+    let vault = deployment(
+        &namespace,
+        "vault",
+        2,
+        json!({EU_KEY: "true", PCI_KEY: "5"}),
+    );
+    create(
+        karmada,
+        &[&handed_to(&namespace, "vault", &scheduler.name), &vault],
+    );
+    let message = "no cluster satisfies the placement requirements (eu-jurisdiction-required=true, pci-compliance-level>=5)";
+    let binding = wait_or_explain(
+        "the binding Scheduled=False with the policy's message",
+        Duration::from_secs(120),
+        || {
+            let binding = binding(karmada, &namespace, "vault")?;
+            let condition = scheduled_condition(&binding)?;
+            (condition["status"] == "False").then_some(binding)
+        },
+        || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
+    );
+    let condition = scheduled_condition(&binding).expect("condition");
+    assert_eq!(condition["reason"], "NoClusterFit", "{condition}");
+    assert_eq!(condition["message"], message, "{condition}");
+    assert!(binding_clusters(&binding).is_empty(), "{binding}");
+    wait_or_explain(
+        "a Warning Event on the Deployment",
+        Duration::from_secs(30),
+        || {
+            events(karmada, &namespace, "Deployment", "vault")
+                .iter()
+                .any(|(reason, text)| reason == "ScheduleBindingFailed" && text == message)
+                .then_some(())
+        },
+        || format!("{:?}", events(karmada, &namespace, "Deployment", "vault")),
+    );
+    assert!(deployment_works(karmada, &namespace, "vault").is_empty());
+    assert!(
+        member_replicas(karmada, &namespace, "vault")
+            .values()
+            .all(Option::is_none)
+    );
+}
+
+/// Scaling to 9 gives the new split (Karmada's remainder rule); an edit of
+/// the template's annotations (PCI 3: member-eu-1 no longer qualifies)
+/// re-places every replica on member-eu-2.
+#[test]
+fn karmada_scaling_and_an_annotation_edit_re_place_the_deployment() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let scheduler = Scheduler::shipped(karmada);
+    let namespace = unique_name("karmada-scale");
+    karmada.create_namespace(&namespace);
+    let web = deployment(&namespace, "web", 6, json!({EU_KEY: "true", PCI_KEY: "2"}));
+    create(
+        karmada,
+        &[&handed_to(&namespace, "web", &scheduler.name), &web],
+    );
+    let even = split(&[("member-eu-1", 3), ("member-eu-2", 3)]);
+    wait_scheduled(karmada, &scheduler, &namespace, "web", &even);
+
+    karmada.kubectl_ok(&[
+        "scale",
+        "deployment",
+        "web",
+        "-n",
+        &namespace,
+        "--replicas=9",
+    ]);
+    // 9 over two equal weights is 5 + 4; which member gets the fifth is
+    // Karmada's tie-breaker over the template's UID.
+    let uid = karmada.kubectl_ok(&[
+        "get",
+        "deployment",
+        "web",
+        "-n",
+        &namespace,
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let (first, second) = if fnv1a_is_odd(uid.trim()) {
+        (4, 5)
+    } else {
+        (5, 4)
+    };
+    let scaled = split(&[("member-eu-1", first), ("member-eu-2", second)]);
+    wait_scheduled(karmada, &scheduler, &namespace, "web", &scaled);
+    wait_member_replicas(karmada, &namespace, "web", &scaled);
+
+    karmada.kubectl_ok(&[
+        "annotate",
+        "deployment",
+        "web",
+        "-n",
+        &namespace,
+        "--overwrite",
+        &format!("{PCI_KEY}=3"),
+    ]);
+    let pci3 = split(&[("member-eu-2", 9)]);
+    wait_scheduled(karmada, &scheduler, &namespace, "web", &pci3);
+    wait_member_replicas(karmada, &namespace, "web", &pci3);
+}
+
+/// Karmada's tie-breaker direction (`tieBreakerByUID`): FNV-1a of the UID.
+fn fnv1a_is_odd(uid: &str) -> bool {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in uid.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash & 1 == 1
+}
+
+/// A member labelled non-EU loses every EU replica to the remaining EU
+/// member, and none ever goes to member-us-1 (watched all along).
+#[test]
+fn karmada_a_member_labelled_non_eu_gives_its_replicas_to_the_other_eu_member() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let scheduler = Scheduler::shipped(karmada);
+    let namespace = unique_name("karmada-relabel");
+    karmada.create_namespace(&namespace);
+    let web = deployment(&namespace, "web", 6, json!({EU_KEY: "true", PCI_KEY: "2"}));
+    create(
+        karmada,
+        &[&handed_to(&namespace, "web", &scheduler.name), &web],
+    );
+    wait_scheduled(
+        karmada,
+        &scheduler,
+        &namespace,
+        "web",
+        &split(&[("member-eu-1", 3), ("member-eu-2", 3)]),
+    );
+    let label = "placement-policy.io/jurisdiction";
+    karmada.kubectl_ok(&[
+        "label",
+        "clusters.cluster.karmada.io",
+        "member-eu-2",
+        "--overwrite",
+        &format!("{label}=non-eu"),
+    ]);
+    let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let expected = split(&[("member-eu-1", 6)]);
+        let mut seen_us = false;
+        wait_or_explain(
+            "every replica on member-eu-1",
+            Duration::from_secs(120),
+            || {
+                let works = deployment_works(karmada, &namespace, "web");
+                seen_us |= works.contains_key("member-us-1");
+                let binding = binding(karmada, &namespace, "web")?;
+                seen_us |= binding_clusters(&binding).contains_key("member-us-1");
+                (binding_clusters(&binding) == expected && works == expected).then_some(())
+            },
+            || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
+        );
+        assert!(!seen_us, "a replica went to member-us-1");
+        wait_member_replicas(karmada, &namespace, "web", &expected);
+    }));
+    karmada.kubectl_ok(&[
+        "label",
+        "clusters.cluster.karmada.io",
+        "member-eu-2",
+        &format!("{label}-"),
+    ]);
+    if let Err(panic) = moved {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Failover: member-eu-2's API server killed (Karmada's Failover gate and a
+/// NoExecute ClusterTaintPolicy on not-ready members): its replicas go to
+/// member-eu-1; back again, the policy spreads them over both once more and
+/// member-eu-2's copy holds its new share.
+#[test]
+fn karmada_failover_re_places_a_dead_members_replicas_and_rebalances_when_it_returns() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let scheduler = Scheduler::shipped(karmada);
+    let namespace = unique_name("karmada-failover");
+    karmada.create_namespace(&namespace);
+    let taint_policy = json!({
+        "apiVersion": "policy.karmada.io/v1alpha1",
+        "kind": "ClusterTaintPolicy",
+        "metadata": {"name": namespace},
+        "spec": {
+            "targetClusters": {"clusterNames": ["member-eu-2"]},
+            "addOnConditions": [{"conditionType": "Ready", "operator": "NotIn", "statusValues": ["True"]}],
+            "removeOnConditions": [{"conditionType": "Ready", "operator": "In", "statusValues": ["True"]}],
+            "taints": [{"key": "placement-test/not-ready", "effect": "NoExecute"}]
+        }
+    });
+    let web = deployment(&namespace, "web", 6, json!({EU_KEY: "true", PCI_KEY: "2"}));
+    create(
+        karmada,
+        &[
+            &taint_policy,
+            &handed_to(&namespace, "web", &scheduler.name),
+            &web,
+        ],
+    );
+    let even = split(&[("member-eu-1", 3), ("member-eu-2", 3)]);
+    wait_scheduled(karmada, &scheduler, &namespace, "web", &even);
+    wait_member_replicas(karmada, &namespace, "web", &even);
+
+    let member = karmada.member("member-eu-2");
+    member.stop_apiserver();
+    let failed_over = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_or_explain(
+            "member-eu-2's replicas re-placed on member-eu-1",
+            Duration::from_secs(180),
+            || {
+                let binding = binding(karmada, &namespace, "web")?;
+                (binding_clusters(&binding) == split(&[("member-eu-1", 6)])).then_some(())
+            },
+            || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
+        );
+    }));
+    member.start_apiserver();
+    let cleanup = || {
+        karmada.kubectl(&["delete", "clustertaintpolicy", &namespace]);
+    };
+    if let Err(panic) = failed_over {
+        cleanup();
+        std::panic::resume_unwind(panic);
+    }
+    karmada.wait_members_ready();
+    let back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_scheduled(karmada, &scheduler, &namespace, "web", &even);
+        wait_member_replicas(karmada, &namespace, "web", &even);
+    }));
+    cleanup();
+    if let Err(panic) = back {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Side by side with karmada-scheduler: a policy answering the same static
+/// weights as a native PropagationPolicy gives the same replicas per member,
+/// remainders and ties included. Each Deployment is scheduled by
+/// karmada-scheduler first, then handed to placement-policy (the same
+/// template, so the same tie-breaker): placement-policy schedules it
+/// (`Scheduled` for the new generation, written by placement-sync) and
+/// moves no replica.
+#[test]
+fn karmada_the_same_static_weights_give_the_same_replicas_as_karmada_scheduler() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    // Weights 1:2 for "weighted", 1:1 (ties) for "even".
+    let policy = r#"package io.k8s.federation.admission
+
+weights := {"member-eu-1": 1, "member-eu-2": 2} if input.metadata.name == "weighted"
+else := {"member-eu-1": 1, "member-eu-2": 1}
+
+annotations := {"federation.kubernetes.io/replica-set-preferences": {"clusters": {name: {"weight": w} | some name, w in weights}}}
+
+errors := set()
+"#;
+    let scheduler = Scheduler::start(karmada, &[("static.rego".to_owned(), policy.to_owned())]);
+    let namespace = unique_name("karmada-static");
+    karmada.create_namespace(&namespace);
+    for (name, replicas, weights) in [
+        ("weighted", 7, (1, 2)),
+        ("even", 5, (1, 1)),
+        ("even-big", 9, (1, 1)),
+    ] {
+        let native = json!({
+            "apiVersion": "policy.karmada.io/v1alpha1",
+            "kind": "PropagationPolicy",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name}],
+                "placement": {
+                    "clusterAffinity": {"clusterNames": ["member-eu-1", "member-eu-2"]},
+                    "replicaScheduling": {
+                        "replicaSchedulingType": "Divided",
+                        "replicaDivisionPreference": "Weighted",
+                        "weightPreference": {"staticWeightList": [
+                            {"targetCluster": {"clusterNames": ["member-eu-1"]}, "weight": weights.0},
+                            {"targetCluster": {"clusterNames": ["member-eu-2"]}, "weight": weights.1}
+                        ]}
+                    }
+                }
+            }
+        });
+        let object = deployment(&namespace, name, replicas, json!({}));
+        create(karmada, &[&native, &object]);
+        let native_split = wait_or_explain(
+            "karmada-scheduler to schedule it",
+            Duration::from_secs(120),
+            || {
+                let binding = binding(karmada, &namespace, name)?;
+                let done = scheduled_condition(&binding)?["status"] == "True"
+                    && binding["status"]["schedulerObservedGeneration"]
+                        == binding["metadata"]["generation"];
+                done.then(|| binding_clusters(&binding))
+            },
+            || karmada.diagnostics(),
+        );
+        assert_eq!(
+            native_split.values().sum::<i64>(),
+            replicas,
+            "{native_split:?}"
+        );
+        // A PropagationPolicy's schedulerName cannot change: the native
+        // policy goes, and one handing the template to placement-policy
+        // claims its binding (the detector keeps the binding's clusters).
+        karmada.kubectl_ok(&["delete", "propagationpolicy", name, "-n", &namespace]);
+        create(karmada, &[&handed_to(&namespace, name, &scheduler.name)]);
+        let ours = wait_or_explain(
+            "placement-policy to schedule the handed-over binding",
+            Duration::from_secs(120),
+            || {
+                let binding = binding(karmada, &namespace, name)?;
+                let handed = binding["spec"]["schedulerName"] == scheduler.name.as_str();
+                let done = handed
+                    && binding["status"]["schedulerObservedGeneration"]
+                        == binding["metadata"]["generation"]
+                    && status_written_by(karmada, &namespace, name, "placement-sync-remediator");
+                done.then_some(binding)
+            },
+            || {
+                format!(
+                    "binding: {}\n{}\n{}",
+                    binding(karmada, &namespace, name)
+                        .map(|b| serde_json::to_string_pretty(&b).unwrap_or_default())
+                        .unwrap_or_default(),
+                    scheduler.log_tail(),
+                    karmada.diagnostics()
+                )
+            },
+        );
+        assert_eq!(
+            binding_clusters(&ours),
+            native_split,
+            "{name}: replicas per member"
+        );
+    }
+}
+
+/// Whether `manager` wrote the status of Deployment `namespace/name`'s
+/// binding (its managed fields, which `kubectl get` leaves out by default).
+fn status_written_by(karmada: &Karmada, namespace: &str, name: &str, manager: &str) -> bool {
+    let text = karmada.kubectl_ok(&[
+        "get",
+        "resourcebindings.work.karmada.io",
+        &format!("{name}-deployment"),
+        "-n",
+        namespace,
+        "--show-managed-fields",
+        "-o",
+        "jsonpath={.metadata.managedFields}",
+    ]);
+    let fields: Value = serde_json::from_str(&text).unwrap_or_default();
+    fields
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|f| f["manager"] == manager && f["subresource"] == "status")
+}
+
+/// Admission in Karmada's API server: the webhook registered there (on the
+/// scheduler's OPA) denies a workload the policy cannot place before any
+/// binding exists, and places one it can (the template carries the
+/// placement, and the scheduler follows it).
+#[test]
+fn karmada_the_webhook_denies_an_unplaceable_workload_in_karmadas_api_server() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let scheduler = Scheduler::shipped(karmada);
+    let namespace = unique_name("karmada-admission");
+    karmada.create_namespace(&namespace);
+    let webhook = WebhookProcess::start(&[
+        format!("--opa-url={}", scheduler.opa.url()),
+        format!("--opa-token-file={}", scheduler.opa.token_file().display()),
+        format!("--kubeconfig={}", karmada.karmada_kubeconfig().display()),
+        format!("--policy-namespace={}", scheduler.policy_namespace),
+    ]);
+    karmada.register_webhook(
+        &namespace,
+        &webhook.url("/mutate"),
+        &webhook.ca_pem,
+        &scheduler.policy_namespace,
+    );
+    let vault = deployment(
+        &namespace,
+        "vault",
+        2,
+        json!({EU_KEY: "true", PCI_KEY: "5"}),
+    );
+    create(karmada, &[&handed_to(&namespace, "vault", &scheduler.name)]);
+    let out = wait_for(
+        "the webhook to answer in Karmada's API server",
+        Duration::from_secs(60),
+        || {
+            let out = karmada.kubectl_stdin(&["create", "-f", "-"], &vault.to_string());
+            String::from_utf8_lossy(&out.stderr)
+                .contains("no cluster satisfies")
+                .then_some(out)
+        },
+    );
+    assert!(
+        !out.status.success(),
+        "the forbidden Deployment was created"
+    );
+    assert!(binding(karmada, &namespace, "vault").is_none());
+
+    let web = deployment(&namespace, "web", 4, json!({EU_KEY: "true", PCI_KEY: "2"}));
+    create(
+        karmada,
+        &[&handed_to(&namespace, "web", &scheduler.name), &web],
+    );
+    let stored: Value = serde_json::from_str(&karmada.kubectl_ok(&[
+        "get",
+        "deployment",
+        "web",
+        "-n",
+        &namespace,
+        "-o",
+        "json",
+    ]))
+    .expect("deployment JSON");
+    assert_eq!(
+        placement_tests::placed_clusters(&stored),
+        Some(vec!["member-eu-1".to_owned(), "member-eu-2".to_owned()]),
+        "the webhook placed the template"
+    );
+    wait_scheduled(
+        karmada,
+        &scheduler,
+        &namespace,
+        "web",
+        &split(&[("member-eu-1", 2), ("member-eu-2", 2)]),
+    );
 }

@@ -421,6 +421,8 @@ pub(crate) struct BindingWrite {
     pub(crate) spec: Option<Value>,
     /// JSON merge patch of its `status` subresource.
     pub(crate) status: Option<Value>,
+    /// The spec patch changes `spec.clusters` (not only the annotation).
+    pub(crate) moves: bool,
     /// The Event to record on the binding and its template, when anything
     /// is written: type (`Normal`/`Warning`), reason, note.
     pub(crate) event: Option<(bool, &'static str, String)>,
@@ -450,6 +452,7 @@ pub(crate) fn plan(binding: &Binding, placement: &Placement, now: &str) -> Bindi
         Placement::Failed { reason, message } => ("False", *reason, message.clone()),
     };
     let mut spec = None;
+    let mut moves = false;
     if let Placement::Clusters(clusters) = placement {
         let applied = binding
             .spec
@@ -463,8 +466,8 @@ pub(crate) fn plan(binding: &Binding, placement: &Placement, now: &str) -> Bindi
             .get(APPLIED_PLACEMENT_ANNOTATION)
             .and_then(|a| serde_json::from_str::<Value>(a).ok());
         let placement_changed = applied_now.as_ref() != binding.spec.placement.as_ref();
-        let clusters_changed = sorted(&binding.spec.clusters) != sorted(clusters);
-        if placement_changed || clusters_changed {
+        moves = sorted(&binding.spec.clusters) != sorted(clusters);
+        if placement_changed || moves {
             spec = Some(json!({
                 "metadata": {"annotations": {APPLIED_PLACEMENT_ANNOTATION: applied}},
                 "spec": {"clusters": clusters},
@@ -524,6 +527,7 @@ pub(crate) fn plan(binding: &Binding, placement: &Placement, now: &str) -> Bindi
     BindingWrite {
         spec,
         status: status_patch,
+        moves,
         event,
     }
 }
@@ -745,6 +749,7 @@ mod tests {
         let (raw, b) = binding(json!({"replicas": 6}), json!({}));
         let placed = Placement::Clusters(targets(&[("member-eu-1", 3), ("member-eu-2", 3)]));
         let write = plan(&b, &placed, "2026-11-25T10:00:00Z");
+        assert!(write.moves);
         let spec = write.spec.unwrap();
         assert_eq!(
             spec["spec"]["clusters"],
@@ -793,6 +798,12 @@ mod tests {
         let placed = Placement::Clusters(targets(&[("member-eu-1", 3), ("member-eu-2", 3)]));
         let write = plan(&b, &placed, "2026-11-25T10:00:00Z");
         assert!(write.is_empty(), "{write:?}");
+        // Another placement (a new PropagationPolicy) with the same clusters:
+        // the annotation is written, no replica moves.
+        let mut handed = b.clone();
+        handed.spec.placement = Some(json!({"clusterAffinity": {"clusterNames": ["member-eu-1"]}}));
+        let write = plan(&handed, &placed, "2026-11-25T10:00:00Z");
+        assert!(write.spec.is_some() && !write.moves, "{write:?}");
         // A scale (the generation moves) is scheduled again.
         b.metadata.generation = 3;
         let write = plan(&b, &placed, "2026-11-25T10:00:00Z");

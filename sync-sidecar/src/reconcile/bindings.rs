@@ -77,7 +77,7 @@ impl BindingEvaluation {
     /// Whether this write would move a placement the binding has.
     pub(crate) fn replaces_a_placement(&self) -> bool {
         !self.item.binding.clusters().is_empty()
-            && matches!(&self.verdict, Verdict::Planned { write, .. } if write.spec.is_some())
+            && matches!(&self.verdict, Verdict::Planned { write, .. } if write.moves)
     }
 
     /// The spec change, for the identity of a held change.
@@ -376,6 +376,7 @@ impl Reconciler {
         let key = (i, item.key.clone());
         let planned_from = item.binding.resource_version().map(str::to_owned);
         let mut resource_version = planned_from.clone();
+        let mut generation = None;
         if let Some(spec) = &write.spec {
             let mut patch = spec.clone();
             patch["metadata"]["resourceVersion"] = json!(resource_version);
@@ -383,6 +384,7 @@ impl Reconciler {
                 .patch(&item.key.name, &params, &Patch::Merge(&patch))
                 .await?;
             resource_version = updated.metadata.resource_version.clone();
+            generation = updated.metadata.generation;
             // Our own write is no change to schedule again.
             let written = serde_json::to_value(&updated)?;
             self.changes
@@ -392,6 +394,14 @@ impl Reconciler {
         if let Some(status) = &write.status {
             let mut patch = status.clone();
             patch["metadata"] = json!({"resourceVersion": resource_version});
+            // Our own spec write moved the generation; what it changed is
+            // this schedule's result, so the schedule observed that generation.
+            if let (Some(observed), Some(generation)) = (
+                patch.pointer_mut("/status/schedulerObservedGeneration"),
+                generation,
+            ) {
+                *observed = json!(generation);
+            }
             api.patch_status(&item.key.name, &params, &Patch::Merge(&patch))
                 .await?;
             self.mark_in_flight(key, planned_from);

@@ -84,7 +84,7 @@ pub fn karmada_assets() -> &'static Path {
                     output.status.code() != Some(3),
                     "the Karmada tests need Karmada: PLACEMENT_KARMADA_BIN is not set and its \
                      source is absent (../shared/peers/karmada, or $PLACEMENT_KARMADA_SRC); \
-                     run without them (`--skip karmada`), as scripts/test does there"
+                     run without them (`--skip karmada_`), as scripts/test does there"
                 );
                 assert!(
                     output.status.success(),
@@ -258,6 +258,11 @@ impl Karmada {
         let mut args = vec![
             format!("--replicate-cluster={KARMADA_CLUSTERS}"),
             format!("--policy-namespace={policy_namespace}"),
+            "--schedule-karmada-bindings".to_owned(),
+            // The templates are the users' objects; the scheduler places
+            // their bindings (remediating their annotations too needs the
+            // webhook registered with Karmada's API server).
+            "--remediation=off".to_owned(),
         ];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
