@@ -162,7 +162,11 @@ fn webhook_readiness_never_waits_for_the_engine() {
         .iter()
         .filter_map(|c| c["name"].as_str())
         .collect();
-    assert_eq!(names, ["webhook", "opa", "placement-sync"]);
+    assert_eq!(
+        names,
+        ["webhook", "opa", "placement-sync"],
+        "the webhook's pod, whose readiness is checked"
+    );
     for container in containers(webhook) {
         let probe = &container["readinessProbe"];
         match container["name"].as_str() {
