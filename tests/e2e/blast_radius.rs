@@ -81,12 +81,10 @@ fn policy(plane: &ControlPlane, modules: &[(&str, &str)]) {
 fn placements(plane: &ControlPlane, ns: &str) -> Vec<Option<Vec<String>>> {
     let list: Value =
         serde_json::from_str(&plane.kubectl_ok(&["get", "rs", "-n", ns, "-o", "json"])).unwrap();
-    list["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(placed_clusters)
-        .collect()
+    let items = list["items"].as_array().unwrap();
+    // Checks that all are placed must not pass on none.
+    assert!(!items.is_empty(), "no ReplicaSet in {ns}");
+    items.iter().map(placed_clusters).collect()
 }
 
 #[test]
@@ -162,6 +160,17 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         },
     );
     assert!(status.contains("\"error\""), "{status}");
+    // The last good set is still whole in OPA: the decision has its rules.
+    let decision = runtime.block_on(policy_client::PolicyEngine::query(
+        &opa.client(),
+        "io/k8s/federation/admission",
+        &json!({}),
+        tokio::time::Instant::now() + Duration::from_secs(5),
+    ));
+    assert!(
+        matches!(&decision, Ok(policy_client::QueryOutcome::Defined(d)) if d.get("annotations").is_some()),
+        "the last good set is in force: {decision:?}"
+    );
     std::thread::sleep(Duration::from_secs(3));
     assert!(
         placements(&plane, &ns).iter().all(|p| *p == both),
@@ -288,8 +297,10 @@ fn queries_never_see_half_a_policy_set() {
     let client = opa.client();
     let stop = Arc::new(AtomicBool::new(false));
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    // The answers' `v` in order, repeats left out (`None`: no decision).
+    let history: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
     let watcher = runtime.spawn({
-        let (stop, seen) = (stop.clone(), seen.clone());
+        let (stop, seen, history) = (stop.clone(), seen.clone(), history.clone());
         async move {
             let mut answers = 0u64;
             while !stop.load(Ordering::Relaxed) {
@@ -302,12 +313,18 @@ fn queries_never_see_half_a_policy_set() {
                 )
                 .await;
                 answers += 1;
+                let mut v = None;
                 if let Ok(policy_client::QueryOutcome::Defined(result)) = outcome {
                     let whole =
                         result.get("annotations").is_some() && result.get("errors").is_some();
                     if !whole {
                         seen.lock().unwrap().push(result.to_string());
                     }
+                    v = result["annotations"]["v"].as_str().map(str::to_owned);
+                }
+                let mut history = history.lock().unwrap();
+                if history.last() != Some(&v) {
+                    history.push(v);
                 }
             }
             answers
@@ -335,12 +352,36 @@ fn queries_never_see_half_a_policy_set() {
             ])
             .contains("\"ok\"")
     };
-    std::thread::sleep(Duration::from_secs(3));
+    // The queries saw the change: the old set's answer, then the new one's.
+    let two = Some("2".to_owned());
+    wait_for(
+        "queries to see the new set",
+        Duration::from_secs(30),
+        || history.lock().unwrap().contains(&two).then_some(()),
+    );
+    {
+        let history = history.lock().unwrap();
+        let at = |v: &Option<String>| history.iter().position(|h| h == v);
+        assert!(
+            matches!((at(&Some("1".to_owned())), at(&two)), (Some(old), Some(new)) if old < new),
+            "answers from the old set, then the new: {history:?}"
+        );
+    }
     assert!(ok(&plane));
     // OPA restarts; the sidecar fills it again.
+    let restarted_at = history.lock().unwrap().len();
     opa.restart();
     runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
-    std::thread::sleep(Duration::from_secs(1));
+    // The queries saw OPA without the set, then with the whole set again.
+    wait_for(
+        "queries to see the refilled OPA",
+        Duration::from_secs(30),
+        || {
+            let history = history.lock().unwrap();
+            let after = &history[restarted_at..];
+            (after.contains(&None) && after.last() == Some(&two)).then_some(())
+        },
+    );
     stop.store(true, Ordering::Relaxed);
     let answers = runtime.block_on(watcher).unwrap();
     assert!(answers > 50, "the queries ran ({answers})");

@@ -45,12 +45,20 @@ fn named<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
 }
 
+/// A Deployment's containers; it has one at least, so that checks of each
+/// cannot pass on none.
 fn containers(deployment: &Value) -> Vec<&Value> {
-    deployment["spec"]["template"]["spec"]["containers"]
+    let containers: Vec<&Value> = deployment["spec"]["template"]["spec"]["containers"]
         .as_array()
         .expect("containers")
         .iter()
-        .collect()
+        .collect();
+    assert!(
+        !containers.is_empty(),
+        "{} renders no containers",
+        deployment["metadata"]["name"]
+    );
+    containers
 }
 
 fn args(container: &Value) -> Vec<String> {
@@ -150,6 +158,15 @@ fn every_pod_is_hardened_in_every_mode() {
 fn webhook_readiness_never_waits_for_the_engine() {
     let docs = render(&[]);
     let webhook = named(&docs, "Deployment", "placement-policy-webhook");
+    let names: Vec<&str> = containers(webhook)
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["webhook", "opa", "placement-sync"],
+        "the webhook's pod, whose readiness is checked"
+    );
     for container in containers(webhook) {
         let probe = &container["readinessProbe"];
         match container["name"].as_str() {
@@ -229,26 +246,36 @@ fn webhook_configurations_tell_the_truth_and_skip_deletions() {
 #[test]
 fn rbac_names_fixed_objects_and_splits_the_webhook_from_the_remediator() {
     let docs = render(&[]);
+    // A role without rules grants nothing, and each check of its rules would
+    // pass on none: every role checked here has rules.
     let rules = |kind: &str, name: &str| -> Vec<Value> {
-        named(&docs, kind, name)["rules"]
+        let rules = named(&docs, kind, name)["rules"]
             .as_array()
             .cloned()
-            .unwrap_or_default()
+            .unwrap_or_default();
+        assert!(!rules.is_empty(), "{kind} {name} renders no rules");
+        rules
     };
-    for rule in rules("Role", "placement-policy-webhook-tls") {
-        assert_eq!(rule["resourceNames"][0], "placement-policy-webhook-tls");
-    }
-    for rule in rules("Role", "placement-policy-remediator-lease") {
-        assert_eq!(rule["resourceNames"][0], "placement-policy-remediator");
-    }
-    for role in [
-        "placement-policy-ownership",
-        "placement-policy-remediator-ownership",
+    for (role, object) in [
+        (
+            "placement-policy-webhook-tls",
+            "placement-policy-webhook-tls",
+        ),
+        (
+            "placement-policy-remediator-lease",
+            "placement-policy-remediator",
+        ),
+        ("placement-policy-ownership", "placement-policy-ownership"),
+        (
+            "placement-policy-remediator-ownership",
+            "placement-policy-ownership",
+        ),
     ] {
         for rule in rules("Role", role) {
             assert_eq!(
-                rule["resourceNames"][0], "placement-policy-ownership",
-                "{role}"
+                rule["resourceNames"],
+                serde_json::json!([object]),
+                "{role} names {object} alone: {rule}"
             );
         }
     }

@@ -131,13 +131,23 @@ fn a_killed_cluster_leaves_nothing_behind() {
     use std::process::{Command, Stdio};
 
     let iptables_before = host_iptables();
-    let mut testbed = Command::new(placement_tests::project_bin("testbed"))
-        .args(["up", "--cluster", "--bare"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start testbed up --cluster");
-    let stdout = BufReader::new(testbed.stdout.take().expect("stdout"));
+    // Killed also when a check fails before the test kills it.
+    struct TestBed(std::process::Child);
+    impl Drop for TestBed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut testbed = TestBed(
+        Command::new(placement_tests::project_bin("testbed"))
+            .args(["up", "--cluster", "--bare"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start testbed up --cluster"),
+    );
+    let stdout = BufReader::new(testbed.0.stdout.take().expect("stdout"));
     let mut init_pid = None;
     for line in stdout.lines() {
         let line = line.expect("testbed output");
@@ -169,9 +179,19 @@ fn a_killed_cluster_leaves_nothing_behind() {
             .count()
     };
     assert!(in_namespace() > 5, "the node runs its components");
+    // Its cgroup folders exist, so that their absence after the sweep means
+    // something.
+    let cgroups = || {
+        placement_tests::cluster::cgroup_hierarchies()
+            .into_iter()
+            .map(|hierarchy| hierarchy.join(format!("placement-testbed-{init_pid}")))
+            .filter(|folder| folder.exists())
+            .collect::<Vec<_>>()
+    };
+    assert!(!cgroups().is_empty(), "the running node has cgroup folders");
 
-    testbed.kill().expect("kill the test bed");
-    testbed.wait().expect("reap the test bed");
+    testbed.0.kill().expect("kill the test bed");
+    testbed.0.wait().expect("reap the test bed");
     wait_for(
         "the node's processes to die",
         Duration::from_secs(30),
@@ -202,21 +222,25 @@ fn a_killed_cluster_leaves_nothing_behind() {
     );
 
     placement_tests::cluster::sweep_cgroups();
-    for hierarchy in placement_tests::cluster::cgroup_hierarchies() {
-        let leftover = hierarchy.join(format!("placement-testbed-{init_pid}"));
-        assert!(!leftover.exists(), "{} was swept", leftover.display());
-    }
+    assert_eq!(cgroups(), Vec::<std::path::PathBuf>::new(), "swept");
 }
 
 fn link_exists(name: &str) -> bool {
     std::path::Path::new("/sys/class/net").join(name).exists()
 }
 
-/// The host's iptables rules, counters left out.
+/// The host's iptables rules, counters left out. A failed `iptables-save`
+/// fails the test: two failures would compare equal.
 fn host_iptables() -> String {
     let out = std::process::Command::new("iptables-save")
         .output()
         .expect("run iptables-save");
+    assert!(
+        out.status.success(),
+        "iptables-save failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|line| !line.starts_with('#') && !line.starts_with(':'))

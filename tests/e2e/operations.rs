@@ -80,7 +80,12 @@ impl Release {
         }
         let started = Instant::now();
         cluster.helm_ok(&args);
-        // `--wait` waited for the Deployments; every pod is Ready.
+        // `--wait` waited for the Deployments; every pod is Ready (and there
+        // is a webhook pod to check: every mode has one).
+        assert!(
+            !running_pods(cluster, "webhook").is_empty(),
+            "no running webhook pod after helm install {values:?}"
+        );
         for component in ["webhook", "remediator"] {
             for pod in running_pods(cluster, component) {
                 let ready = cluster.kubectl_ok(&[

@@ -131,8 +131,19 @@ fn a_policy_reading_the_request_gives_webhook_and_remediator_one_answer() {
     });
 
     // Further passes change nothing: no loop between remediator and webhook.
+    // A pass has run after the edit: the remediator asked again.
+    let at_rest = || {
+        runtime.block_on(
+            sidecar.remediation_at_rest(Duration::from_millis(300), Duration::from_secs(60)),
+        )
+    };
+    let (_, queries) = at_rest();
     policy_configmap(&plane, 3);
-    std::thread::sleep(Duration::from_secs(5));
+    wait_for(
+        "a remediation pass after the policy edit",
+        Duration::from_secs(60),
+        || (at_rest().1 > queries).then_some(()),
+    );
     let (value, version) = asked_by(&plane, &ns);
     assert_eq!(value.as_deref(), Some(remediator));
     assert_eq!(version, placed_at, "the object was not written again");

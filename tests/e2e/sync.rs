@@ -1053,19 +1053,32 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
             let ns = &ns;
             async move {
                 let events = get_json(plane, &["events.events.k8s.io", "-n", ns]);
-                let named: BTreeSet<String> = events["items"]
+                let stale: Vec<Value> = events["items"]
                     .as_array()
                     .into_iter()
                     .flatten()
                     .filter(|e| e["reason"] == "PlacementStale")
+                    .cloned()
+                    .collect();
+                let named: BTreeSet<String> = stale
+                    .iter()
                     .filter_map(|e| e["regarding"]["name"].as_str().map(str::to_owned))
                     .collect();
-                (named == set(&["free", "requested"])).then_some(named)
+                (named == set(&["free", "requested"])).then_some(stale)
             }
         },
     )
     .await;
-    assert_eq!(stale_events.len(), 2);
+    // Each Event (one at least per object, by the wait) is a Warning that says
+    // which annotation is stale.
+    for event in &stale_events {
+        assert_eq!(event["type"], "Warning", "{event}");
+        let note = event["note"].as_str().unwrap_or_default();
+        assert!(
+            note.contains("placement is stale") && note.contains(PREFS),
+            "the Event names the stale annotation: {event}"
+        );
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         rs("free")["metadata"]["resourceVersion"],
@@ -1122,16 +1135,9 @@ async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
     .await;
     const PASSES: &str = "placement_sync_remediation_passes_total";
     // Settled: no pass for a while (debounce is 200ms in the harness).
-    let mut before = sidecar.metric(PASSES).await;
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = sidecar.metric(PASSES).await;
-        if now == before {
-            break;
-        }
-        before = now;
-    }
-    let before = before.expect("the passes metric");
+    let (before, _) = sidecar
+        .remediation_at_rest(Duration::from_secs(2), AT_REST_WITHIN)
+        .await;
 
     let client = opa_client(&opa);
     for generation in 1..=30 {
@@ -1222,6 +1228,31 @@ impl RemediatedWorkloads {
         bed
     }
 
+    /// A marker: `w0` asks for clusters `a, b` and `marker` (no such
+    /// cluster), an edit of its developer view later in the ReplicaSets' one
+    /// watch than every change before it. Once the remediator has re-placed
+    /// `w0` on `a, b` (its one decision query) it has seen those changes too.
+    /// Returns the remediator's decision queries, at rest after that.
+    async fn marker_seen(&self, marker: &str) -> f64 {
+        self.plane.kubectl_ok(&[
+            "annotate",
+            "replicaset",
+            "w0",
+            "-n",
+            &self.ns,
+            "--overwrite",
+            &format!("{PREFS}={}", prefs_value(&["a", "b", marker])),
+        ]);
+        eventually(
+            "w0 re-placed on a, b after the marker",
+            Duration::from_secs(30),
+            || self.sidecar.log_tail(),
+            || async { self.is_placed("w0").then_some(()) },
+        )
+        .await;
+        remediation_at_rest(&self.sidecar).await.1
+    }
+
     /// Whether ReplicaSet `name` is placed on exactly `a, b`.
     fn is_placed(&self, name: &str) -> bool {
         let rs = get_json(&self.plane, &["replicaset", "-n", &self.ns, name]);
@@ -1252,30 +1283,15 @@ async fn a_starting_remediator_passes_over_every_workload_once_body() {
     );
 }
 
+/// How long a remediator may take to come to rest before the test fails.
+const AT_REST_WITHIN: Duration = Duration::from_secs(60);
+
 /// The remediator's `(passes, decision queries)`, sampled between passes (two
 /// equal samples 300 ms apart), so that no pass is counted half.
 async fn remediation_at_rest(sidecar: &Sidecar) -> (f64, f64) {
-    let sample = || async {
-        (
-            sidecar
-                .metric("placement_sync_remediation_passes_total")
-                .await
-                .expect("passes"),
-            sidecar
-                .metric("placement_sync_remediation_queries_total")
-                .await
-                .expect("queries"),
-        )
-    };
-    let mut last = sample().await;
-    loop {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let now = sample().await;
-        if now == last {
-            return now;
-        }
-        last = now;
-    }
+    sidecar
+        .remediation_at_rest(Duration::from_millis(300), AT_REST_WITHIN)
+        .await
 }
 
 #[test]
@@ -1307,13 +1323,13 @@ async fn a_created_or_edited_workload_is_evaluated_alone_body() {
         || async { bed.is_placed("late").then_some(()) },
     )
     .await;
-    // Past the debounce: an echo of the remediator's PATCH would show.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, created) = remediation_at_rest(sidecar).await;
+    // The marker's query shows that the echo of the remediator's PATCH has
+    // been seen.
+    let created = bed.marker_seen("echo").await;
     assert_eq!(
         created - before,
-        1.0,
-        "the created workload was evaluated alone, once\n{}",
+        2.0,
+        "the created workload was evaluated alone, once (and the marker once)\n{}",
         sidecar.log_tail()
     );
 
@@ -1330,13 +1346,12 @@ async fn a_created_or_edited_workload_is_evaluated_alone_body() {
             &format!(r#"{{"status":{{"replicas":0,"observedGeneration":{generation}}}}}"#),
         ]);
     }
-    // Past the debounce: a query for any of them would have been sent.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let (_, status_updated) = remediation_at_rest(sidecar).await;
+    // The marker's query shows that the status updates have been seen.
+    let status_updated = bed.marker_seen("status").await;
     assert_eq!(
         status_updated - created,
-        0.0,
-        "status updates cost decision queries\n{}",
+        1.0,
+        "status updates cost decision queries (the marker one)\n{}",
         sidecar.log_tail()
     );
 

@@ -103,6 +103,39 @@ impl SidecarProcess {
             .and_then(|v| v.parse().ok())
     }
 
+    /// The remediator's `(passes, decision queries)` once it rests: two equal
+    /// samples `interval` apart, so that no pass is counted half. Panics with
+    /// the log when it has not rested within `timeout`: a remediator that never
+    /// rests (a patch loop) fails the test instead of hanging it.
+    pub async fn remediation_at_rest(&self, interval: Duration, timeout: Duration) -> (f64, f64) {
+        let sample = || async {
+            (
+                self.metric("placement_sync_remediation_passes_total")
+                    .await
+                    .expect("the passes metric"),
+                self.metric("placement_sync_remediation_queries_total")
+                    .await
+                    .expect("the queries metric"),
+            )
+        };
+        let deadline = Instant::now() + timeout;
+        let mut last = sample().await;
+        loop {
+            tokio::time::sleep(interval).await;
+            let now = sample().await;
+            if now == last {
+                return now;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the remediator did not rest for {interval:?} within {timeout:?}: \
+                 (passes, queries) went from {last:?} to {now:?}\n{}",
+                self.log_tail()
+            );
+            last = now;
+        }
+    }
+
     pub fn log_path(&self) -> &std::path::Path {
         self.process.log_path()
     }
