@@ -11,13 +11,16 @@
 //! 5. recovery after an OPA restart with those objects, beside kube-mgmt;
 //! 6. hostile clients: memory, connections and normal reviews under attack;
 //! 7. churn: 10,000 remediated ReplicaSets under status updates no policy
-//!    reads, then one Cluster offline.
+//!    reads, then one Cluster offline;
+//! 8. scheduling 1,000 Deployments through a real Karmada federation,
+//!    placement-policy beside karmada-scheduler, and failover.
 
 mod admission;
 mod apiserver;
 mod churn;
 mod common;
 mod hostile;
+mod karmada;
 mod kube_mgmt;
 mod load;
 mod opa_probe;
@@ -38,11 +41,11 @@ use crate::report::Report;
 #[derive(Debug, Parser)]
 #[command(about = "Benchmarks of placement-policy (issues 5, 11, 12); run through scripts/bench")]
 struct Args {
-    /// Scenarios to run (comma-separated numbers 1-7).
+    /// Scenarios to run (comma-separated numbers 1-8).
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
-        default_value = "1,2,3,4,5,6,7",
+        default_value = "1,2,3,4,5,6,7,8",
         value_delimiter = ','
     )]
     scenarios: Vec<u8>,
@@ -83,6 +86,13 @@ struct Args {
     /// Seconds of status updates in scenario 7.
     #[arg(long, env = "BENCH_CHURN_SECONDS", default_value_t = 60.0)]
     churn_seconds: f64,
+    /// Deployments scheduled through Karmada in scenario 8, by each scheduler.
+    #[arg(long, env = "BENCH_KARMADA_DEPLOYMENTS", default_value_t = 1000)]
+    karmada_deployments: usize,
+    /// Why scenario 8 is skipped (scripts/bench passes the reason when
+    /// Karmada's source is absent).
+    #[arg(long, env = "BENCH_KARMADA_SKIPPED")]
+    karmada_skipped: Option<String>,
     /// kube-mgmt for scenarios 3 and 5: the binary or its folder (scripts/bench
     /// passes what `scripts/testbed kube-mgmt-assets` built); without it and
     /// without --kube-mgmt-skipped, that command is run.
@@ -127,7 +137,7 @@ fn main() -> Result<()> {
     };
     let hint = "build with `cargo build --release --bins` (scripts/bench does)";
     require(&bins.webhook, hint)?;
-    if uses(&[3, 4, 5, 7]) {
+    if uses(&[3, 4, 5, 7, 8]) {
         require(&bins.sync, hint)?;
     }
     if uses(&[1, 2]) {
@@ -195,6 +205,18 @@ fn main() -> Result<()> {
                 },
                 &mut report,
             )?,
+            8 => match args.karmada_skipped.as_deref().filter(|r| !r.is_empty()) {
+                Some(reason) => karmada::skipped(reason, &mut report),
+                None => karmada::run(
+                    &bins,
+                    &dir,
+                    &karmada::Settings {
+                        deployments: args.karmada_deployments,
+                        replicas: 2,
+                    },
+                    &mut report,
+                )?,
+            },
             other => anyhow::bail!("no scenario {other}"),
         }
         eprintln!(
@@ -286,7 +308,7 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     report.header(format!("Command: `{}`", args.command));
     report.header(format!(
-        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads, churn of {} workloads at {} status updates/s for {} s.",
+        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads, churn of {} workloads at {} status updates/s for {} s, {} Deployments through Karmada.",
         args.scenarios,
         args.runs,
         args.duration,
@@ -301,6 +323,7 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
         args.churn_workloads,
         args.churn_rate,
         args.churn_seconds,
+        args.karmada_deployments,
     ));
     report.header(format!(
         "Machine: {cores} cores ({cpu}), {mem} memory; load average at start: {}. Everything (servers, peers, load generator) shares these cores.",

@@ -61,6 +61,11 @@ impl OpaServer {
     }
 
     /// The CA that signed an HTTPS OPA's certificate (for `--opa-ca-file`).
+    /// The OPA process's id (for measuring it); `None` while it is stopped.
+    pub fn pid(&self) -> Option<u32> {
+        self.process.as_ref()?.pid()
+    }
+
     pub fn ca_file(&self) -> Option<&std::path::Path> {
         self.tls.as_ref().map(|paths| paths.ca.as_path())
     }

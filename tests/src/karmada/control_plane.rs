@@ -52,6 +52,12 @@ pub(super) struct Components {
 }
 
 impl Components {
+    /// The process id of component `name` (e.g. `karmada-scheduler`).
+    pub(super) fn pid(&self, name: &str) -> Option<u32> {
+        let processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());
+        processes.iter().find(|p| p.name() == name)?.pid()
+    }
+
     /// Panic with the log's tail when a component has exited.
     pub(super) fn check(&self) {
         let mut processes = self.processes.lock().unwrap_or_else(|p| p.into_inner());

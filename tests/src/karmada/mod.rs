@@ -34,6 +34,20 @@ pub use members::{Member, MemberKind, MemberSpec, PCI_LABEL, WORKLOAD_IMAGE, clu
 
 use control_plane::Components;
 
+/// The flags of placement-sync as Karmada's scheduler: Karmada's Clusters
+/// replicated, the policies of `policy_namespace`, bindings scheduled. The
+/// templates are the users' objects: their bindings are scheduled, their
+/// annotations left alone (remediating those needs the webhook registered
+/// with Karmada's API server).
+pub fn scheduler_args(policy_namespace: &str) -> Vec<String> {
+    vec![
+        format!("--replicate-cluster={KARMADA_CLUSTERS}"),
+        format!("--policy-namespace={policy_namespace}"),
+        "--schedule-karmada-bindings".to_owned(),
+        "--remediation=off".to_owned(),
+    ]
+}
+
 /// The members, as registered with Karmada.
 pub const MEMBERS: [MemberSpec; 3] = [
     MemberSpec {
@@ -238,6 +252,12 @@ impl Karmada {
         );
     }
 
+    /// The process id of Karmada component `name` (`karmada-scheduler`,
+    /// `karmada-controller-manager`, ...), for measuring it.
+    pub fn component_pid(&self, name: &str) -> Option<u32> {
+        self.components.pid(name)
+    }
+
     /// Panics with the log's tail when a Karmada component has exited.
     pub fn check_components(&self) {
         self.components.check();
@@ -255,15 +275,7 @@ impl Karmada {
         policy_namespace: &str,
         extra: &[&str],
     ) -> SidecarProcess {
-        let mut args = vec![
-            format!("--replicate-cluster={KARMADA_CLUSTERS}"),
-            format!("--policy-namespace={policy_namespace}"),
-            "--schedule-karmada-bindings".to_owned(),
-            // The templates are the users' objects; the scheduler places
-            // their bindings (remediating their annotations too needs the
-            // webhook registered with Karmada's API server).
-            "--remediation=off".to_owned(),
-        ];
+        let mut args = scheduler_args(policy_namespace);
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         SidecarProcess::start_as(&self.plane, Identity::Admin, opa, &args)

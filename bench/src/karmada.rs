@@ -1,0 +1,516 @@
+//! Scenario 8: scheduling through Karmada. A real Karmada federation (the
+//! test bed's: control plane and three Push members); N Deployments created
+//! through Karmada's API server twice, scheduled once by karmada-scheduler
+//! (a native PropagationPolicy with static weights 1:1 over member-eu-2 and
+//! member-us-1) and once by placement-policy (a PropagationPolicy with
+//! `schedulerName: placement-policy` and the shipped policy, which for PCI
+//! level 3 without EU jurisdiction selects the same two members, evenly).
+//! Measured for each: the time from the first create until every Work exists
+//! (two per Deployment), and the CPU the scheduler used meanwhile
+//! (karmada-scheduler; placement-sync and its OPA). Then failover: a NoExecute
+//! ClusterTaintPolicy on member-us-1 and its API server killed; the time from
+//! the taint until the last binding of each kind is placed on member-eu-2
+//! alone. The bed's memory is reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::runtime::watcher;
+use placement_tests::karmada::{Karmada, scheduler_args};
+use placement_tests::{Identity, OpaServer, shipped_policy_modules};
+use serde_json::{Value, json};
+
+use crate::common::{Bins, Sidecar, cpu_seconds, poll, vm_kib};
+use crate::report::{Report, Status};
+
+const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
+const POLICY_NAMESPACE: &str = "bench-karmada-policy";
+const NATIVE: &str = "bench-native";
+const OURS: &str = "bench-placement-policy";
+const DEAD: &str = "member-us-1";
+const LEFT: &str = "member-eu-2";
+const SCHEDULER_NAME: &str = "placement-policy";
+
+pub(crate) struct Settings {
+    pub(crate) deployments: usize,
+    pub(crate) replicas: i32,
+}
+
+/// One contender's scheduling of every Deployment.
+#[derive(Debug, Clone, Copy)]
+struct Scheduling {
+    seconds: f64,
+    cpu: f64,
+}
+
+pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let started = Instant::now();
+    let karmada = std::panic::catch_unwind(Karmada::start)
+        .map_err(|_| anyhow!("the Karmada test bed did not start (see the output above)"))?;
+    let bed_ready = started.elapsed().as_secs_f64();
+    let scheduler_pid = karmada
+        .component_pid("karmada-scheduler")
+        .context("karmada-scheduler is not running")?;
+
+    karmada.create_policy_namespace(POLICY_NAMESPACE);
+    let mut configmap = vec![
+        "create".to_owned(),
+        "configmap".to_owned(),
+        "placement".to_owned(),
+        "-n".to_owned(),
+        POLICY_NAMESPACE.to_owned(),
+    ];
+    let policy_dir = dir.join("policy");
+    std::fs::create_dir_all(&policy_dir)?;
+    for (file, source) in shipped_policy_modules() {
+        std::fs::write(policy_dir.join(&file), source)?;
+        configmap.push(format!("--from-file={}", policy_dir.join(&file).display()));
+    }
+    let configmap: Vec<&str> = configmap.iter().map(String::as_str).collect();
+    karmada.kubectl_ok(&configmap);
+    let opa = OpaServer::start();
+    let mut args = scheduler_args(POLICY_NAMESPACE);
+    args.extend([
+        "--lease-namespace=placement-system".to_owned(),
+        "--identity=bench".to_owned(),
+    ]);
+    let mut sync = Sidecar::start(
+        bins,
+        dir,
+        karmada.plane(),
+        Identity::Admin,
+        &opa,
+        &args,
+        "karmada",
+    )?;
+    sync.wait_ready(Duration::from_secs(60), Duration::from_millis(100))?;
+    let ours_pids = vec![sync.pid(), opa.pid().context("OPA is not running")?];
+
+    let runtime = tokio::runtime::Runtime::new()?;
+    let client = runtime.block_on(karmada.client(Identity::Admin));
+    let native = schedule_all(
+        &runtime,
+        &client,
+        &karmada,
+        NATIVE,
+        native_policy(),
+        settings,
+        &[scheduler_pid],
+    )?;
+    let ours = schedule_all(
+        &runtime,
+        &client,
+        &karmada,
+        OURS,
+        handed_policy(),
+        settings,
+        &ours_pids,
+    )?;
+    let memory = bed_memory(&[std::process::id()]);
+    let failover = runtime.block_on(failover(&client, &karmada, settings))?;
+    sync.check_alive()?;
+
+    let n = settings.deployments;
+    let mut section = format!(
+        "## 8. Scheduling through Karmada ({n} Deployments of {} replicas)\n\n\
+         A real Karmada federation (the test bed's: control plane and three Push members; ready in {bed_ready:.0} s), \
+         every Deployment created through Karmada's API server with PCI level 3. karmada-scheduler schedules them by a native \
+         PropagationPolicy (static weights 1:1 over {LEFT} and {DEAD}); placement-policy by a PropagationPolicy with \
+         `schedulerName: placement-policy` and the shipped policy (which selects the same two members, evenly). \
+         Time: from the first create until every Work exists ({} Works). CPU: the scheduler's processes meanwhile \
+         (karmada-scheduler; placement-sync and its OPA), from `/proc/<pid>/stat`.\n\n\
+         | scheduler | time to every Work | CPU | time ratio | CPU ratio |\n|---|---|---|---|---|\n",
+        settings.replicas,
+        2 * n
+    );
+    section.push_str(&format!(
+        "| karmada-scheduler | {:.2} s | {:.2} s | 1.00 | 1.00 |\n",
+        native.seconds, native.cpu
+    ));
+    let time_ratio = ours.seconds / native.seconds;
+    let cpu_ratio = ours.cpu / native.cpu.max(0.001);
+    section.push_str(&format!(
+        "| placement-policy | {:.2} s | {:.2} s | {time_ratio:.2} | {cpu_ratio:.2} |\n",
+        ours.seconds, ours.cpu
+    ));
+    section.push_str(&format!(
+        "\nFailover: a NoExecute ClusterTaintPolicy on {DEAD} while not Ready, and its API server killed. Karmada saw it \
+         and tainted it {:.1} s after the kill; from the taint until the last of the {n} bindings of each scheduler is on \
+         {LEFT} alone: karmada-scheduler {:.2} s, placement-policy {:.2} s ({:.2}x).\n\n\
+         Memory of the whole bed at the end (RSS of every process of this run, members and both schedulers included): {:.0} MiB.\n",
+        failover.taint_after_kill,
+        failover.native,
+        failover.ours,
+        failover.ours / failover.native,
+        memory as f64 / 1024.0,
+    ));
+    report.section(section);
+    report.target(
+        format!(
+            "Karmada: time until every Work of {n} Deployments exists, at most karmada-scheduler's"
+        ),
+        format!(
+            "{:.2} s vs {:.2} s ({time_ratio:.2}x)",
+            ours.seconds, native.seconds
+        ),
+        Status::from_bool(time_ratio <= 1.0),
+    );
+    report.target(
+        format!("Karmada: scheduler CPU for {n} Deployments, at most karmada-scheduler's"),
+        format!("{:.2} s vs {:.2} s ({cpu_ratio:.2}x)", ours.cpu, native.cpu),
+        Status::from_bool(cpu_ratio <= 1.0),
+    );
+    report.target(
+        format!(
+            "Karmada failover: taint to the last of {n} bindings re-placed, at most karmada's own"
+        ),
+        format!("{:.2} s vs {:.2} s", failover.ours, failover.native),
+        Status::from_bool(failover.ours <= failover.native),
+    );
+    drop(sync);
+    drop(opa);
+    drop(karmada);
+    Ok(())
+}
+
+/// Scenario 8 without Karmada: said in the report, never counted as met.
+pub(crate) fn skipped(reason: &str, report: &mut Report) {
+    report.section(format!(
+        "## 8. Scheduling through Karmada\n\nNot run: {reason}\n"
+    ));
+    report.target(
+        "Karmada: scheduling and failover beside karmada-scheduler",
+        format!("not run: {reason}"),
+        Status::Blocked,
+    );
+}
+
+fn selector(namespace: &str) -> Value {
+    json!([{"apiVersion": "apps/v1", "kind": "Deployment", "labelSelector": {"matchLabels": {"bench": namespace}}}])
+}
+
+fn native_policy() -> impl Fn(&str) -> Value {
+    |namespace: &str| {
+        json!({
+            "apiVersion": "policy.karmada.io/v1alpha1",
+            "kind": "PropagationPolicy",
+            "metadata": {"name": "bench", "namespace": namespace},
+            "spec": {
+                "resourceSelectors": selector(namespace),
+                "placement": {
+                    "clusterAffinity": {"clusterNames": [LEFT, DEAD]},
+                    "replicaScheduling": {
+                        "replicaSchedulingType": "Divided",
+                        "replicaDivisionPreference": "Weighted",
+                        "weightPreference": {"staticWeightList": [
+                            {"targetCluster": {"clusterNames": [LEFT]}, "weight": 1},
+                            {"targetCluster": {"clusterNames": [DEAD]}, "weight": 1}
+                        ]}
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn handed_policy() -> impl Fn(&str) -> Value {
+    |namespace: &str| {
+        json!({
+            "apiVersion": "policy.karmada.io/v1alpha1",
+            "kind": "PropagationPolicy",
+            "metadata": {"name": "bench", "namespace": namespace},
+            "spec": {
+                "schedulerName": SCHEDULER_NAME,
+                "resourceSelectors": selector(namespace),
+                "placement": {
+                    "replicaScheduling": {
+                        "replicaSchedulingType": "Divided",
+                        "replicaDivisionPreference": "Weighted"
+                    }
+                }
+            }
+        })
+    }
+}
+
+fn deployment(namespace: &str, name: &str, replicas: i32) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"bench": namespace},
+                     "annotations": {PCI_KEY: "3"}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "app", "image": placement_tests::karmada::WORKLOAD_IMAGE}]}
+            }
+        }
+    }))
+    .expect("a Deployment")
+}
+
+fn sum_cpu(pids: &[u32]) -> Result<f64> {
+    pids.iter().map(|pid| cpu_seconds(*pid)).sum()
+}
+
+/// Create the policy and every Deployment in `namespace`, and wait until
+/// every Work of them exists.
+fn schedule_all(
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    karmada: &Karmada,
+    namespace: &str,
+    policy: impl Fn(&str) -> Value,
+    settings: &Settings,
+    pids: &[u32],
+) -> Result<Scheduling> {
+    karmada.create_namespace(namespace);
+    let out = karmada.kubectl_stdin(&["create", "-f", "-"], &policy(namespace).to_string());
+    if !out.status.success() {
+        bail!(
+            "create the PropagationPolicy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let expected = 2 * settings.deployments;
+    let works = WorkCount::start(runtime, client, namespace);
+    let cpu_before = sum_cpu(pids)?;
+    let started = Instant::now();
+    runtime.block_on(async {
+        let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+        let creates = futures::stream::iter(0..settings.deployments).map(|i| {
+            let api = api.clone();
+            async move {
+                api.create(
+                    &PostParams::default(),
+                    &deployment(namespace, &format!("d{i:05}"), settings.replicas),
+                )
+                .await
+            }
+        });
+        let results: Vec<_> = creates.buffer_unordered(16).collect().await;
+        results.into_iter().collect::<Result<Vec<_>, _>>()
+    })?;
+    poll(
+        &format!("{expected} Works of {namespace}"),
+        Duration::from_secs(900),
+        Duration::from_millis(100),
+        || {
+            karmada.check_components();
+            Ok((works.count() >= expected).then_some(()))
+        },
+    )?;
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = sum_cpu(pids)? - cpu_before;
+    eprintln!("{namespace}: {expected} Works after {seconds:.2} s, CPU {cpu:.2} s");
+    Ok(Scheduling { seconds, cpu })
+}
+
+/// The Works Karmada made of the Deployments of one namespace, counted by a
+/// watch (a poll listing thousands of Works would load the API server that
+/// both contenders share).
+struct WorkCount {
+    seen: Arc<Mutex<BTreeSet<(String, String)>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl WorkCount {
+    fn start(
+        runtime: &tokio::runtime::Runtime,
+        client: &kube::Client,
+        namespace: &str,
+    ) -> WorkCount {
+        let seen = Arc::new(Mutex::new(BTreeSet::new()));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "work.karmada.io",
+            "v1alpha1",
+            "Work",
+        ));
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let namespace = namespace.to_owned();
+        let task = {
+            let seen = seen.clone();
+            runtime.spawn(async move {
+                let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    let Ok(event) = event else { continue };
+                    let (watcher::Event::Apply(work) | watcher::Event::InitApply(work)) = event
+                    else {
+                        continue;
+                    };
+                    let manifests = work
+                        .data
+                        .pointer("/spec/workload/manifests")
+                        .and_then(Value::as_array);
+                    let ours = manifests.into_iter().flatten().any(|m| {
+                        m.pointer("/metadata/namespace").and_then(Value::as_str)
+                            == Some(namespace.as_str())
+                    });
+                    if ours {
+                        seen.lock().unwrap_or_else(|e| e.into_inner()).insert((
+                            work.metadata.namespace.clone().unwrap_or_default(),
+                            work.metadata.name.clone().unwrap_or_default(),
+                        ));
+                    }
+                }
+            })
+        };
+        WorkCount { seen, task }
+    }
+
+    fn count(&self) -> usize {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+impl Drop for WorkCount {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct Failover {
+    taint_after_kill: f64,
+    native: f64,
+    ours: f64,
+}
+
+/// Whether every binding of `namespace` is on [`LEFT`] alone with its replicas.
+async fn all_left(client: &kube::Client, namespace: &str, replicas: i32, n: usize) -> Result<bool> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "work.karmada.io",
+        "v1alpha2",
+        "ResourceBinding",
+    ));
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+    let bindings = api.list(&ListParams::default()).await?;
+    let placed = bindings
+        .items
+        .iter()
+        .filter(|b| {
+            let clusters: BTreeMap<&str, i64> = b
+                .data
+                .pointer("/spec/clusters")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|c| Some((c.get("name")?.as_str()?, c.get("replicas")?.as_i64()?)))
+                .collect();
+            clusters == BTreeMap::from([(LEFT, i64::from(replicas))])
+        })
+        .count();
+    Ok(placed == n)
+}
+
+async fn failover(
+    client: &kube::Client,
+    karmada: &Karmada,
+    settings: &Settings,
+) -> Result<Failover> {
+    let taint_key = "bench/not-ready";
+    let policy = json!({
+        "apiVersion": "policy.karmada.io/v1alpha1",
+        "kind": "ClusterTaintPolicy",
+        "metadata": {"name": "bench-failover"},
+        "spec": {
+            "targetClusters": {"clusterNames": [DEAD]},
+            "addOnConditions": [{"conditionType": "Ready", "operator": "NotIn", "statusValues": ["True"]}],
+            "removeOnConditions": [{"conditionType": "Ready", "operator": "In", "statusValues": ["True"]}],
+            "taints": [{"key": taint_key, "effect": "NoExecute"}]
+        }
+    });
+    let out = karmada.kubectl_stdin(&["create", "-f", "-"], &policy.to_string());
+    if !out.status.success() {
+        bail!(
+            "create the ClusterTaintPolicy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let member = karmada.member(DEAD);
+    let killed = Instant::now();
+    member.stop_apiserver();
+    let result = async {
+        let tainted = loop {
+            let cluster: Value = serde_json::from_str(&karmada.kubectl_ok(&[
+                "get",
+                "clusters.cluster.karmada.io",
+                DEAD,
+                "-o",
+                "json",
+            ]))?;
+            let has = cluster
+                .pointer("/spec/taints")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .any(|t| t["key"] == taint_key && t["effect"] == "NoExecute");
+            if has {
+                break Instant::now();
+            }
+            if killed.elapsed() > Duration::from_secs(180) {
+                bail!("{DEAD} was not tainted within 180 s of its API server's death");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        };
+        let (mut native, mut ours) = (None, None);
+        while native.is_none() || ours.is_none() {
+            if tainted.elapsed() > Duration::from_secs(600) {
+                bail!("the bindings were not re-placed within 600 s of the taint (karmada-scheduler done: {native:?}, placement-policy done: {ours:?})");
+            }
+            if native.is_none() && all_left(client, NATIVE, settings.replicas, settings.deployments).await? {
+                native = Some(tainted.elapsed().as_secs_f64());
+            }
+            if ours.is_none() && all_left(client, OURS, settings.replicas, settings.deployments).await? {
+                ours = Some(tainted.elapsed().as_secs_f64());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        Ok(Failover {
+            taint_after_kill: (tainted - killed).as_secs_f64(),
+            native: native.unwrap_or_default(),
+            ours: ours.unwrap_or_default(),
+        })
+    }
+    .await;
+    member.start_apiserver();
+    karmada.kubectl(&["delete", "clustertaintpolicy", "bench-failover"]);
+    result
+}
+
+/// The RSS (KiB) of every process below `roots`.
+fn bed_memory(roots: &[u32]) -> u64 {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The parent is the second field after the command's closing parenthesis.
+        let Some(parent) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        children.entry(parent).or_default().push(pid);
+    }
+    let mut total = 0;
+    let mut stack: Vec<u32> = roots.to_vec();
+    while let Some(pid) = stack.pop() {
+        total += vm_kib(pid, "VmRSS").unwrap_or(0);
+        stack.extend(children.get(&pid).into_iter().flatten());
+    }
+    total
+}
