@@ -1,6 +1,7 @@
 //! Policy engines for placement-policy: the [`PolicyEngine`] trait, the OPA REST
 //! client ([`Opa`]), the embedded Rego engine ([`Embedded`]), decision parsing
-//! ([`Decision`]) and the annotation merge into a JSON patch ([`placement`]).
+//! ([`Decision`]), the annotation merge into a JSON patch ([`placement`]) and
+//! the rule of what a decision with errors may do to a placement ([`verdict`]).
 //!
 //! No Kubernetes server code lives here.
 
@@ -15,6 +16,7 @@ pub mod ownership_secret;
 pub mod placement;
 pub mod retry;
 pub mod text;
+pub mod verdict;
 
 pub use decision::{Decision, DecisionError};
 pub use embedded::Embedded;

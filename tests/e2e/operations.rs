@@ -439,11 +439,12 @@ fn helm_install_with_defaults_places_user_and_controller_workloads() {
     );
 }
 
-/// Case 2: a `Cluster` goes offline: every workload placed on it is
-/// re-placed, the one whose developer had asked for it too (with a Warning
-/// Event naming what to fix), and that workload's rollout (image change),
-/// scale and foreground deletion all complete; an update that brings no new
-/// violation passes with a warning naming the existing one.
+/// Case 2: a `Cluster` goes offline: every workload the policy placed on it
+/// is re-placed, and a Deployment's rollout (image change), scale and
+/// foreground deletion all complete; the one whose developer asked for that
+/// cluster keeps its placement (a decision with errors never replaces one),
+/// with a Warning Event naming what to fix, and an update of it that brings
+/// no new violation passes with a warning naming the existing one.
 #[test]
 fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     let _serial = serial();
@@ -467,15 +468,13 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     let mut deployment = eu_replicaset(&ns, "web");
     deployment["kind"] = json!("Deployment");
     deployment["spec"]["replicas"] = json!(1);
-    deployment["metadata"]["annotations"][placement_tests::PREFS] =
-        json!(r#"{"clusters":{"gce-europe-west1":{"weight":1},"gce-europe-west2":{"weight":1}}}"#);
     let created = create(cluster, &deployment);
     assert!(created.ok, "{}", created.stderr);
     cluster.wait_rollout(&ns, "web");
 
     set_phase(cluster, "gce-europe-west2", "offline");
     let went_offline = Instant::now();
-    for (kind, name) in [("rs", "plain"), ("rs", "requested"), ("deployment", "web")] {
+    for (kind, name) in [("rs", "plain"), ("deployment", "web")] {
         release.wait_for(
             &format!("{kind}/{name} to leave the offline cluster"),
             Duration::from_secs(60),
@@ -489,18 +488,26 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
         "measured: cluster offline to its workloads re-placed: {:?}",
         went_offline.elapsed()
     );
-    let events = cluster.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        &ns,
-        "--field-selector=involvedObject.name=requested,type=Warning",
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
-    assert!(
-        events.contains("gce-europe-west2"),
-        "a Warning Event tells the developer which requested cluster to drop: {events}"
+    release.wait_for(
+        "a Warning Event telling the developer which requested cluster to drop",
+        Duration::from_secs(30),
+        || {
+            let events = cluster.kubectl_ok(&[
+                "get",
+                "events",
+                "-n",
+                &ns,
+                "--field-selector=involvedObject.name=requested,type=Warning",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ]);
+            events.contains("gce-europe-west2").then_some(())
+        },
+    );
+    assert_eq!(
+        placed_clusters(&get_json(cluster, &["rs", "-n", &ns, "requested"])),
+        eu_pci(),
+        "the developer's own request is kept until they change it"
     );
 
     // An update that adds no violation passes, warning about the one there.

@@ -4,8 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use policy_client::placement::{MergeError, plan_patch};
+use policy_client::placement::MergeError;
 use policy_client::text::bounded;
+use policy_client::verdict::{Plan, plan, request_changed};
 use policy_client::{
     Decision, DecisionError, EngineError, OwnershipKeys, PolicyEngine, QueryOutcome, RequestMeta,
     SharedKeys, policy_input,
@@ -222,7 +223,7 @@ impl Admission {
             }
             Ok(Placement::Tolerated { patch, existing }) => {
                 let message = format!(
-                    "placement-policy: admitted although the policy reports, as it did before this update: {}",
+                    "placement-policy: admitted with the stored placement kept, although the policy reports, as it did before this update: {}",
                     existing.join("; ")
                 );
                 self.events.emit(request, "PlacementViolation", &message);
@@ -295,26 +296,34 @@ impl Admission {
     ) -> Result<Placement, PlacementFailure> {
         let deadline = Instant::now() + self.settings.engine_deadline;
         let decision = self.decision(request, object, deadline).await?;
-        if !decision.is_denied() {
-            let keys = self.settings.ownership_keys.current();
-            return Ok(Placement::Patch(plan_patch(object, &decision, &keys)?));
-        }
-        // An UPDATE that adds no violation is not denied (Kyverno's
-        // allowExistingViolations): the controllers that scale, roll out and
-        // finalize a workload whose placement became invalid must go on.
-        let existing = match (&request.operation, &request.old_object) {
-            (Operation::Update, Some(old)) => self.decision(request, old, deadline).await?.errors,
+        let keys = self.settings.ownership_keys.current();
+        let stored = match request.operation {
+            Operation::Update => request.old_object.as_ref(),
+            _ => None,
+        };
+        let (restore, errors) = match plan(object, stored, &decision, &keys)? {
+            Plan::Place(patch) => return Ok(Placement::Patch(patch)),
+            Plan::Keep { restore, errors } => (restore, errors),
+        };
+        // An UPDATE that leaves the developer's request as it was and adds no
+        // violation is not denied (Kyverno's allowExistingViolations): the
+        // controllers that scale, roll out and finalize a workload whose
+        // placement became invalid must go on. One that changes the request is
+        // judged on the new object alone.
+        let existing = match stored {
+            Some(old) if !request_changed(object, old, &keys) => {
+                self.decision(request, old, deadline).await?.errors
+            }
             _ => Vec::new(),
         };
-        let (existing, new): (Vec<String>, Vec<String>) = decision
-            .errors
-            .iter()
-            .cloned()
+        let (existing, new): (Vec<String>, Vec<String>) = errors
+            .into_iter()
             .partition(|error| existing.contains(error));
         if new.is_empty() {
-            let keys = self.settings.ownership_keys.current();
+            // The stored placement stays (a decision with errors never
+            // removes or replaces one), restored where the update lacks it.
             return Ok(Placement::Tolerated {
-                patch: plan_patch(object, &decision, &keys)?,
+                patch: restore,
                 existing,
             });
         }
@@ -349,8 +358,8 @@ enum Placement {
         new: Vec<String>,
         existing: Vec<String>,
     },
-    /// An UPDATE whose errors the stored object already had: admitted, with the
-    /// policy's annotations.
+    /// An UPDATE of an unchanged request whose errors the stored object
+    /// already had: admitted, keeping the stored placement.
     Tolerated {
         patch: Option<json_patch::Patch>,
         existing: Vec<String>,
