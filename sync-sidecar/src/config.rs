@@ -11,6 +11,7 @@ use policy_client::{DEFAULT_DECISION_PATH, Token};
 use crate::blast::BlastRadius;
 use crate::error::SyncError;
 use crate::gvr::Gvr;
+use crate::health::PartitionRule;
 use crate::scope::Scope;
 use policy_client::OwnershipKeys;
 use policy_client::configmaps::{
@@ -227,6 +228,22 @@ pub struct Args {
     )]
     pub remediation_hold_min: usize,
 
+    /// Cluster health changes re-place without confirmation, unless at least
+    /// this share of the clusters (and at least 3) turned unhealthy within
+    /// --remediation-partition-window: that looks like a partition of the
+    /// control plane, and is held like an edit (kube-controller-manager's
+    /// --unhealthy-zone-threshold).
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_THRESHOLD",
+        default_value_t = 0.55
+    )]
+    pub remediation_partition_threshold: f64,
+
+    /// The window of --remediation-partition-threshold, e.g. `60s`.
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub remediation_partition_window: Duration,
+
     /// Secret (`NAMESPACE/NAME`) holding the keys that sign the ownership record,
     /// shared with the webhook (which creates them); read and followed.
     #[arg(
@@ -350,6 +367,8 @@ pub struct Settings {
     pub scope: Scope,
     /// When a pass is held until confirmed.
     pub blast_radius: BlastRadius,
+    /// When cluster health changes look like a partition.
+    pub partition: PartitionRule,
     /// Where the ownership record's keys come from.
     pub ownership_keys: OwnershipKeySource,
     /// `None` when leader election is off (this replica always remediates).
@@ -568,6 +587,18 @@ impl Settings {
                     min: args.remediation_hold_min,
                 }
             },
+            partition: {
+                if !(0.0..=1.0).contains(&args.remediation_partition_threshold) {
+                    return Err(config(format!(
+                        "--remediation-partition-threshold must be between 0 and 1, got {}",
+                        args.remediation_partition_threshold
+                    )));
+                }
+                PartitionRule {
+                    threshold: args.remediation_partition_threshold,
+                    window: args.remediation_partition_window,
+                }
+            },
             scope: Scope {
                 excluded_namespaces: args
                     .scope_exclude_namespaces
@@ -732,6 +763,13 @@ mod tests {
             ]
         );
         assert_eq!(s.remediation_debounce, Duration::from_millis(500));
+        assert_eq!(
+            s.partition,
+            PartitionRule {
+                threshold: 0.55,
+                window: Duration::from_secs(60)
+            }
+        );
         let leader = s.leader.unwrap();
         assert_eq!(leader.identity, "pod-a");
         assert_eq!(leader.lease_name, DEFAULT_LEASE_NAME);

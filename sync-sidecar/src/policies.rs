@@ -29,6 +29,8 @@ use policy_client::{CompileError, EngineError, PolicyEngine};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
+
+use crate::cause::{Cause, Trigger};
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{Gate, full_sync_loop};
@@ -168,6 +170,19 @@ impl ModuleSet {
             .filter(|r| r.outcome.is_ok() || r.last_good.is_some())
             .count();
         (loaded, failed)
+    }
+
+    /// The revision of the modules in force: a digest of their ids and
+    /// sources.
+    pub fn revision(&self) -> String {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        for (id, source) in self.in_force() {
+            for part in [id.as_bytes(), source.as_bytes()] {
+                context.update(&(part.len() as u64).to_be_bytes());
+                context.update(part);
+            }
+        }
+        crate::cause::hex(context.finish().as_ref(), 8)
     }
 
     /// The modules in force: each one's accepted source.
@@ -472,7 +487,7 @@ struct ConfigMapLoader {
     gate: Gate,
     state: Arc<SyncState>,
     metrics: Arc<Metrics>,
-    changed: Arc<Notify>,
+    trigger: Arc<Trigger>,
     engine: Arc<dyn PolicyEngine>,
     reads: PolicyReads,
     /// `--replicate-path` as segments: where the policies read replicated data.
@@ -502,7 +517,16 @@ impl ConfigMapLoader {
         {
             demand.settle(reads);
         }
-        self.changed.notify_one();
+        self.trigger.fire(Cause::Policy(self.revision()));
+    }
+
+    /// The revision of the policy set in force: its modules and data.
+    fn revision(&self) -> String {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        context.update(self.modules.revision().as_bytes());
+        context.update(&[0]);
+        context.update(self.data.revision().as_bytes());
+        crate::cause::hex(context.finish().as_ref(), 8)
     }
 
     /// What the engine's modules and `more` sources read of the replicated
@@ -758,7 +782,7 @@ pub(crate) struct PolicyLoaderContext {
     /// Top-level `data` names of replicated data (not packages).
     pub(crate) data_roots: Vec<String>,
     pub(crate) permits: Arc<Semaphore>,
-    pub(crate) changed: Arc<Notify>,
+    pub(crate) trigger: Arc<Trigger>,
     pub(crate) reads: PolicyReads,
     pub(crate) replicate_root: Vec<String>,
     pub(crate) demand: Option<Arc<Demand>>,
@@ -808,7 +832,7 @@ pub(crate) async fn run(
         gate: Gate::default(),
         state: ctx.state.clone(),
         metrics: ctx.metrics.clone(),
-        changed: ctx.changed.clone(),
+        trigger: ctx.trigger.clone(),
         engine: ctx.engine.clone(),
         reads: ctx.reads.clone(),
         replicate_root: ctx.replicate_root.clone(),

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::PostParams;
@@ -39,7 +39,8 @@ use tokio::sync::{Mutex, Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::blast::{self, BlastRadius, PolicyConfigMaps};
+use crate::blast::{self, Guard, PolicyConfigMaps};
+use crate::cause::{Cause, Causes, Trigger};
 use crate::config::{OwnershipKeySource, RemediationMode};
 use crate::document::{ObjectKey, object_value};
 use crate::error::SyncError;
@@ -298,13 +299,15 @@ pub(crate) struct RemediatorContext {
     pub(crate) rate: f64,
     pub(crate) debounce: Duration,
     pub(crate) scope: Scope,
-    pub(crate) blast_radius: BlastRadius,
+    /// The blast-radius guard and its partition rule.
+    pub(crate) guard: Guard,
     /// Where the keys of the ownership record come from (shared with the webhook).
     pub(crate) ownership_keys: OwnershipKeySource,
     /// Where held changes are reported and confirmed.
     pub(crate) policy_configmaps: PolicyConfigMaps,
     pub(crate) query_timeout: Duration,
-    pub(crate) trigger: Arc<Notify>,
+    /// Fired, with why, when a policy or the data it reads changed.
+    pub(crate) trigger: Arc<Trigger>,
     pub(crate) leader: watch::Receiver<bool>,
     pub(crate) recorder: Recorder,
 }
@@ -487,7 +490,9 @@ pub(crate) async fn run(
                     _ = cancel.cancelled() => break,
                 };
                 match change {
-                    Some(WatchChange::Applied { key, json, listed }) => {
+                    Some(WatchChange::Applied {
+                        key, json, listed, ..
+                    }) => {
                         let Ok(object) = serde_json::from_slice::<Value>(&json) else {
                             continue;
                         };
@@ -498,7 +503,7 @@ pub(crate) async fn run(
                             changes.forget(&(i, key));
                         }
                     }
-                    Some(WatchChange::Deleted { key }) => changes.forget(&(i, key)),
+                    Some(WatchChange::Deleted { key, .. }) => changes.forget(&(i, key)),
                     Some(WatchChange::ListDone { .. }) => listed_once = true,
                     None => break,
                 }
@@ -574,49 +579,48 @@ impl Remediator {
         )
     }
 
-    /// The blast-radius guard: whether this pass, as one change, must be held
-    /// (reported, not applied) until an administrator confirms it.
-    async fn held(&self, evaluations: &[Evaluation], placed: usize) -> bool {
+    /// The blast-radius guard: whether this pass, as one change of `causes`
+    /// (under policy revision `revision`), must be held (reported, not
+    /// applied) until an administrator confirms it.
+    async fn held(
+        &self,
+        evaluations: &[Evaluation],
+        placed: usize,
+        causes: &mut Causes,
+        revision: &str,
+    ) -> bool {
         let affected: Vec<&Evaluation> = evaluations
             .iter()
             .filter(|e| e.replaces_a_placement())
             .collect();
         let configmaps = &self.ctx.policy_configmaps;
-        if !self.ctx.blast_radius.holds(affected.len(), placed) {
+        if !self
+            .ctx
+            .guard
+            .holds(causes, affected.len(), placed, Instant::now())
+        {
             self.ctx.metrics.remediation_held.set(0);
             configmaps.clear().await;
             return false;
         }
+        let id = causes.change_id(revision);
+        let cause = causes.describe(revision);
+        if configmaps.take_confirmation(&id).await {
+            tracing::warn!(%id, %cause, affected = affected.len(), placed, "applying a confirmed remediation beyond the blast radius");
+            self.ctx.metrics.remediation_held.set(0);
+            configmaps.clear().await;
+            return false;
+        }
+        tracing::warn!(%id, %cause, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
+        self.ctx.metrics.remediation_held.set(affected.len() as i64);
         let objects: Vec<String> = affected
             .iter()
             .map(|e| describe(&e.object, self.targets[e.i].resource()))
             .collect();
-        let id = blast::change_id(
-            affected
-                .iter()
-                .zip(&objects)
-                .map(|(e, name)| {
-                    let patch = match &e.assessment {
-                        Some(Assessment::Stale { patch, .. }) => {
-                            serde_json::to_string(patch).unwrap_or_default()
-                        }
-                        _ => String::new(),
-                    };
-                    (name.clone(), patch)
-                })
-                .collect(),
-        );
-        if configmaps.confirmed(&id).await {
-            tracing::warn!(%id, affected = affected.len(), placed, "applying a confirmed remediation beyond the blast radius");
-            self.ctx.metrics.remediation_held.set(0);
-            configmaps.clear().await;
-            return false;
-        }
-        tracing::warn!(%id, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
-        self.ctx.metrics.remediation_held.set(affected.len() as i64);
         configmaps
             .report(&blast::report(
                 &id,
+                &cause,
                 &objects,
                 placed,
                 &configmaps.namespace(),
@@ -645,6 +649,11 @@ impl Remediator {
         // over every workload).
         let mut retry: Option<(Instant, Work)> = None;
         let mut pending = Some(Work::All);
+        // Why the workloads may need re-placing, since the last pass over
+        // everything that was applied (a held change keeps its causes). A
+        // remediator that starts does not know what changed before.
+        let mut owed = Causes::default();
+        owed.add(Cause::Resync);
         loop {
             if pending.is_none() {
                 let retry_due = async {
@@ -654,7 +663,7 @@ impl Remediator {
                     }
                 };
                 tokio::select! {
-                    _ = self.ctx.trigger.notified() => {
+                    _ = self.ctx.trigger.fired() => {
                         pending = Some(Work::All);
                         retry = None;
                     }
@@ -701,11 +710,17 @@ impl Remediator {
             // before it starts: they make it a pass over everything, and are
             // consumed. Left pending, each cost one more pass over everything
             // once this one ended (a fresh remediator passed three times).
-            let triggered = self.ctx.trigger.notified().now_or_never().is_some();
+            let fired = self.ctx.trigger.take();
+            let revision = self.ctx.trigger.policy_revision();
+            let triggered = !fired.is_empty();
             let leader_changed = leader.has_changed().unwrap_or(false);
             let synced_changed = synced.has_changed().unwrap_or(false);
             leader.borrow_and_update();
             synced.borrow_and_update();
+            owed.merge(fired);
+            if leader_changed || synced_changed {
+                owed.add(Cause::Resync);
+            }
             let mut work = pending.take();
             if triggered || leader_changed || synced_changed {
                 work = Work::merge(work, Work::All);
@@ -722,7 +737,7 @@ impl Remediator {
                 Work::Only(keys) => Some(keys),
             };
             let started = Instant::now();
-            let report = self.pass(&cancel, only).await;
+            let report = self.pass(&cancel, only, &mut owed, &revision).await;
             self.ctx.metrics.remediation_passes.inc();
             tracing::info!(
                 mode = ?self.ctx.mode,
@@ -735,12 +750,19 @@ impl Remediator {
                 undefined = report.undefined,
                 held = report.held,
                 aborted = report.aborted,
+                cause = only.is_none().then(|| owed.describe(&revision)),
                 took_ms = started.elapsed().as_millis() as u64,
                 "remediation pass"
             );
             if report.aborted {
                 pending = Work::merge(pending, work);
-            } else if report.held > 0 {
+                continue;
+            }
+            if work == Work::All && report.held == 0 {
+                // Applied: what caused it is done with.
+                owed = Causes::default();
+            }
+            if report.held > 0 {
                 // Look for a confirmation again soon.
                 retry = Some((Instant::now() + HELD_RECHECK, Work::All));
             } else if !report.failed_objects.is_empty() {
@@ -764,6 +786,8 @@ impl Remediator {
         &self,
         cancel: &CancellationToken,
         only: Option<&BTreeSet<WorkloadKey>>,
+        causes: &mut Causes,
+        revision: &str,
     ) -> PassReport {
         let mut report = PassReport::default();
         let objects = self.workloads(only);
@@ -787,7 +811,9 @@ impl Remediator {
         // the webhook applies the policy in force to them anyway.
         if self.ctx.mode == RemediationMode::Auto
             && only.is_none()
-            && self.held(&evaluations, placed_in_scope).await
+            && self
+                .held(&evaluations, placed_in_scope, causes, revision)
+                .await
         {
             report.evaluated = evaluations.len();
             report.held = evaluations

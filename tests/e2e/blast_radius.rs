@@ -1,8 +1,9 @@
-//! A policy set is whole or not in force, and one change that would re-place
+//! A policy set is whole or not in force, and one edit that would re-place
 //! most workloads is held until confirmed: a set that lost a module is
 //! refused (its status names the missing package) and strips no placement;
-//! queries never see half a set; a large re-placement is reported on the
-//! policy ConfigMap and applied only once an administrator confirms it.
+//! queries never see half a set; a large re-placement by an edit is reported
+//! on the policy ConfigMap and applied only once an administrator confirms
+//! it, while an outage re-places at once unless it looks like a partition.
 
 use std::time::Duration;
 
@@ -89,8 +90,78 @@ fn placements(plane: &ControlPlane, ns: &str) -> Vec<Option<Vec<String>>> {
         .collect()
 }
 
+/// The rules without cluster `b`: an edit that moves every workload.
+fn rules_without_b() -> String {
+    RULES.replace(
+        "cluster.status.phase == \"running\"",
+        "cluster.status.phase == \"running\"\n\tname != \"b\"",
+    )
+}
+
+fn annotation_of(plane: &ControlPlane, ns: &str, cm: &str, key: &str) -> String {
+    plane.kubectl_ok(&[
+        "get",
+        "cm",
+        cm,
+        "-n",
+        ns,
+        "-o",
+        &format!(
+            "jsonpath={{.metadata.annotations.{}}}",
+            key.replace('.', "\\.")
+        ),
+    ])
+}
+
+/// The held change reported on the policy ConfigMap, if any.
+fn held_report(plane: &ControlPlane) -> Option<Value> {
+    serde_json::from_str(&annotation_of(plane, POLICY_NAMESPACE, "placement", HELD)).ok()
+}
+
+fn replicaset(plane: &ControlPlane, ns: &str, name: &str) {
+    apply(
+        plane,
+        &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": "x"}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}},
+                "template": {"metadata": {"labels": {"app": "x"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}),
+    );
+}
+
+fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &SidecarProcess) {
+    let want = Some(clusters.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>());
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            &format!("every ReplicaSet placed on {clusters:?}"),
+            Duration::from_secs(60),
+            || {
+                placements(plane, ns)
+                    .iter()
+                    .all(|p| *p == want)
+                    .then_some(())
+            },
+        )
+    })) {
+        Ok(()) => {}
+        Err(_) => panic!(
+            "not every ReplicaSet placed on {clusters:?}: {:?}\nreport: {:?}\n{}",
+            placements(plane, ns),
+            held_report(plane),
+            sidecar.log_tail()
+        ),
+    }
+}
+
+/// Issue 21, part 2. A Cluster going offline re-places every workload at
+/// once, however many it moves (failover needs no one); a policy edit that
+/// moves them all is held. Its confirmation names the change, not the
+/// workloads: ReplicaSets deleted and created during the hold leave the id as
+/// it is. A tenant's labelled policy ConfigMap elsewhere neither gets the
+/// report nor confirms; one annotation in the policy namespace lets the change
+/// through, once.
 #[test]
-fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
+fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
     placement_tests::install_crypto();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -106,15 +177,34 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         &plane,
         &[("decision.rego", DECISION), ("rules.rego", RULES)],
     );
-    for n in 0..12 {
-        apply(
-            &plane,
-            &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                "metadata": {"name": format!("rs-{n}"), "namespace": ns, "labels": {"app": "x"}},
-                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}},
-                    "template": {"metadata": {"labels": {"app": "x"}},
-                        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}),
-        );
+    // A tenant's labelled policy ConfigMap in a namespace of its own, which
+    // the sidecar loads as kube-mgmt would (and may write the status of).
+    let tenant = unique_name("tenant");
+    plane.create_namespace(&tenant);
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "tenant-policy", "namespace": tenant,
+                "labels": {"openpolicyagent.org/policy": "rego"}},
+            "data": {"tenant.rego": "package tenant.rules\n\nok := true\n"}}),
+    );
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "tenant-policies", "namespace": tenant},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                    "verbs": ["get", "list", "watch", "patch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tenant-policies", "namespace": tenant},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-policies"},
+                "subjects": [{"kind": "ServiceAccount", "name": "placement-policy-remediator",
+                    "namespace": placement_tests::SYSTEM_NAMESPACE}]}]}),
+    );
+    // 14: after 2 of them are deleted, the change is still beyond
+    // --remediation-hold-min.
+    for n in 0..14 {
+        replicaset(&plane, &ns, &format!("rs-{n}"));
     }
     let sidecar = SidecarProcess::start(
         &plane,
@@ -125,21 +215,13 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
             "--remediate=apps/v1/replicasets",
             "--remediation-hold-share=0.5",
             "--remediation-hold-min=10",
+            &format!("--policy-namespace={POLICY_NAMESPACE}"),
+            &format!("--namespaces={tenant}"),
         ],
     );
     runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
-    let both = Some(vec!["a".to_owned(), "b".to_owned()]);
     // Placing unplaced workloads is not re-placing anything: not held.
-    wait_for(
-        "every ReplicaSet placed on a and b",
-        Duration::from_secs(60),
-        || {
-            placements(&plane, &ns)
-                .iter()
-                .all(|p| *p == both)
-                .then_some(())
-        },
-    );
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
 
     // A policy set that lost its rules module: refused, the ConfigMap's status
     // names the missing package, the last good set stays, no placement is
@@ -149,22 +231,21 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         "the status to name the missing package",
         Duration::from_secs(30),
         || {
-            let status = plane.kubectl_ok(&[
-                "get",
-                "cm",
-                "placement",
-                "-n",
+            let status = annotation_of(
+                &plane,
                 POLICY_NAMESPACE,
-                "-o",
-                "jsonpath={.metadata.annotations.placement-policy\\.io/policy-status}",
-            ]);
+                "placement",
+                "placement-policy.io/policy-status",
+            );
             status.contains("test.rules").then_some(status)
         },
     );
     assert!(status.contains("\"error\""), "{status}");
     std::thread::sleep(Duration::from_secs(3));
     assert!(
-        placements(&plane, &ns).iter().all(|p| *p == both),
+        placements(&plane, &ns)
+            .iter()
+            .all(|p| *p == Some(vec!["a".to_owned(), "b".to_owned()])),
         "placements kept with a partial policy set\n{}",
         sidecar.log_tail()
     );
@@ -173,35 +254,38 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         &[("decision.rego", DECISION), ("rules.rego", RULES)],
     );
 
-    // Cluster b goes offline: all 12 placements would change. Held.
+    // Cluster b goes offline: all 14 placements change, at once.
     cluster(&plane, "b", "offline");
-    let report: Value = wait_for("the held change reported", Duration::from_secs(60), || {
-        let text = plane.kubectl_ok(&[
-            "get",
-            "cm",
-            "placement",
-            "-n",
-            POLICY_NAMESPACE,
-            "-o",
-            &format!(
-                "jsonpath={{.metadata.annotations.{}}}",
-                HELD.replace('.', "\\.")
-            ),
-        ]);
-        serde_json::from_str(&text).ok()
+    wait_placed_on(&plane, &ns, &["a"], &sidecar);
+    assert_eq!(held_report(&plane), None, "an outage is not held");
+    cluster(&plane, "b", "running");
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
+
+    // An edit of the policy moving every workload off b: held.
+    policy(
+        &plane,
+        &[
+            ("decision.rego", DECISION),
+            ("rules.rego", &rules_without_b()),
+        ],
+    );
+    let report = wait_for("the held change reported", Duration::from_secs(60), || {
+        held_report(&plane)
     });
-    assert_eq!(report["affected"], 12, "{report}");
-    assert_eq!(report["placed"], 12, "{report}");
-    assert_eq!(report["objects"].as_array().map(Vec::len), Some(12));
+    assert_eq!(report["affected"], 14, "{report}");
+    assert_eq!(report["placed"], 14, "{report}");
+    assert!(
+        report["cause"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("policy"),
+        "{report}"
+    );
+    let id = report["id"].as_str().expect("change id").to_owned();
     let held = runtime
         .block_on(sidecar.metric("placement_sync_remediation_held_objects"))
         .unwrap_or(0.0);
-    assert_eq!(held, 12.0);
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        placements(&plane, &ns).iter().all(|p| *p == both),
-        "nothing patched while held"
-    );
+    assert_eq!(held, 14.0);
     let events = plane.kubectl_ok(&[
         "get",
         "events",
@@ -212,12 +296,69 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         "jsonpath={.items[*].message}",
     ]);
     assert!(
-        events.contains("12 of 12"),
+        events.contains("14 of 14"),
         "a Warning Event on the ConfigMap: {events}"
     );
+    assert!(
+        annotation_of(&plane, &tenant, "tenant-policy", HELD).is_empty(),
+        "no report outside the policy namespace"
+    );
 
-    // The administrator confirms exactly this change.
-    let id = report["id"].as_str().expect("change id");
+    // Workloads churn while the change is held: the id stays.
+    for n in 0..2 {
+        plane.kubectl_ok(&["delete", "rs", &format!("rs-{n}"), "-n", &ns]);
+        replicaset(&plane, &ns, &format!("new-{n}"));
+    }
+    let churned = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            "the report to follow the churn",
+            Duration::from_secs(60),
+            || held_report(&plane).filter(|r| r["affected"] == 12),
+        )
+    })) {
+        Ok(report) => report,
+        Err(_) => panic!(
+            "the report did not follow the churn: {:?}\n{:?}\n{}",
+            held_report(&plane),
+            placements(&plane, &ns),
+            sidecar.log_tail()
+        ),
+    };
+    assert_eq!(churned["id"], id.as_str(), "{churned}");
+
+    // A tenant's ConfigMap cannot confirm.
+    plane.kubectl_ok(&[
+        "annotate",
+        "cm",
+        "tenant-policy",
+        "-n",
+        &tenant,
+        "--overwrite",
+        &format!("{CONFIRM}={id}"),
+    ]);
+    std::thread::sleep(Duration::from_secs(8));
+    let old: Vec<Option<Vec<String>>> = (2..14)
+        .map(|n| {
+            let rs: Value = serde_json::from_str(&plane.kubectl_ok(&[
+                "get",
+                "rs",
+                &format!("rs-{n}"),
+                "-n",
+                &ns,
+                "-o",
+                "json",
+            ]))
+            .unwrap();
+            placed_clusters(&rs)
+        })
+        .collect();
+    assert!(
+        old.iter()
+            .all(|p| *p == Some(vec!["a".to_owned(), "b".to_owned()])),
+        "held despite the tenant's annotation: {old:?}"
+    );
+
+    // The administrator confirms in the policy namespace: applied, once.
     plane.kubectl_ok(&[
         "annotate",
         "cm",
@@ -227,27 +368,98 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         "--overwrite",
         &format!("{CONFIRM}={id}"),
     ]);
-    let only_a = Some(vec!["a".to_owned()]);
+    wait_placed_on(&plane, &ns, &["a"], &sidecar);
     wait_for(
-        "every ReplicaSet re-placed on a",
-        Duration::from_secs(60),
+        "the report cleared and the confirmation used up",
+        Duration::from_secs(30),
         || {
-            placements(&plane, &ns)
-                .iter()
-                .all(|p| *p == only_a)
-                .then_some(())
+            (held_report(&plane).is_none()
+                && annotation_of(&plane, POLICY_NAMESPACE, "placement", CONFIRM).is_empty())
+            .then_some(())
         },
     );
-    let text = plane.kubectl_ok(&[
-        "get",
-        "cm",
-        "placement",
-        "-n",
-        POLICY_NAMESPACE,
-        "-o",
-        "jsonpath={.metadata.annotations}",
-    ]);
-    assert!(!text.contains(HELD), "the report is cleared: {text}");
+}
+
+/// Issue 21, part 2: three of four clusters turning unhealthy together looks
+/// like the control plane cut off from them, not an outage: held like an
+/// edit, until they come back (or someone confirms). The same clusters going
+/// one after another, further apart than the window, are outages: each is
+/// re-placed at once.
+#[test]
+fn clusters_turning_unhealthy_together_are_held_as_a_partition() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("partition");
+    plane.create_namespace(&ns);
+    for name in ["a", "b", "c", "d"] {
+        cluster(&plane, name, "running");
+    }
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    for n in 0..12 {
+        replicaset(&plane, &ns, &format!("rs-{n}"));
+    }
+    let sidecar = SidecarProcess::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            "--remediation-partition-threshold=0.55",
+            "--remediation-partition-window=10s",
+            // The three changes below land in one pass.
+            "--remediation-debounce=2s",
+        ],
+    );
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    wait_placed_on(&plane, &ns, &["a", "b", "c", "d"], &sidecar);
+
+    for name in ["a", "b", "c"] {
+        cluster(&plane, name, "offline");
+    }
+    let report = wait_for("the partition held", Duration::from_secs(60), || {
+        held_report(&plane)
+    });
+    let cause = report["cause"].as_str().unwrap_or_default();
+    assert!(cause.contains("partition"), "{report}");
+    for name in ["a", "b", "c"] {
+        assert!(cause.contains(&format!("clusters/{name}")), "{report}");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        placements(&plane, &ns)
+            .iter()
+            .all(|p| p.as_ref().is_some_and(|c| c.len() == 4)),
+        "nothing patched while held"
+    );
+    // They come back: nothing is left to re-place, and the hold ends.
+    for name in ["a", "b", "c"] {
+        cluster(&plane, name, "running");
+    }
+    wait_for("the report cleared", Duration::from_secs(60), || {
+        held_report(&plane).is_none().then_some(())
+    });
+    wait_placed_on(&plane, &ns, &["a", "b", "c", "d"], &sidecar);
+
+    // One after another, further apart than the window: three outages.
+    for (down, left) in [
+        ("a", &["b", "c", "d"][..]),
+        ("b", &["c", "d"]),
+        ("c", &["d"]),
+    ] {
+        std::thread::sleep(Duration::from_secs(11));
+        cluster(&plane, down, "offline");
+        wait_placed_on(&plane, &ns, left, &sidecar);
+        assert_eq!(held_report(&plane), None, "{down} going is an outage");
+    }
 }
 
 /// The modules of one change reach OPA dependencies first, and so do all

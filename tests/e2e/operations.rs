@@ -567,16 +567,161 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     set_phase(cluster, "gce-europe-west2", "running");
 }
 
+/// Issue 21, part 2: failover needs no one. With the chart's defaults (the
+/// guard holds changes beyond half of the placed workloads, and beyond 10),
+/// a Cluster going offline re-places all 12 workloads placed on it at once,
+/// and its return brings them back. A policy edit that moves all of them is
+/// held; workloads created and deleted during the hold leave its id as it is,
+/// and one confirmation in the policy namespace lets it through, once.
+#[test]
+fn an_outage_re_places_unconfirmed_and_a_policy_edit_waits_for_one_confirmation() {
+    let _serial = serial();
+    let release = Release::install(&[]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "failover");
+    let west1 = Some(vec!["gce-europe-west1".to_owned()]);
+    for n in 0..12 {
+        let created = create(cluster, &eu_replicaset(&ns, &format!("rs-{n}")));
+        assert_eq!(placed_clusters(&created.object), eu_pci(), "{created:?}");
+    }
+    let all_placed_on = |want: &Option<Vec<String>>| {
+        let list = get_json(cluster, &["rs", "-n", &ns]);
+        list["items"]
+            .as_array()
+            .is_some_and(|items| items.iter().all(|rs| placed_clusters(rs) == *want))
+            .then_some(())
+    };
+    let held = || {
+        let text = cluster.kubectl_ok(&[
+            "get",
+            "configmap",
+            "placement",
+            "-n",
+            POLICY_NAMESPACE,
+            "-o",
+            "jsonpath={.metadata.annotations.placement-policy\\.io/remediation-held}",
+        ]);
+        serde_json::from_str::<Value>(&text).ok()
+    };
+
+    set_phase(cluster, "gce-europe-west2", "offline");
+    let went_offline = Instant::now();
+    release.wait_for(
+        "all 12 re-placed on gce-europe-west1, unconfirmed",
+        Duration::from_secs(60),
+        || all_placed_on(&west1),
+    );
+    eprintln!(
+        "measured: cluster offline to 12 workloads re-placed: {:?}",
+        went_offline.elapsed()
+    );
+    assert_eq!(held(), None, "an outage is not held");
+    set_phase(cluster, "gce-europe-west2", "running");
+    release.wait_for(
+        "all 12 back on both EU clusters",
+        Duration::from_secs(60),
+        || all_placed_on(&eu_pci()),
+    );
+
+    // A policy edit that leaves gce-europe-west2 out: it moves all 12.
+    let rules = cluster.kubectl_ok(&[
+        "get",
+        "configmap",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "-o",
+        "jsonpath={.data.placement_rules\\.rego}",
+    ]);
+    let edited = rules.replacen(
+        "cluster.status.phase == \"running\"",
+        "cluster.status.phase == \"running\"\n\tname != \"gce-europe-west2\"",
+        1,
+    );
+    assert_ne!(edited, rules, "the rule to edit is in the shipped policy");
+    cluster.kubectl_ok(&[
+        "patch",
+        "configmap",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "--type=merge",
+        "-p",
+        &json!({"data": {"placement_rules.rego": edited}}).to_string(),
+    ]);
+    let report = release.wait_for("the edit held", Duration::from_secs(60), || {
+        held().filter(|r| r["affected"] == 12)
+    });
+    let id = report["id"].as_str().expect("an id").to_owned();
+    assert!(
+        report["cause"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("policy"),
+        "{report}"
+    );
+
+    // The workloads churn while the edit is held.
+    cluster.kubectl_ok(&["delete", "rs", "rs-0", "-n", &ns]);
+    for n in 0..2 {
+        let created = create(cluster, &eu_replicaset(&ns, &format!("new-{n}")));
+        assert_eq!(
+            placed_clusters(&created.object),
+            west1,
+            "the webhook applies the edited policy: {created:?}"
+        );
+    }
+    let churned = release.wait_for(
+        "the report to follow the churn",
+        Duration::from_secs(60),
+        || held().filter(|r| r["affected"] == 11),
+    );
+    assert_eq!(churned["id"], id.as_str(), "{churned}");
+    let old = get_json(cluster, &["rs", "-n", &ns, "rs-1"]);
+    assert_eq!(placed_clusters(&old), eu_pci(), "nothing moved while held");
+
+    cluster.kubectl_ok(&[
+        "annotate",
+        "configmap",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "--overwrite",
+        &format!("placement-policy.io/confirm-remediation={id}"),
+    ]);
+    release.wait_for(
+        "every workload on gce-europe-west1 after the confirmation",
+        Duration::from_secs(60),
+        || all_placed_on(&west1),
+    );
+    release.wait_for(
+        "the confirmation used up and the report cleared",
+        Duration::from_secs(30),
+        || {
+            let annotations = cluster.kubectl_ok(&[
+                "get",
+                "configmap",
+                "placement",
+                "-n",
+                POLICY_NAMESPACE,
+                "-o",
+                "jsonpath={.metadata.annotations}",
+            ]);
+            (!annotations.contains("confirm-remediation")
+                && !annotations.contains("remediation-held"))
+            .then_some(())
+        },
+    );
+}
+
 /// Case 3: A webhook pod deleted while creates run: none fails. The remediation
 /// leader's pod killed: the other replica takes the Lease and remediates
 /// within the lease duration.
 #[test]
 fn losing_a_webhook_pod_or_the_remediation_leader_keeps_placement_going() {
     let _serial = serial();
-    // The offline cluster below moves most placed workloads of this cluster:
-    // the blast-radius guard would hold that (its own test is in
-    // blast_radius.rs); here the failover is measured, so it is off.
-    let release = Release::install(&["remediator.leaseDuration=10s", "remediator.holdShare=1"]);
+    let release = Release::install(&["remediator.leaseDuration=10s"]);
     release.wait_policy_ok();
     let cluster = release.cluster;
     let ns = workload_namespace(cluster, "ha");
