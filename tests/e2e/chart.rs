@@ -335,7 +335,24 @@ fn the_blast_radius_guard_is_configured_from_values() {
         defaults.contains(&"--remediation-hold-min=10".to_owned()),
         "{defaults:?}"
     );
-    let set = remediator_flags(&render(&["remediator.holdShare=1", "remediator.holdMin=3"]));
+    for flag in [
+        "--remediation-partition-threshold=0.55",
+        "--remediation-partition-window=60s",
+    ] {
+        assert!(defaults.contains(&flag.to_owned()), "{defaults:?}");
+    }
+    let set = remediator_flags(&render(&[
+        "remediator.holdShare=1",
+        "remediator.holdMin=3",
+        "remediator.partitionThreshold=0.8",
+        "remediator.partitionWindow=2m",
+    ]));
+    for flag in [
+        "--remediation-partition-threshold=0.8",
+        "--remediation-partition-window=2m",
+    ] {
+        assert!(set.contains(&flag.to_owned()), "{set:?}");
+    }
     assert!(
         set.contains(&"--remediation-hold-share=1".to_owned()),
         "{set:?}"
