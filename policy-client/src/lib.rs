@@ -23,7 +23,7 @@ pub use embedded::Embedded;
 pub use engine::{CompileError, EncodedJson, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
 pub use input::{ADMISSION_INPUT_KEY, RequestMeta, policy_input};
 pub use opa::{Opa, OpaConfig, Token};
-pub use ownership_keys::{OwnershipKeys, SharedKeys};
+pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 pub use reqwest::Url;
 pub use retry::RetryPolicy;
 

@@ -224,9 +224,12 @@ struct Evaluation {
 }
 
 impl Evaluation {
-    /// Would this change rewrite or remove a placement the object has?
+    /// Would this change rewrite or remove a placement the object has? A
+    /// new signature of the ownership record that changes no annotation
+    /// (after a key rotation) does not.
     fn replaces_a_placement(&self) -> bool {
-        self.placed && matches!(self.assessment, Some(Assessment::Stale { .. }))
+        self.placed
+            && matches!(&self.assessment, Some(Assessment::Stale { changed, .. }) if !changed.is_empty())
     }
 }
 
@@ -441,7 +444,7 @@ pub(crate) async fn run(
             // Waits until the webhook created the key; a shutdown meanwhile
             // must not wait with it.
             tokio::select! {
-                keys = secret.keys() => keys.map_err(|e| SyncError::Config(e.to_string()))?,
+                keys = secret.keys() => keys,
                 _ = cancel.cancelled() => return Ok(()),
             }
         }

@@ -559,3 +559,96 @@ fn queries_never_see_half_a_policy_set() {
     let seen = seen.lock().unwrap();
     assert!(seen.is_empty(), "answers from half a policy set: {seen:?}");
 }
+
+/// Issue 21, part 3: after a key rotation the remediator signs every record
+/// again with the new key. That changes no annotation the policy owns, so it
+/// is no placement change for the guard: a pass over all 12 placed workloads
+/// re-signs them all, held by nothing.
+#[test]
+fn re_signing_records_after_a_key_rotation_is_not_held() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("rotation");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "running");
+    cluster(&plane, "b", "running");
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    let old_key = policy_client::OwnershipKeys::generate_text().unwrap();
+    let new_key = policy_client::OwnershipKeys::generate_text().unwrap();
+    let keys_secret = |text: &str| {
+        apply(
+            &plane,
+            &json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": "placement-policy-ownership",
+                    "namespace": placement_tests::SYSTEM_NAMESPACE},
+                "stringData": {"ownership.keys": text}}),
+        );
+    };
+    keys_secret(&old_key);
+    for n in 0..12 {
+        replicaset(&plane, &ns, &format!("rs-{n}"));
+    }
+    let sidecar = SidecarProcess::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            &format!(
+                "--ownership-secret={}/placement-policy-ownership",
+                placement_tests::SYSTEM_NAMESPACE
+            ),
+        ],
+    );
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
+
+    // The rotation: the new key signs, the old one still verifies.
+    keys_secret(&format!("{new_key}{old_key}"));
+    std::thread::sleep(Duration::from_secs(2));
+    // An edit that moves nothing starts a pass over everything.
+    plane.kubectl_ok(&[
+        "label",
+        "clusters.placement-policy.io",
+        "a",
+        "team=platform",
+    ]);
+    let new_only = policy_client::OwnershipKeys::from_text(&new_key).unwrap();
+    let list = || -> Vec<Value> {
+        serde_json::from_str::<Value>(&plane.kubectl_ok(&["get", "rs", "-n", &ns, "-o", "json"]))
+            .unwrap()["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            "every record signed with the new key",
+            Duration::from_secs(60),
+            || {
+                list()
+                    .iter()
+                    .all(|rs| !policy_client::placement::ownership(rs, &new_only).is_empty())
+                    .then_some(())
+            },
+        )
+    })) {
+        Ok(()) => {}
+        Err(_) => panic!(
+            "not re-signed; held: {:?}\n{}",
+            held_report(&plane),
+            sidecar.log_tail()
+        ),
+    }
+    assert_eq!(held_report(&plane), None);
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
+}

@@ -935,6 +935,18 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
     release.wait_policy_ok();
     let cluster = release.cluster;
     let ns = workload_namespace(cluster, "upgrade");
+    // A developer's request the policy rewrites: the ownership record keeps
+    // it (signed with the release's key).
+    let requested = r#"{"clusters":{"gce-europe-west1":{"weight":5}}}"#;
+    let mut asked = eu_replicaset(&ns, "asked");
+    asked["metadata"]["annotations"][placement_tests::PREFS] = json!(requested);
+    let created = create(cluster, &asked);
+    assert!(created.ok, "{}", created.stderr);
+    let keys_before = ownership_keys(cluster).expect("the webhook made the key");
+    assert_eq!(
+        requested_in_record(&created.object, &keys_before).as_deref(),
+        Some(requested)
+    );
 
     let creates = CreateLoop::start(cluster, &ns);
     std::thread::sleep(Duration::from_secs(2));
@@ -990,7 +1002,17 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
         "-o",
         "name",
     ]);
-    assert!(left.trim().is_empty(), "left after helm uninstall:\n{left}");
+    // Only the ownership keys stay: the records on the workloads outlive the
+    // release, and a reinstall must verify them.
+    assert_eq!(
+        left.trim(),
+        "secret/placement-policy-ownership",
+        "left after helm uninstall"
+    );
+    assert_eq!(
+        ownership_keys(cluster).as_deref(),
+        Some(keys_before.as_str())
+    );
     let configurations = cluster.kubectl_ok(&[
         "get",
         "mutatingwebhookconfigurations,validatingwebhookconfigurations",
@@ -1007,6 +1029,66 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
         "writes go on after uninstall: {}",
         created.stderr
     );
+
+    // Reinstalled, the release adopts the kept keys: the developer's request
+    // is still theirs.
+    let release = Release::install(&[]);
+    release.wait_policy_ok();
+    assert_eq!(
+        ownership_keys(cluster).as_deref(),
+        Some(keys_before.as_str())
+    );
+    let out = cluster.kubectl(&[
+        "label",
+        "rs",
+        "asked",
+        "-n",
+        &ns,
+        "touched=yes",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        requested_in_record(&updated, &keys_before).as_deref(),
+        Some(requested),
+        "the record verifies across the reinstall: {}",
+        updated["metadata"]["annotations"]
+    );
+    drop(release);
+}
+
+/// The key text of the release's ownership Secret.
+fn ownership_keys(cluster: &Cluster) -> Option<String> {
+    let out = cluster.kubectl(&[
+        "get",
+        "secret",
+        "placement-policy-ownership",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "jsonpath={.data.ownership\\.keys}",
+    ]);
+    let encoded = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).ok()?;
+    String::from_utf8(bytes)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+}
+
+/// What the developer had asked for of the placement annotation, by the
+/// object's ownership record (verified with `keys`).
+fn requested_in_record(object: &Value, keys: &str) -> Option<String> {
+    let keys = policy_client::OwnershipKeys::from_text(keys).ok()?;
+    policy_client::placement::ownership(object, &keys)
+        .get(placement_tests::PREFS)?
+        .requested
+        .clone()
 }
 
 /// Case 6: Certificates renewed (serving certificate and CA) while creates run: no

@@ -8,8 +8,8 @@ use policy_client::placement::MergeError;
 use policy_client::text::bounded;
 use policy_client::verdict::{Plan, plan, request_changed};
 use policy_client::{
-    Decision, DecisionError, EngineError, OwnershipKeys, PolicyEngine, QueryOutcome, RequestMeta,
-    SharedKeys, policy_input,
+    Decision, DecisionError, EngineError, LoadingKeys, OwnershipKeys, PolicyEngine, QueryOutcome,
+    RequestMeta, policy_input,
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -41,6 +41,12 @@ pub enum PlacementFailure {
     InvalidDecision(#[from] DecisionError),
     #[error("the placement policy's annotations cannot be applied: {0}")]
     InvalidAnnotations(#[from] MergeError),
+    /// The webhook serves before its ownership keys are read: it cannot tell
+    /// what the policy owns yet.
+    #[error(
+        "the ownership record's keys are not loaded yet (the webhook is reading, or making, its key Secret)"
+    )]
+    KeysUnavailable,
 }
 
 impl PlacementFailure {
@@ -53,12 +59,15 @@ impl PlacementFailure {
             PlacementFailure::Undefined { .. } => "PolicyDecisionUndefined",
             PlacementFailure::InvalidDecision(_) => "InvalidPolicyDecision",
             PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
+            PlacementFailure::KeysUnavailable => "OwnershipKeysUnavailable",
         }
     }
 
     fn status_code(&self) -> u16 {
         match self {
-            PlacementFailure::EngineUnavailable(_) | PlacementFailure::Undefined { .. } => 503,
+            PlacementFailure::EngineUnavailable(_)
+            | PlacementFailure::Undefined { .. }
+            | PlacementFailure::KeysUnavailable => 503,
             PlacementFailure::InvalidDecision(_)
             | PlacementFailure::InvalidAnnotations(_)
             | PlacementFailure::PolicyError(_) => 500,
@@ -92,8 +101,9 @@ pub struct AdmissionSettings {
     /// Total time for the engine, retries included; keep it below the webhook's
     /// `timeoutSeconds`.
     pub engine_deadline: Duration,
-    /// Sign and verify the ownership record (shared with the remediator).
-    pub ownership_keys: SharedKeys,
+    /// Sign and verify the ownership record (shared with the remediator);
+    /// until they are loaded, reviews fail closed iff policies exist.
+    pub ownership_keys: LoadingKeys,
 }
 
 /// Answers AdmissionReviews.
@@ -295,8 +305,8 @@ impl Admission {
         object: &Value,
     ) -> Result<Placement, PlacementFailure> {
         let deadline = Instant::now() + self.settings.engine_deadline;
+        let keys = self.keys()?;
         let decision = self.decision(request, object, deadline).await?;
-        let keys = self.settings.ownership_keys.current();
         let stored = match request.operation {
             Operation::Update => request.old_object.as_ref(),
             _ => None,
@@ -330,6 +340,13 @@ impl Admission {
         Ok(Placement::Denied { new, existing })
     }
 
+    fn keys(&self) -> Result<Arc<OwnershipKeys>, PlacementFailure> {
+        self.settings
+            .ownership_keys
+            .current()
+            .ok_or(PlacementFailure::KeysUnavailable)
+    }
+
     /// The policy's decision for `object` under `request`'s metadata.
     async fn decision(
         &self,
@@ -337,7 +354,8 @@ impl Admission {
         object: &Value,
         deadline: Instant,
     ) -> Result<Decision, PlacementFailure> {
-        let input = request_input(request, object, &self.settings.ownership_keys.current());
+        let keys = self.keys()?;
+        let input = request_input(request, object, &keys);
         let outcome = self
             .engine
             .query(&self.settings.decision_path, &input, deadline)
