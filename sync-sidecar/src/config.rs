@@ -253,6 +253,13 @@ pub struct Args {
     )]
     pub ownership_secret: Option<String>,
 
+    /// ConfigMap (`NAMESPACE/NAME`) where the last good policy set is kept,
+    /// and read back before the policy ConfigMaps are loaded: a sidecar
+    /// restarted while a policy ConfigMap is in error loads that set, not
+    /// nothing. Needs `get` and `patch` on it.
+    #[arg(long, env = "PLACEMENT_SYNC_LAST_GOOD_POLICIES")]
+    pub last_good_policies: Option<String>,
+
     /// File holding those keys (one base64 key per line, the signing key first).
     #[arg(long, env = "PLACEMENT_SYNC_OWNERSHIP_KEY_FILE")]
     pub ownership_key_file: Option<PathBuf>,
@@ -371,6 +378,8 @@ pub struct Settings {
     pub partition: PartitionRule,
     /// Where the ownership record's keys come from.
     pub ownership_keys: OwnershipKeySource,
+    /// Where the last good policy set is kept (`namespace`, `name`).
+    pub last_good_policies: Option<(String, String)>,
     /// `None` when leader election is off (this replica always remediates).
     pub leader: Option<LeaderSettings>,
     pub listen: SocketAddr,
@@ -574,6 +583,19 @@ impl Settings {
                     })?)
                 }
                 (None, None) => OwnershipKeySource::Ephemeral,
+            },
+            last_good_policies: match &args.last_good_policies {
+                None => None,
+                Some(text) => match text.split_once('/') {
+                    Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+                        Some((namespace.to_owned(), name.to_owned()))
+                    }
+                    _ => {
+                        return Err(config(format!(
+                            "--last-good-policies must be NAMESPACE/NAME, got {text:?}"
+                        )));
+                    }
+                },
             },
             blast_radius: {
                 if !(0.0..=1.0).contains(&args.remediation_hold_share) {

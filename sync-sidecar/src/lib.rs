@@ -23,6 +23,7 @@ pub mod document;
 pub mod error;
 pub mod gvr;
 pub mod health;
+mod last_good;
 mod leader;
 pub mod metrics;
 mod objects;
@@ -243,6 +244,8 @@ impl Sidecar {
                     .map(str::to_owned)
                     .collect(),
                 demand,
+                decision: settings.decision.clone(),
+                last_good: settings.last_good_policies.clone(),
             },
             cancel.clone(),
         ));

@@ -652,3 +652,152 @@ fn re_signing_records_after_a_key_rotation_is_not_held() {
     assert_eq!(held_report(&plane), None);
     wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
 }
+
+/// A second file of package `test.rules`.
+const MORE_RULES: &str = "package test.rules\n\nextra := true\n";
+
+/// The decision as OPA answers it, `None` when undefined or incomplete.
+async fn decided(opa: &OpaServer) -> Option<Value> {
+    use policy_client::PolicyEngine;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    match opa
+        .client()
+        .query("io/k8s/federation/admission", &json!({}), deadline)
+        .await
+    {
+        Ok(policy_client::QueryOutcome::Defined(doc)) if doc.get("annotations").is_some() => {
+            Some(doc)
+        }
+        _ => None,
+    }
+}
+
+fn policy_status(plane: &ControlPlane) -> String {
+    annotation_of(
+        plane,
+        POLICY_NAMESPACE,
+        "placement",
+        "placement-policy.io/policy-status",
+    )
+}
+
+/// Issue 21, part 4: the policy set survives what users do. Removing the
+/// decision module while its rules stay, and removing one of the two files of
+/// a package, are refused whole (the ConfigMap's status says why, and the
+/// last good set answers); and a sidecar restarted beside a fresh OPA while
+/// the ConfigMap is in error loads the last good set kept in the cluster, not
+/// nothing.
+#[test]
+fn the_policy_set_survives_what_users_do() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let mut opa = OpaServer::start();
+    cluster(&plane, "a", "running");
+    // The chart makes the ConfigMap the last good set is kept in.
+    let kept = "placement-policy-last-good-policies";
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": kept, "namespace": placement_tests::SYSTEM_NAMESPACE}}),
+    );
+    let whole = [
+        ("decision.rego", DECISION),
+        ("rules.rego", RULES),
+        ("more.rego", MORE_RULES),
+    ];
+    policy(&plane, &whole);
+    let flags = [
+        format!("--replicate-cluster={CLUSTERS}"),
+        "--remediation=off".to_owned(),
+        format!(
+            "--last-good-policies={}/{kept}",
+            placement_tests::SYSTEM_NAMESPACE
+        ),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let sidecar = SidecarProcess::start(&plane, &opa, &flags);
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    let good = runtime.block_on(decided(&opa)).expect("the policy decides");
+    wait_for(
+        "the set kept in the cluster",
+        Duration::from_secs(30),
+        || {
+            let data = plane.kubectl_ok(&[
+                "get",
+                "cm",
+                kept,
+                "-n",
+                placement_tests::SYSTEM_NAMESPACE,
+                "-o",
+                "jsonpath={.data.policy-set\\.json}",
+            ]);
+            let set: Value = serde_json::from_str(&data).ok()?;
+            (set["modules"].as_object()?.len() == 3).then_some(())
+        },
+    );
+
+    // The decision removed while its rules stay: refused.
+    policy(&plane, &[("rules.rego", RULES), ("more.rego", MORE_RULES)]);
+    let status = wait_for("the removal refused", Duration::from_secs(30), || {
+        Some(policy_status(&plane)).filter(|s| s.contains("removes_decision"))
+    });
+    assert!(status.contains("\"error\""), "{status}");
+    assert_eq!(runtime.block_on(decided(&opa)).as_ref(), Some(&good));
+
+    // One of the two files of package test.rules removed: refused.
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    wait_for("the part removal refused", Duration::from_secs(30), || {
+        policy_status(&plane)
+            .contains("removes_part_of_package")
+            .then_some(())
+    });
+    let modules = runtime
+        .block_on(policy_client::PolicyEngine::policies(&opa.client()))
+        .unwrap();
+    assert!(
+        modules
+            .keys()
+            .any(|id| id.ends_with("/placement/more.rego")),
+        "{:?}",
+        modules.keys()
+    );
+
+    // The rules broken, then the sidecar restarted beside a fresh OPA: the
+    // set kept in the cluster is loaded, not nothing.
+    let broken = format!("{RULES}\nbroken :=\n");
+    policy(
+        &plane,
+        &[
+            ("decision.rego", DECISION),
+            ("rules.rego", &broken),
+            ("more.rego", MORE_RULES),
+        ],
+    );
+    wait_for(
+        "the compile error reported",
+        Duration::from_secs(30),
+        || {
+            policy_status(&plane)
+                .contains("rego_parse_error")
+                .then_some(())
+        },
+    );
+    sidecar.stop();
+    opa.restart();
+    let sidecar = SidecarProcess::start(&plane, &opa, &flags);
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    assert_eq!(
+        runtime.block_on(decided(&opa)).as_ref(),
+        Some(&good),
+        "the last good set after a restart\n{}",
+        sidecar.log_tail()
+    );
+    assert!(policy_status(&plane).contains("\"error\""));
+}
