@@ -72,10 +72,12 @@
 #      requirements (...)").
 #   The annotation is given when there is no error, and also when the only
 #   errors are requested clusters that are not allowed while some requested
-#   cluster is (the seed's conflict example: errors and the intersection). A new
-#   request of a forbidden cluster is still denied, but a workload placed
-#   earlier whose requested cluster has gone offline since is re-placed on the
-#   rest by remediation, and its developer told what to fix. When an annotation
+#   cluster is (the seed's conflict example: errors and the intersection). Any
+#   error denies a new request; and a decision with errors never removes or
+#   replaces a placement a workload already has (the webhook and the remediator
+#   keep what is stored, whatever annotations come beside the errors), so a
+#   workload whose requested cluster has gone offline since keeps its
+#   placement and its developer is told what to fix. When an annotation
 #   value of rules 2-3 is invalid, only that error is reported (the allowed
 #   clusters are not known, so rules 4 and 6 are not checked).
 #

@@ -208,8 +208,8 @@ errors contains msg if {
 	)
 }
 
-# Rule 4: every requested cluster must be allowed. (A conflict: the allowed
-# part of the request still gives the placement; see placement.rego.)
+# Rule 4: every requested cluster must be allowed. (A conflict: the decision
+# carries the allowed part of the request beside the errors; see placement.rego.)
 request_conflicts contains msg if {
 	requirements_valid
 	invalid := requested - allowed

@@ -83,8 +83,8 @@ test_seed_example_with_shipped_example_registry if {
 }
 
 # The seed's conflict example: the request is denied (errors), and the decision
-# also carries the intersection, which remediation applies to a workload placed
-# before its requested cluster became invalid.
+# also carries the intersection (the seed's document; the webhook and the
+# remediator never apply annotations that come with errors).
 test_seed_forbidden_example_is_denied_with_the_intersection if {
 	doc := admission with input as rs({
 		eu_key: "true",

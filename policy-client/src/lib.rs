@@ -1,6 +1,7 @@
 //! Policy engines for placement-policy: the [`PolicyEngine`] trait, the OPA REST
 //! client ([`Opa`]), the embedded Rego engine ([`Embedded`]), decision parsing
-//! ([`Decision`]) and the annotation merge into a JSON patch ([`placement`]).
+//! ([`Decision`]), the annotation merge into a JSON patch ([`placement`]) and
+//! the rule of what a decision with errors may do to a placement ([`verdict`]).
 //!
 //! No Kubernetes server code lives here.
 
@@ -15,13 +16,14 @@ pub mod ownership_secret;
 pub mod placement;
 pub mod retry;
 pub mod text;
+pub mod verdict;
 
 pub use decision::{Decision, DecisionError};
 pub use embedded::Embedded;
 pub use engine::{CompileError, EncodedJson, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
 pub use input::{ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, RequestMeta, policy_input};
 pub use opa::{Opa, OpaConfig, Token};
-pub use ownership_keys::{OwnershipKeys, SharedKeys};
+pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 pub use reqwest::Url;
 pub use retry::RetryPolicy;
 

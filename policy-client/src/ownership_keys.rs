@@ -104,6 +104,31 @@ impl OwnershipKeys {
     }
 }
 
+/// `current` key text with every key of `ours` it lacks appended (to verify
+/// only: the first line of `current` still signs); `None` when it lacks none.
+/// A process that held `ours` and finds the Secret refilled by someone who
+/// did not (it was deleted, or recreated empty, meanwhile) keeps the records
+/// signed with them verifying.
+pub fn merged_text(current: &str, ours: &str) -> Option<String> {
+    let lines = |text: &str| -> Vec<String> {
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut merged = lines(current);
+    let missing: Vec<String> = lines(ours)
+        .into_iter()
+        .filter(|line| !merged.contains(line))
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    merged.extend(missing);
+    Some(merged.join("\n") + "\n")
+}
+
 /// Keys that may be replaced while in use (a rotated Secret).
 #[derive(Debug, Clone)]
 pub struct SharedKeys(Arc<RwLock<Arc<OwnershipKeys>>>);
@@ -123,9 +148,55 @@ impl SharedKeys {
     }
 }
 
+/// Keys that may not be there yet: the webhook listens (and fails closed
+/// iff policies exist) before its Secret has been read.
+#[derive(Debug, Clone, Default)]
+pub struct LoadingKeys(Arc<std::sync::OnceLock<SharedKeys>>);
+
+impl LoadingKeys {
+    /// Keys that are there from the start.
+    pub fn loaded(keys: SharedKeys) -> LoadingKeys {
+        let loading = LoadingKeys::default();
+        loading.set(keys);
+        loading
+    }
+
+    /// The keys have arrived (only the first call counts; later changes
+    /// come through the [`SharedKeys`] themselves).
+    pub fn set(&self, keys: SharedKeys) {
+        let _ = self.0.set(keys);
+    }
+
+    /// The keys in force, once they are there.
+    pub fn current(&self) -> Option<Arc<OwnershipKeys>> {
+        self.0.get().map(SharedKeys::current)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refilled_secret_keeps_the_keys_it_lost() {
+        let old = OwnershipKeys::generate_text().unwrap();
+        let new = OwnershipKeys::generate_text().unwrap();
+        assert_eq!(merged_text(&old, &old), None);
+        let merged = merged_text(&new, &old).unwrap();
+        assert_eq!(merged, format!("{}\n{}\n", new.trim(), old.trim()));
+        let keys = OwnershipKeys::from_text(&merged).unwrap();
+        let before = OwnershipKeys::from_text(&old).unwrap();
+        assert!(
+            keys.verify(b"r", &before.sign(b"r")),
+            "the old key verifies"
+        );
+        let signer = OwnershipKeys::from_text(&new).unwrap();
+        assert_eq!(keys.sign(b"r"), signer.sign(b"r"), "the new key signs");
+        let loading = LoadingKeys::default();
+        assert!(loading.current().is_none());
+        loading.set(SharedKeys::new(keys));
+        assert!(loading.current().is_some());
+    }
 
     #[test]
     fn signs_with_the_first_key_and_verifies_with_any() {

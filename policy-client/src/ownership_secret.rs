@@ -1,8 +1,16 @@
 //! Ownership keys kept in a Secret (data key [`SECRET_KEY`]), shared by the
 //! webhook and the remediator: read at start, watched afterwards (a rotation
-//! puts the new key first and keeps the old one on a later line), and, for the
-//! webhook, created when the Secret holds none yet (any replica may; the API
-//! server's optimistic concurrency lets one write win).
+//! puts the new key first and keeps the old one on a later line).
+//!
+//! The keys outlive what users do to the Secret. A process allowed to write
+//! it (the webhook) creates a key when the Secret holds none, puts the keys it
+//! holds back when the Secret is deleted or emptied, and, when someone else
+//! refilled it meanwhile (another replica that held none), appends its keys
+//! to verify with: records signed before keep verifying, so no developer's
+//! request is lost to a new key. A process only allowed to read it (the
+//! remediator) keeps the keys it holds until the Secret holds some again.
+//! (Across a reinstall, the chart keeps the Secret.) The API server's
+//! optimistic concurrency lets one write win; the others read the result.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -13,23 +21,13 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 
-use crate::ownership_keys::{KeyError, OwnershipKeys, SharedKeys};
+use crate::ownership_keys::{KeyError, OwnershipKeys, SharedKeys, merged_text};
 
 /// Data key of the Secret holding the keys.
 pub const SECRET_KEY: &str = "ownership.keys";
 const RETRY: Duration = Duration::from_secs(2);
 
-#[derive(Debug, thiserror::Error)]
-pub enum SecretKeyError {
-    #[error("ownership keys in Secret {namespace}/{name}: {source}")]
-    Keys {
-        namespace: String,
-        name: String,
-        source: KeyError,
-    },
-}
-
-/// Where the keys live, and whether this process may create them.
+/// Where the keys live, and whether this process may write them.
 #[derive(Debug, Clone)]
 pub struct KeySecret {
     pub api: Api<Secret>,
@@ -39,52 +37,64 @@ pub struct KeySecret {
 }
 
 impl KeySecret {
-    /// The keys, once the Secret holds them (creating them when allowed);
-    /// afterwards they follow the Secret. Waits, saying why, while the Secret
-    /// cannot be read or holds no key yet.
-    pub async fn keys(self) -> Result<SharedKeys, SecretKeyError> {
-        let keys = loop {
+    /// The keys, once the Secret holds them (making one when it holds none
+    /// and this process may); afterwards they follow the Secret. Waits,
+    /// saying why, while the Secret cannot be read, holds no key yet, or
+    /// holds keys that do not load.
+    pub async fn keys(self) -> SharedKeys {
+        let (text, keys) = loop {
             match self.read_or_create().await {
-                Ok(Some(keys)) => break keys,
+                Ok(Some(found)) => break found,
                 Ok(None) => {
                     tracing::info!(secret = %self.name, "waiting for the ownership key (the webhook creates it)")
                 }
                 Err(Retry::Api(e)) => {
                     tracing::warn!(namespace = %self.namespace, secret = %self.name, error = %e, "cannot read the ownership key; retrying")
                 }
-                Err(Retry::Keys(source)) => {
-                    return Err(SecretKeyError::Keys {
-                        namespace: self.namespace.clone(),
-                        name: self.name.clone(),
-                        source,
-                    });
+                Err(Retry::Keys(e)) => {
+                    tracing::error!(namespace = %self.namespace, secret = %self.name, error = %e, "the Secret's ownership keys do not load; fix them (one base64 key of at least 32 bytes per line)")
                 }
             }
             tokio::time::sleep(RETRY).await;
         };
         let shared = SharedKeys::new(keys);
-        tokio::spawn(self.follow(shared.clone()));
-        Ok(shared)
+        tokio::spawn(self.follow(shared.clone(), text));
+        shared
     }
 
-    async fn read_or_create(&self) -> Result<Option<OwnershipKeys>, Retry> {
+    async fn read_or_create(&self) -> Result<Option<(String, OwnershipKeys)>, Retry> {
         let secret = self.api.get_opt(&self.name).await.map_err(Retry::Api)?;
         if let Some(text) = secret.as_ref().and_then(keys_text) {
             return OwnershipKeys::from_text(&text)
-                .map(Some)
+                .map(|keys| Some((text, keys)))
                 .map_err(Retry::Keys);
         }
         if !self.create {
             return Ok(None);
         }
         let text = OwnershipKeys::generate_text().map_err(Retry::Keys)?;
-        let data = BTreeMap::from([(SECRET_KEY.to_owned(), ByteString(text.clone().into_bytes()))]);
-        let written = match secret {
+        match self.write(&text, secret).await {
+            Ok(()) => {
+                tracing::info!(namespace = %self.namespace, secret = %self.name, "created the ownership key");
+                OwnershipKeys::from_text(&text)
+                    .map(|keys| Some((text, keys)))
+                    .map_err(Retry::Keys)
+            }
+            // Another replica wrote first: read theirs.
+            Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
+            Err(e) => Err(Retry::Api(e)),
+        }
+    }
+
+    /// Write `text` as the keys: into `existing`, or a new Secret.
+    async fn write(&self, text: &str, existing: Option<Secret>) -> Result<(), kube::Error> {
+        let data = BTreeMap::from([(SECRET_KEY.to_owned(), ByteString(text.as_bytes().to_vec()))]);
+        match existing {
             Some(mut secret) => {
                 secret.data.get_or_insert_with(BTreeMap::new).extend(data);
                 self.api
                     .replace(&self.name, &PostParams::default(), &secret)
-                    .await
+                    .await?;
             }
             None => {
                 let secret = Secret {
@@ -97,50 +107,100 @@ impl KeySecret {
                     data: Some(data),
                     ..Default::default()
                 };
-                self.api.create(&PostParams::default(), &secret).await
+                self.api.create(&PostParams::default(), &secret).await?;
             }
-        };
-        match written {
-            Ok(_) => {
-                tracing::info!(namespace = %self.namespace, secret = %self.name, "created the ownership key");
-                OwnershipKeys::from_text(&text)
-                    .map(Some)
-                    .map_err(Retry::Keys)
-            }
-            // Another replica wrote first: read theirs.
-            Err(kube::Error::Api(status)) if status.code == 409 => Ok(None),
-            Err(e) => Err(Retry::Api(e)),
         }
+        Ok(())
     }
 
-    /// Replace the keys whenever the Secret's change.
-    async fn follow(self, shared: SharedKeys) {
+    /// Follow the Secret: its keys replace the ones in use; when it is
+    /// deleted or emptied, a process that may write it puts them back.
+    async fn follow(self, shared: SharedKeys, text: String) {
         let stream = watcher(
             self.api.clone(),
             watcher::Config::default().fields(&format!("metadata.name={}", self.name)),
         );
         let mut stream = std::pin::pin!(stream);
+        let mut state = Followed { text, lost: false };
+        let mut listed = false;
         while let Some(event) = stream.next().await {
             let secret = match event {
-                Ok(watcher::Event::Apply(secret) | watcher::Event::InitApply(secret)) => secret,
-                Ok(_) => continue,
+                Ok(watcher::Event::Init) => {
+                    listed = false;
+                    continue;
+                }
+                Ok(watcher::Event::Apply(secret) | watcher::Event::InitApply(secret)) => {
+                    listed = true;
+                    Some(secret)
+                }
+                // A (re)list without it: it is gone.
+                Ok(watcher::Event::InitDone) if !listed => None,
+                Ok(watcher::Event::InitDone) => continue,
+                Ok(watcher::Event::Delete(_)) => None,
                 Err(e) => {
                     tracing::debug!(error = %e, "watch of the ownership key interrupted");
                     tokio::time::sleep(RETRY).await;
                     continue;
                 }
             };
-            let Some(text) = keys_text(&secret) else {
-                continue;
-            };
-            match OwnershipKeys::from_text(&text) {
-                Ok(keys) => shared.replace(keys),
+            self.observe(secret, &shared, &mut state).await;
+        }
+    }
+
+    /// One state of the Secret (`None`: deleted).
+    async fn observe(&self, secret: Option<Secret>, shared: &SharedKeys, state: &mut Followed) {
+        let Some(current) = secret.as_ref().and_then(keys_text) else {
+            state.lost = true;
+            if !self.create {
+                tracing::warn!(secret = %self.name, "the ownership key Secret holds no key; keeping the keys in use");
+                return;
+            }
+            match self.write(&state.text, secret).await {
+                Ok(()) => {
+                    tracing::warn!(namespace = %self.namespace, secret = %self.name, "the ownership key Secret was deleted or emptied; put the keys in use back")
+                }
                 Err(e) => {
-                    tracing::warn!(secret = %self.name, error = %e, "the Secret's ownership keys do not load; keeping the current ones")
+                    tracing::warn!(secret = %self.name, error = %e, "cannot put the ownership keys back; the next change of the Secret retries")
+                }
+            }
+            return;
+        };
+        if state.lost
+            && self.create
+            && let Some(merged) = merged_text(&current, &state.text)
+        {
+            // Refilled by a process that did not hold our keys (the Secret
+            // was lost meanwhile): ours verify too, or their records would
+            // not.
+            match self.write(&merged, secret).await {
+                Ok(()) => {
+                    tracing::warn!(secret = %self.name, "the ownership key Secret was refilled without the keys in use; appended them to verify with");
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(secret = %self.name, error = %e, "cannot append the keys in use to the refilled Secret");
                 }
             }
         }
+        state.lost = false;
+        match OwnershipKeys::from_text(&current) {
+            Ok(keys) => {
+                shared.replace(keys);
+                state.text = current;
+            }
+            Err(e) => {
+                tracing::warn!(secret = %self.name, error = %e, "the Secret's ownership keys do not load; keeping the current ones")
+            }
+        }
     }
+}
+
+/// What [`KeySecret::follow`] knows.
+struct Followed {
+    /// The key text in use.
+    text: String,
+    /// The Secret was deleted or emptied since.
+    lost: bool,
 }
 
 enum Retry {

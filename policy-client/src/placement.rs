@@ -273,13 +273,22 @@ pub fn plan_patch(
     decision: &Decision,
     keys: &OwnershipKeys,
 ) -> Result<Option<Patch>, MergeError> {
+    let desired = desired_annotations(object, decision, keys)?;
+    patch_annotations_to(object, &desired)
+}
+
+/// The minimal JSON patch that makes `object`'s annotations exactly
+/// `desired`, or `None` when they already are.
+pub(crate) fn patch_annotations_to(
+    object: &Value,
+    desired: &BTreeMap<String, String>,
+) -> Result<Option<Patch>, MergeError> {
     let current = annotations(object)?;
     let has_metadata = object.get("metadata").is_some_and(Value::is_object);
-    let desired = desired_annotations(object, decision, keys)?;
     let ops = match current {
         None if desired.is_empty() => Vec::new(),
         None => {
-            let map = string_map(&desired);
+            let map = string_map(desired);
             if has_metadata {
                 vec![add(&["metadata", "annotations"], map)]
             } else {
@@ -288,7 +297,7 @@ pub fn plan_patch(
                 vec![add(&["metadata"], Value::Object(meta))]
             }
         }
-        Some(current) => diff(&current, &desired),
+        Some(current) => diff(&current, desired),
     };
     Ok((!ops.is_empty()).then_some(Patch(ops)))
 }

@@ -11,6 +11,7 @@ use policy_client::{DEFAULT_DECISION_PATH, Token};
 use crate::blast::BlastRadius;
 use crate::error::SyncError;
 use crate::gvr::Gvr;
+use crate::health::PartitionRule;
 use crate::scope::Scope;
 use policy_client::OwnershipKeys;
 use policy_client::configmaps::{
@@ -241,6 +242,22 @@ pub struct Args {
     )]
     pub remediation_hold_min: usize,
 
+    /// Cluster health changes re-place without confirmation, unless at least
+    /// this share of the clusters (and at least 3) turned unhealthy within
+    /// --remediation-partition-window: that looks like a partition of the
+    /// control plane, and is held like an edit (kube-controller-manager's
+    /// --unhealthy-zone-threshold).
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_THRESHOLD",
+        default_value_t = 0.55
+    )]
+    pub remediation_partition_threshold: f64,
+
+    /// The window of --remediation-partition-threshold, e.g. `60s`.
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub remediation_partition_window: Duration,
+
     /// Secret (`NAMESPACE/NAME`) holding the keys that sign the ownership record,
     /// shared with the webhook (which creates them); read and followed.
     #[arg(
@@ -249,6 +266,13 @@ pub struct Args {
         conflicts_with = "ownership_key_file"
     )]
     pub ownership_secret: Option<String>,
+
+    /// ConfigMap (`NAMESPACE/NAME`) where the last good policy set is kept,
+    /// and read back before the policy ConfigMaps are loaded: a sidecar
+    /// restarted while a policy ConfigMap is in error loads that set, not
+    /// nothing. Needs `get` and `patch` on it.
+    #[arg(long, env = "PLACEMENT_SYNC_LAST_GOOD_POLICIES")]
+    pub last_good_policies: Option<String>,
 
     /// File holding those keys (one base64 key per line, the signing key first).
     #[arg(long, env = "PLACEMENT_SYNC_OWNERSHIP_KEY_FILE")]
@@ -366,8 +390,12 @@ pub struct Settings {
     pub scope: Scope,
     /// When a pass is held until confirmed.
     pub blast_radius: BlastRadius,
+    /// When cluster health changes look like a partition.
+    pub partition: PartitionRule,
     /// Where the ownership record's keys come from.
     pub ownership_keys: OwnershipKeySource,
+    /// Where the last good policy set is kept (`namespace`, `name`).
+    pub last_good_policies: Option<(String, String)>,
     /// `None` when leader election is off (this replica always remediates).
     pub leader: Option<LeaderSettings>,
     pub listen: SocketAddr,
@@ -579,6 +607,19 @@ impl Settings {
                 }
                 (None, None) => OwnershipKeySource::Ephemeral,
             },
+            last_good_policies: match &args.last_good_policies {
+                None => None,
+                Some(text) => match text.split_once('/') {
+                    Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+                        Some((namespace.to_owned(), name.to_owned()))
+                    }
+                    _ => {
+                        return Err(config(format!(
+                            "--last-good-policies must be NAMESPACE/NAME, got {text:?}"
+                        )));
+                    }
+                },
+            },
             blast_radius: {
                 if !(0.0..=1.0).contains(&args.remediation_hold_share) {
                     return Err(config(format!(
@@ -589,6 +630,18 @@ impl Settings {
                 BlastRadius {
                     share: args.remediation_hold_share,
                     min: args.remediation_hold_min,
+                }
+            },
+            partition: {
+                if !(0.0..=1.0).contains(&args.remediation_partition_threshold) {
+                    return Err(config(format!(
+                        "--remediation-partition-threshold must be between 0 and 1, got {}",
+                        args.remediation_partition_threshold
+                    )));
+                }
+                PartitionRule {
+                    threshold: args.remediation_partition_threshold,
+                    window: args.remediation_partition_window,
                 }
             },
             scope: Scope {
@@ -755,6 +808,13 @@ mod tests {
             ]
         );
         assert_eq!(s.remediation_debounce, Duration::from_millis(500));
+        assert_eq!(
+            s.partition,
+            PartitionRule {
+                threshold: 0.55,
+                window: Duration::from_secs(60)
+            }
+        );
         let leader = s.leader.unwrap();
         assert_eq!(leader.identity, "pod-a");
         assert_eq!(leader.lease_name, DEFAULT_LEASE_NAME);

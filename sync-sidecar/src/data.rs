@@ -39,6 +39,13 @@ impl DataSet {
         self.written.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A digest of every document written.
+    pub fn revision(&self) -> String {
+        let written = serde_json::to_vec(&*self.written()).unwrap_or_default();
+        let digest = ring::digest::digest(&ring::digest::SHA256, &written);
+        crate::cause::hex(digest.as_ref(), 8)
+    }
+
     /// ConfigMaps (`namespace/name`) with data written.
     pub fn configmaps(&self) -> Vec<String> {
         self.written().keys().cloned().collect()

@@ -15,6 +15,7 @@
 //! a [`Sidecar`] with their own client and engine.
 
 pub mod blast;
+mod cause;
 mod component;
 pub mod config;
 pub mod data;
@@ -22,7 +23,9 @@ mod demand;
 pub mod document;
 pub mod error;
 pub mod gvr;
+pub mod health;
 mod karmada;
+mod last_good;
 mod leader;
 pub mod metrics;
 mod objects;
@@ -41,7 +44,7 @@ use std::sync::Arc;
 use kube::runtime::events::{Recorder, Reporter};
 use policy_client::{Opa, OpaConfig, PolicyEngine};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -155,7 +158,8 @@ impl Sidecar {
         } = self;
         let cancel = cancel.child_token();
         let permits = Arc::new(Semaphore::new(settings.workers));
-        let trigger = Arc::new(Notify::new());
+        let trigger = Arc::new(cause::Trigger::default());
+        let health = Arc::new(health::ClusterHealth::default());
         let reads = rego_refs::PolicyReads::default();
         let demand = settings
             .replicate_only_read_types
@@ -201,7 +205,8 @@ impl Sidecar {
             prefix: settings.replicate_path.clone(),
             ignore_namespaces: settings.ignore_namespaces.clone(),
             permits: permits.clone(),
-            changed: trigger.clone(),
+            trigger: trigger.clone(),
+            health: health.clone(),
             reads: reads.clone(),
             demand: demand.clone(),
         };
@@ -232,7 +237,7 @@ impl Sidecar {
                     .into_iter()
                     .collect(),
                 permits: permits.clone(),
-                changed: trigger.clone(),
+                trigger: trigger.clone(),
                 reads: reads.clone(),
                 replicate_root: settings
                     .replicate_path
@@ -241,6 +246,8 @@ impl Sidecar {
                     .map(str::to_owned)
                     .collect(),
                 demand,
+                decision: settings.decision.clone(),
+                last_good: settings.last_good_policies.clone(),
             },
             cancel.clone(),
         ));
@@ -299,7 +306,11 @@ impl Sidecar {
                     rate: settings.remediation_rate,
                     debounce: settings.remediation_debounce,
                     scope: settings.scope.clone(),
-                    blast_radius: settings.blast_radius,
+                    guard: blast::Guard {
+                        radius: settings.blast_radius,
+                        partition: settings.partition,
+                        health: health.clone(),
+                    },
                     ownership_keys: settings.ownership_keys.clone(),
                     policy_configmaps: blast::PolicyConfigMaps {
                         client: client.clone(),

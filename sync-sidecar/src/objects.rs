@@ -46,14 +46,14 @@ impl TypeObjects {
         self.objects.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A watched add or update.
-    pub(crate) fn apply(&self, key: ObjectKey, json: Bytes) {
-        self.write().current.insert(key, json);
+    /// A watched add or update; the object as it was before.
+    pub(crate) fn apply(&self, key: ObjectKey, json: Bytes) -> Option<Bytes> {
+        self.write().current.insert(key, json)
     }
 
-    /// A watched deletion.
-    pub(crate) fn delete(&self, key: &ObjectKey) {
-        self.write().current.remove(key);
+    /// A watched deletion; the object as it was.
+    pub(crate) fn delete(&self, key: &ObjectKey) -> Option<Bytes> {
+        self.write().current.remove(key)
     }
 
     /// A (re)list begins.

@@ -10,8 +10,12 @@
 //!
 //! A policy set is whole or not in force: a change after which some module
 //! would need a package that no module defines (a module removed, or one
-//! added before what it imports) is refused the same way, with an error naming
-//! the missing package, and the last good set stays. The modules of one change
+//! added before what it imports), or that removes the decision's module while
+//! others stay, or one of several files of a package while leaving the others
+//! as they are, is refused the same way, with an error saying why, and the
+//! last good set stays. That set is kept in the cluster ([`crate::last_good`])
+//! and read back before the first load, so a restart while a ConfigMap is in
+//! error loads it, not nothing. The modules of one change
 //! are put dependencies first (the decision last), and so are all modules on a
 //! reload after an engine restart, so that no query sees a module before the
 //! modules it needs ([`crate::rego_refs`]).
@@ -29,12 +33,15 @@ use policy_client::{CompileError, EngineError, PolicyEngine};
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
+
+use crate::cause::{Cause, Trigger};
 use tokio_util::sync::CancellationToken;
 
 use crate::component::{Gate, full_sync_loop};
 use crate::data::DataSet;
 use crate::demand::Demand;
 use crate::error::SyncError;
+use crate::last_good::LastGood;
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
 use crate::rego_refs::{self, DataReads, PolicyReads, data_reads};
@@ -133,21 +140,47 @@ pub struct ModuleSet {
     engine: Arc<dyn PolicyEngine>,
     /// Top-level `data` names that hold replicated data, not packages.
     data_roots: Vec<String>,
+    /// The decision's package (dotted): a set that still has modules keeps it.
+    decision: String,
     records: Mutex<BTreeMap<String, ModuleRecord>>,
 }
 
 impl ModuleSet {
+    /// `decision`: the decision path (`io/k8s/federation/admission`).
     pub fn new(
         owned_namespaces: Vec<String>,
         engine: Arc<dyn PolicyEngine>,
         data_roots: Vec<String>,
+        decision: &str,
     ) -> Self {
         ModuleSet {
             owned_namespaces,
             engine,
             data_roots,
+            decision: decision.trim_matches('/').replace('/', "."),
             records: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// Take `modules` (id -> source) as the last good set, before anything
+    /// is loaded (a restarted sidecar, from the set kept in the cluster):
+    /// each ConfigMap's current source is tried first, and where it fails or
+    /// would leave the set incomplete, these stay in force.
+    pub fn seed(&self, modules: BTreeMap<String, String>) {
+        let mut records = self.records();
+        for (id, source) in modules {
+            records.entry(id).or_insert_with(|| ModuleRecord {
+                source: source.clone(),
+                outcome: Ok(()),
+                last_good: Some(source),
+            });
+        }
+    }
+
+    /// The modules in force, each one's accepted source (what the set kept in
+    /// the cluster holds).
+    pub fn last_good(&self) -> BTreeMap<String, String> {
+        self.in_force()
     }
 
     fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ModuleRecord>> {
@@ -170,6 +203,19 @@ impl ModuleSet {
         (loaded, failed)
     }
 
+    /// The revision of the modules in force: a digest of their ids and
+    /// sources.
+    pub fn revision(&self) -> String {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        for (id, source) in self.in_force() {
+            for part in [id.as_bytes(), source.as_bytes()] {
+                context.update(&(part.len() as u64).to_be_bytes());
+                context.update(part);
+            }
+        }
+        crate::cause::hex(context.finish().as_ref(), 8)
+    }
+
     /// The modules in force: each one's accepted source.
     fn in_force(&self) -> BTreeMap<String, String> {
         self.records()
@@ -184,14 +230,16 @@ impl ModuleSet {
             .collect()
     }
 
-    /// Packages the set would need after ConfigMap `name` becomes `desired`
-    /// that it does not need now: a change that would leave a module without
-    /// a package it uses.
-    fn newly_missing(
+    /// Why the set may not become what it is after ConfigMap `name` becomes
+    /// `desired`, if it may not: a module would need a package that no module
+    /// defines (and none needs now), or the change removes the decision while
+    /// other modules stay, or one file of a package whose other files it
+    /// leaves as they are.
+    fn refusals(
         &self,
         name: &str,
         desired: &BTreeMap<String, &String>,
-    ) -> (BTreeMap<String, String>, Vec<rego_refs::Missing>) {
+    ) -> (BTreeMap<String, String>, Vec<CompileError>) {
         let now = self.in_force();
         let prefix = self.prefix(name);
         let mut after: BTreeMap<String, String> = now
@@ -204,11 +252,42 @@ impl ModuleSet {
             .into_iter()
             .map(|m| m.package)
             .collect();
-        let missing = rego_refs::missing_packages(&after, &self.data_roots)
+        let refused = |module: String, code: &str, message: String| CompileError {
+            file: Some(module),
+            row: None,
+            col: None,
+            code: Some(code.to_owned()),
+            message,
+        };
+        let mut errors: Vec<CompileError> = rego_refs::missing_packages(&after, &self.data_roots)
             .into_iter()
             .filter(|m| !before.contains(&m.package))
+            .map(|m| refused(m.module, "missing_package", format!(
+                "needs package {} (data.{}), which no loaded module defines; the last good policy set stays in force",
+                m.package, m.package
+            )))
             .collect();
-        (after, missing)
+        for removal in rego_refs::refused_removals(&now, &after, &self.decision) {
+            errors.push(match removal.reason {
+                rego_refs::RemovalReason::Decision { remaining } => refused(
+                    removal.module,
+                    "removes_decision",
+                    format!(
+                        "removing it removes the decision package {} while {remaining} other module(s) stay, so no query would find a decision; the last good policy set stays in force (remove every module to remove the policy)",
+                        removal.package
+                    ),
+                ),
+                rego_refs::RemovalReason::PartOfPackage { remaining } => refused(
+                    removal.module,
+                    "removes_part_of_package",
+                    format!(
+                        "removing it leaves package {} with {remaining} other file(s) this change does not touch; the last good policy set stays in force (remove the package whole, or change its other files in the same edit)",
+                        removal.package
+                    ),
+                ),
+            });
+        }
+        (after, errors)
     }
 
     /// The order to load ConfigMaps `names` in so that no module arrives
@@ -263,9 +342,9 @@ impl ModuleSet {
             .flatten()
             .map(|(key, source)| (format!("{prefix}{key}"), source))
             .collect();
-        let (after, missing) = self.newly_missing(name, &desired);
-        if !missing.is_empty() {
-            return self.refuse(name, data, &desired, &missing, reload).await;
+        let (after, refused) = self.refusals(name, &desired);
+        if !refused.is_empty() {
+            return self.refuse(name, data, &desired, refused, reload).await;
         }
         // Dependencies first, so that no query sees a module before what it needs.
         let order = rego_refs::load_order(&after);
@@ -335,29 +414,16 @@ impl ModuleSet {
 
     /// Keep the set in force when a change would leave it incomplete: nothing
     /// of the change reaches the engine (after an engine restart, the last good
-    /// modules are put back), and the ConfigMap's status names what is missing.
+    /// modules are put back), and the ConfigMap's status names why.
     async fn refuse(
         &self,
         name: &str,
         data: Option<&BTreeMap<String, String>>,
         desired: &BTreeMap<String, &String>,
-        missing: &[rego_refs::Missing],
+        errors: Vec<CompileError>,
         reload: bool,
     ) -> Result<ModuleSync, EngineError> {
-        let errors: Vec<CompileError> = missing
-            .iter()
-            .map(|m| CompileError {
-                file: Some(m.module.clone()),
-                row: None,
-                col: None,
-                code: Some("missing_package".to_owned()),
-                message: format!(
-                    "needs package {} (data.{}), which no loaded module defines; the last good policy set stays in force",
-                    m.package, m.package
-                ),
-            })
-            .collect();
-        tracing::warn!(configmap = %name, missing = %missing.iter().map(|m| m.package.as_str()).collect::<Vec<_>>().join(", "), "policy set would be incomplete; the last good set stays in force");
+        tracing::warn!(configmap = %name, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy set would be incomplete; the last good set stays in force");
         let mut changed = false;
         let prefix = self.prefix(name);
         let kept: Vec<(String, ModuleRecord)> = self
@@ -398,6 +464,24 @@ impl ModuleSet {
                     source: (*source).clone(),
                     outcome,
                     last_good,
+                },
+            );
+        }
+        // A module the change would remove stays in force, failing.
+        for (id, record) in kept {
+            if desired.contains_key(&id) {
+                continue;
+            }
+            let own: Vec<CompileError> = errors
+                .iter()
+                .filter(|e| e.file.as_deref() == Some(id.as_str()))
+                .cloned()
+                .collect();
+            self.records().insert(
+                id,
+                ModuleRecord {
+                    outcome: Err(if own.is_empty() { errors.clone() } else { own }),
+                    ..record
                 },
             );
         }
@@ -472,7 +556,7 @@ struct ConfigMapLoader {
     gate: Gate,
     state: Arc<SyncState>,
     metrics: Arc<Metrics>,
-    changed: Arc<Notify>,
+    trigger: Arc<Trigger>,
     engine: Arc<dyn PolicyEngine>,
     reads: PolicyReads,
     /// `--replicate-path` as segments: where the policies read replicated data.
@@ -485,9 +569,76 @@ struct ConfigMapLoader {
     /// A full sync is loading the policies one ConfigMap after another:
     /// types are let go only once all are in.
     full_syncing: std::sync::atomic::AtomicBool,
+    /// Where the last good set is kept in the cluster.
+    last_good: Option<LastGood>,
+    /// The revision kept there (as last read or written).
+    kept_revision: Mutex<Option<String>>,
+    /// The kept set was read (once, before the first load).
+    seeded: std::sync::atomic::AtomicBool,
 }
 
 impl ConfigMapLoader {
+    /// Before the first load: take the last good set kept in the cluster as
+    /// the one in force, so that a ConfigMap in error (or a refused change)
+    /// leaves it, not nothing. Fails (to be retried) when it cannot be read.
+    async fn seed(&self) -> Result<(), SyncError> {
+        use std::sync::atomic::Ordering;
+        let Some(store) = &self.last_good else {
+            return Ok(());
+        };
+        if self.seeded.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        match store.load().await {
+            Ok(Some(kept)) => {
+                tracing::info!(modules = kept.modules.len(), revision = %kept.revision, "read the last good policy set kept in the cluster");
+                *self.lock_kept() = Some(kept.revision);
+                self.modules.seed(kept.modules);
+            }
+            Ok(None) => {}
+            Err(e @ crate::last_good::LastGoodError::Format(..)) => {
+                tracing::error!(error = %e, "the last good policy set kept in the cluster does not load; starting without it");
+            }
+            Err(e) => return Err(SyncError::Config(e.to_string())),
+        }
+        self.seeded.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    fn lock_kept(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.kept_revision.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keep the set in force in the cluster, when it changed.
+    async fn keep_last_good(&self) {
+        let Some(store) = &self.last_good else {
+            return;
+        };
+        let revision = self.modules.revision();
+        if self.lock_kept().as_deref() == Some(revision.as_str()) {
+            return;
+        }
+        match store.save(&revision, self.modules.last_good()).await {
+            Ok(()) => *self.lock_kept() = Some(revision),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot keep the last good policy set in the cluster; a restart while a policy is in error would load the previous one")
+            }
+        }
+    }
+
+    /// ConfigMaps deleted while their removal was refused (it would have
+    /// left the set without its decision, or a package in part): tried again
+    /// after every change, which may have made them removable.
+    async fn retry_removed(&self) -> Result<bool, EngineError> {
+        let mut changed = false;
+        for key in self.modules.configmaps() {
+            if self.watched.get(&key).is_none() {
+                changed |= self.modules.sync(&key, None, false).await?.changed;
+            }
+        }
+        Ok(changed)
+    }
+
     /// The engine's policies or data changed: find what the policies now
     /// read of the replicated data, then ask for a remediation pass.
     async fn policy_set_changed(&self) {
@@ -502,7 +653,17 @@ impl ConfigMapLoader {
         {
             demand.settle(reads);
         }
-        self.changed.notify_one();
+        self.trigger.fire(Cause::Policy(self.revision()));
+        self.keep_last_good().await;
+    }
+
+    /// The revision of the policy set in force: its modules and data.
+    fn revision(&self) -> String {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        context.update(self.modules.revision().as_bytes());
+        context.update(&[0]);
+        context.update(self.data.revision().as_bytes());
+        crate::cause::hex(context.finish().as_ref(), 8)
     }
 
     /// What the engine's modules and `more` sources read of the replicated
@@ -609,6 +770,8 @@ impl ConfigMapLoader {
             changed |= outcome.changed;
         }
         if changed {
+            self.retry_removed().await.map_err(&mut fail)?;
+            self.update_gauges();
             self.metrics.write_ok(COMPONENT, "put_policy");
             self.policy_set_changed().await;
         }
@@ -686,6 +849,7 @@ impl ConfigMapLoader {
     async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         use std::sync::atomic::Ordering;
         let _full = self.gate.full().await;
+        self.seed().await?;
         self.full_syncing.store(true, Ordering::Release);
         let result = self.load_everything(epoch).await;
         self.full_syncing.store(false, Ordering::Release);
@@ -758,10 +922,14 @@ pub(crate) struct PolicyLoaderContext {
     /// Top-level `data` names of replicated data (not packages).
     pub(crate) data_roots: Vec<String>,
     pub(crate) permits: Arc<Semaphore>,
-    pub(crate) changed: Arc<Notify>,
+    pub(crate) trigger: Arc<Trigger>,
     pub(crate) reads: PolicyReads,
     pub(crate) replicate_root: Vec<String>,
     pub(crate) demand: Option<Arc<Demand>>,
+    /// The decision path (its package is never removed alone).
+    pub(crate) decision: String,
+    /// Where the last good set is kept (`namespace`, `name`).
+    pub(crate) last_good: Option<(String, String)>,
 }
 
 /// Watch the policy and data ConfigMaps and keep the engine equal to them
@@ -798,6 +966,7 @@ pub(crate) async fn run(
             namespaces.iter().flatten().cloned().collect(),
             ctx.engine.clone(),
             data_roots,
+            &ctx.decision,
         ),
         data: DataSet::new(ctx.engine.clone()),
         selection: ctx.selection.clone(),
@@ -808,13 +977,20 @@ pub(crate) async fn run(
         gate: Gate::default(),
         state: ctx.state.clone(),
         metrics: ctx.metrics.clone(),
-        changed: ctx.changed.clone(),
+        trigger: ctx.trigger.clone(),
         engine: ctx.engine.clone(),
         reads: ctx.reads.clone(),
         replicate_root: ctx.replicate_root.clone(),
         demand: ctx.demand.clone(),
         serial: tokio::sync::Mutex::new(()),
         full_syncing: std::sync::atomic::AtomicBool::new(false),
+        last_good: ctx.last_good.as_ref().map(|(namespace, name)| LastGood {
+            api: Api::namespaced(ctx.client.clone(), namespace),
+            namespace: namespace.clone(),
+            name: name.clone(),
+        }),
+        kept_revision: Mutex::new(None),
+        seeded: std::sync::atomic::AtomicBool::new(false),
     });
     let queue = {
         let loader = loader.clone();
@@ -974,7 +1150,12 @@ mod tests {
     #[tokio::test]
     async fn broken_update_keeps_the_last_good_module_and_reports_the_error() {
         let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
-        let set = ModuleSet::new(vec![NS.into()], engine.clone(), vec!["kubernetes".into()]);
+        let set = ModuleSet::new(
+            vec![NS.into()],
+            engine.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        );
 
         let out = set
             .sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
@@ -1033,7 +1214,12 @@ mod tests {
     #[tokio::test]
     async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
         let first: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
-        let set = ModuleSet::new(vec![NS.into()], first.clone(), vec!["kubernetes".into()]);
+        let set = ModuleSet::new(
+            vec![NS.into()],
+            first.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        );
         set.sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
             .await
             .unwrap();
@@ -1047,6 +1233,7 @@ mod tests {
             owned_namespaces: vec![NS.into()],
             engine: fresh.clone(),
             data_roots: vec!["kubernetes".into()],
+            decision: "io.k8s.federation.admission".into(),
             records: Mutex::new(set.records().clone()),
         };
         let out = reloaded
@@ -1055,6 +1242,92 @@ mod tests {
             .unwrap();
         assert!(matches!(out.status, Some(PolicyStatus::Error { .. })));
         assert_eq!(decision(fresh.as_ref()).await, Some(json!("1")));
+    }
+
+    fn module_set(engine: &Arc<dyn PolicyEngine>) -> ModuleSet {
+        ModuleSet::new(
+            vec![NS.into()],
+            engine.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        )
+    }
+
+    fn codes(status: &Option<PolicyStatus>) -> Vec<String> {
+        match status {
+            Some(PolicyStatus::Error { errors }) => {
+                errors.iter().filter_map(|e| e.code.clone()).collect()
+            }
+            other => panic!("expected an error status, got {other:?}"),
+        }
+    }
+
+    /// The decision removed while its rules stay, or one of two files of a
+    /// package removed: refused whole, the last good set in force.
+    #[tokio::test]
+    async fn removing_the_decision_or_part_of_a_package_is_refused_whole() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = module_set(&engine);
+        let decision_rego = "package io.k8s.federation.admission\n\nimport data.rules\n\nannotations[\"a\"] := rules.v\n";
+        let v = "package rules\n\nv := \"1\"\n";
+        let w = "package rules\n\nw := \"2\"\n";
+        let whole = data(&[
+            ("decision.rego", decision_rego),
+            ("v.rego", v),
+            ("w.rego", w),
+        ]);
+        let out = set.sync(PLACEMENT, Some(&whole), false).await.unwrap();
+        assert_eq!(out.status, Some(PolicyStatus::Ok));
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+
+        let out = set
+            .sync(
+                PLACEMENT,
+                Some(&data(&[("v.rego", v), ("w.rego", w)])),
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(codes(&out.status), ["removes_decision"]);
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+        assert_eq!(set.counts(), (3, 1), "the decision is in force, failing");
+
+        let out = set
+            .sync(
+                PLACEMENT,
+                Some(&data(&[("decision.rego", decision_rego), ("v.rego", v)])),
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(codes(&out.status), ["removes_part_of_package"]);
+        assert_eq!(engine.policies().await.unwrap().len(), 3, "w.rego stays");
+
+        // Back to the whole set: ok; then the whole policy removed: accepted.
+        let out = set.sync(PLACEMENT, Some(&whole), false).await.unwrap();
+        assert_eq!(out.status, Some(PolicyStatus::Ok));
+        let out = set.sync(PLACEMENT, None, false).await.unwrap();
+        assert!(out.changed);
+        assert!(engine.policies().await.unwrap().is_empty());
+    }
+
+    /// A restarted sidecar takes the set kept in the cluster as the last good
+    /// one: a ConfigMap in error leaves it in force, not nothing.
+    #[tokio::test]
+    async fn a_seeded_last_good_set_stays_in_force_when_the_configmap_is_in_error() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = module_set(&engine);
+        set.seed([(format!("{PLACEMENT}/main.rego"), GOOD.to_owned())].into());
+        let out = set
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), true)
+            .await
+            .unwrap();
+        assert!(matches!(out.status, Some(PolicyStatus::Error { .. })));
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+        assert_eq!(
+            set.last_good(),
+            [(format!("{PLACEMENT}/main.rego"), GOOD.to_owned())].into()
+        );
     }
 
     #[tokio::test]
@@ -1068,7 +1341,12 @@ mod tests {
             .put_policy("elsewhere/keep.rego", "package keep\n")
             .await
             .unwrap();
-        let set = ModuleSet::new(vec![NS.into()], engine.clone(), vec!["kubernetes".into()]);
+        let set = ModuleSet::new(
+            vec![NS.into()],
+            engine.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        );
         set.sync(
             A,
             Some(&data(&[

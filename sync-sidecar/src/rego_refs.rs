@@ -109,6 +109,76 @@ pub fn missing_packages(set: &BTreeMap<String, String>, data_roots: &[String]) -
     missing
 }
 
+/// A module a change removes that must not go alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Removal {
+    pub module: String,
+    pub package: String,
+    pub reason: RemovalReason,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RemovalReason {
+    /// It defines the decision package, and other modules stay: every query
+    /// would find no decision (fail closed), not "no policy".
+    Decision { remaining: usize },
+    /// One of several files of its package, whose other files the change
+    /// leaves as they are: the package would lose rules no one meant to drop.
+    PartOfPackage { remaining: usize },
+}
+
+/// The removals of a change from `before` to `after` (module id -> source)
+/// that would leave the policy set less than whole: the decision package
+/// (`decision`, dotted) gone while other modules stay, or one file of a
+/// package whose other files the change does not touch. Removing a whole
+/// package (every file), or a file while editing the rest of its package,
+/// is not refused here (a package something still needs is
+/// [`missing_packages`]).
+pub fn refused_removals(
+    before: &BTreeMap<String, String>,
+    after: &BTreeMap<String, String>,
+    decision: &str,
+) -> Vec<Removal> {
+    let package_of = |source: &String| scan(source).package;
+    let defines = |set: &BTreeMap<String, String>, package: &str| -> Vec<String> {
+        set.iter()
+            .filter(|(_, source)| package_of(source).as_deref() == Some(package))
+            .map(|(id, _)| id.clone())
+            .collect()
+    };
+    let mut refused = Vec::new();
+    for (id, source) in before {
+        if after.contains_key(id) {
+            continue;
+        }
+        let Some(package) = package_of(source) else {
+            continue;
+        };
+        let staying = defines(after, &package);
+        let reason = if package == decision && staying.is_empty() && !after.is_empty() {
+            RemovalReason::Decision {
+                remaining: after.len(),
+            }
+        } else if !staying.is_empty()
+            && staying
+                .iter()
+                .all(|other| before.get(other) == after.get(other))
+        {
+            RemovalReason::PartOfPackage {
+                remaining: staying.len(),
+            }
+        } else {
+            continue;
+        };
+        refused.push(Removal {
+            module: id.clone(),
+            package,
+            reason,
+        });
+    }
+    refused
+}
+
 /// The ids of `set`, each after the modules whose packages it needs (ties and
 /// cycles in id order): loading in this order, no module arrives before what
 /// it imports.
@@ -356,6 +426,49 @@ mod tests {
                 package: "io.k8s.federation.placement".into()
             }]
         );
+    }
+
+    #[test]
+    fn removing_the_decision_or_part_of_a_package_is_refused() {
+        let set = |modules: &[(&str, &str)]| -> BTreeMap<String, String> {
+            modules
+                .iter()
+                .map(|(id, source)| ((*id).to_owned(), (*source).to_owned()))
+                .collect()
+        };
+        let decision = "package io.k8s.federation.admission\n\nimport data.rules\n";
+        let rules_a = "package rules\n\na := 1\n";
+        let rules_b = "package rules\n\nb := 2\n";
+        let before = set(&[
+            ("cm/d.rego", decision),
+            ("cm/a.rego", rules_a),
+            ("cm/b.rego", rules_b),
+        ]);
+        let refused = |after: &[(&str, &str)]| {
+            refused_removals(&before, &set(after), "io.k8s.federation.admission")
+        };
+        assert_eq!(
+            refused(&[("cm/a.rego", rules_a), ("cm/b.rego", rules_b)]),
+            vec![Removal {
+                module: "cm/d.rego".into(),
+                package: "io.k8s.federation.admission".into(),
+                reason: RemovalReason::Decision { remaining: 2 }
+            }]
+        );
+        assert!(refused(&[]).is_empty(), "the whole policy removed");
+        assert_eq!(
+            refused(&[("cm/d.rego", decision), ("cm/a.rego", rules_a)]),
+            vec![Removal {
+                module: "cm/b.rego".into(),
+                package: "rules".into(),
+                reason: RemovalReason::PartOfPackage { remaining: 1 }
+            }]
+        );
+        // Folding b into a in the same change, or dropping the package whole,
+        // is meant.
+        let folded = "package rules\n\na := 1\n\nb := 2\n";
+        assert!(refused(&[("cm/d.rego", decision), ("cm/a.rego", folded)]).is_empty());
+        assert!(refused(&[("cm/d.rego", decision)]).is_empty());
     }
 
     #[test]

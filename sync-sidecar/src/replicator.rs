@@ -8,18 +8,22 @@
 //! adds, updates and deletes are mirrored one object at a time through a
 //! [`KeyedQueue`].
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use policy_client::PolicyEngine;
+use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cause::{self, Cause, Trigger};
 use crate::component::{Gate, full_sync_loop};
 use crate::config::{ReplicaScope, ReplicateSpec};
 use crate::demand::Demand;
 use crate::document::{ObjectKey, object_path, type_path};
 use crate::error::SyncError;
+use crate::health::{ClusterHealth, ClusterKind, cluster_kind};
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
 use crate::rego_refs::PolicyReads;
@@ -35,9 +39,11 @@ pub(crate) struct ReplicatorContext {
     pub(crate) prefix: String,
     pub(crate) ignore_namespaces: BTreeSet<String>,
     pub(crate) permits: Arc<Semaphore>,
-    /// Poked after a successful write of a type the policies read
+    /// Fired after a successful write of a type the policies read, with why
     /// (remediation trigger).
-    pub(crate) changed: Arc<Notify>,
+    pub(crate) trigger: Arc<Trigger>,
+    /// The health of the replicated clusters (for the partition rule).
+    pub(crate) health: Arc<ClusterHealth>,
     pub(crate) reads: PolicyReads,
     /// With `--replicate-only-read-types`: which types to write.
     pub(crate) demand: Option<Arc<Demand>>,
@@ -63,6 +69,11 @@ struct TypeReplicator {
     watched: Arc<WatchedType>,
     gate: Gate,
     ctx: ReplicatorContext,
+    /// The type's cluster kind, when it is a cluster registry.
+    cluster: Option<&'static ClusterKind>,
+    /// Why each object changed since it was last written: fired once the
+    /// engine holds the change.
+    causes: Mutex<HashMap<ObjectKey, Vec<Cause>>>,
 }
 
 impl TypeReplicator {
@@ -88,11 +99,88 @@ impl TypeReplicator {
         }
     }
 
-    /// Ask for remediation, unless no policy can see this type: status
-    /// heartbeats of an unread type must not re-query every workload.
-    fn poke(&self) {
-        if self.ctx.reads.includes(&self.watched.resource.plural) {
-            self.ctx.changed.notify_one();
+    fn read(&self) -> bool {
+        self.ctx.reads.includes(&self.watched.resource.plural)
+    }
+
+    /// A watched change of `key` from `before` to `after` (`None`: absent):
+    /// the health of a cluster, and why the change would re-place workloads.
+    fn note(&self, key: &ObjectKey, before: Option<&[u8]>, after: Option<&[u8]>) {
+        let read = self.read();
+        if self.ignored(key) || (self.cluster.is_none() && !read) {
+            // Status churn of a type nothing reads is not even decoded.
+            return;
+        }
+        let decode =
+            |json: Option<&[u8]>| json.and_then(|j| serde_json::from_slice::<Value>(j).ok());
+        let (before, after) = (decode(before), decode(after));
+        let resource = &self.watched.resource.plural;
+        if let Some(kind) = self.cluster {
+            match &after {
+                Some(after) => self.ctx.health.observe(
+                    resource,
+                    key.clone(),
+                    (kind.healthy)(after),
+                    Instant::now(),
+                ),
+                None => self.ctx.health.forget(resource, key),
+            }
+        }
+        if read {
+            let cause =
+                cause::classify(self.cluster, resource, key, before.as_ref(), after.as_ref());
+            self.lock_causes()
+                .entry(key.clone())
+                .or_default()
+                .push(cause);
+        }
+    }
+
+    /// A (re)list: the health of every cluster as listed.
+    fn note_listed(&self) {
+        let Some(kind) = self.cluster else {
+            return;
+        };
+        let resource = &self.watched.resource.plural;
+        let now = Instant::now();
+        let listed = self.watched.objects.snapshot(|_| true);
+        let keys: BTreeSet<&ObjectKey> = listed.iter().map(|(key, _)| key).collect();
+        self.ctx.health.retain(resource, |key| keys.contains(key));
+        for (key, json) in listed {
+            if let Ok(cluster) = serde_json::from_slice::<Value>(&json) {
+                self.ctx
+                    .health
+                    .observe(resource, key, (kind.healthy)(&cluster), now);
+            }
+        }
+    }
+
+    fn lock_causes(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Vec<Cause>>> {
+        self.causes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Ask for remediation with the causes of what was written (`key`, or
+    /// the whole type), unless no policy can see this type: status heartbeats
+    /// of an unread type must not re-query every workload.
+    fn fire(&self, key: Option<&ObjectKey>) {
+        let causes: Vec<Cause> = match key {
+            Some(key) => self.lock_causes().remove(key).unwrap_or_default(),
+            None => {
+                let all = std::mem::take(&mut *self.lock_causes());
+                // A whole-type write whose changes nobody saw one by one (the
+                // first list, a relist, a refilled engine): unknown.
+                if all.is_empty() {
+                    vec![Cause::Resync]
+                } else {
+                    all.into_values().flatten().collect()
+                }
+            }
+        };
+        if !self.read() {
+            return;
+        }
+        for cause in causes {
+            self.ctx.trigger.fire(cause);
         }
     }
 
@@ -122,7 +210,7 @@ impl TypeReplicator {
                     demand.set_written(self.label(), Some(epoch));
                 }
                 self.gate.set_loaded(epoch);
-                self.poke();
+                self.fire(None);
                 tracing::info!(resource = %self.label(), objects = count, %path, "replicated the whole type");
                 Ok(())
             }
@@ -185,7 +273,7 @@ impl TypeReplicator {
                 self.ctx
                     .metrics
                     .set_replicated(self.label(), self.replicated_count());
-                self.poke();
+                self.fire(Some(&key));
                 tracing::debug!(resource = %self.label(), %key, op, "replicated");
                 Ok(())
             }
@@ -229,10 +317,13 @@ pub(crate) async fn run_type(
         demand.register(&watched.resource.plural);
         demand.subscribe()
     });
+    let cluster = cluster_kind(&watched.resource.group, &watched.resource.plural);
     let replicator = Arc::new(TypeReplicator {
         watched,
         gate: Gate::default(),
         ctx: ctx.clone(),
+        cluster,
+        causes: Mutex::default(),
     });
     let queue = {
         let replicator = replicator.clone();
@@ -284,14 +375,25 @@ pub(crate) async fn run_type(
             _ = cancel.cancelled() => break,
         };
         match change {
-            Some(WatchChange::Applied { key, .. } | WatchChange::Deleted { key }) => {
+            Some(WatchChange::Applied {
+                key,
+                json,
+                previous,
+                ..
+            }) => {
+                replicator.note(&key, previous.as_deref(), Some(&json));
+                queue.push(key);
+            }
+            Some(WatchChange::Deleted { key, previous }) => {
+                replicator.note(&key, previous.as_deref(), None);
                 queue.push(key);
             }
             Some(WatchChange::ListDone { first: false }) => {
+                replicator.note_listed();
                 tracing::info!(resource = %replicator.label(), "relisted; rewriting the whole type");
                 relist.notify_one();
             }
-            Some(WatchChange::ListDone { first: true }) => {}
+            Some(WatchChange::ListDone { first: true }) => replicator.note_listed(),
             None => break,
         }
     }

@@ -43,19 +43,22 @@ pub(crate) struct WatchedType {
 /// holds it.
 #[derive(Debug)]
 pub(crate) enum WatchChange {
-    /// Added or updated; `listed`: part of a (re)list.
+    /// Added or updated; `listed`: part of a (re)list. `previous`: the
+    /// object as the store held it before (a watched update; not for a list,
+    /// which is collected aside).
     Applied {
         key: ObjectKey,
         json: Bytes,
         listed: bool,
+        previous: Option<Bytes>,
     },
+    /// Deleted; `previous`: the object as the store held it.
     Deleted {
         key: ObjectKey,
+        previous: Option<Bytes>,
     },
     /// A (re)list is complete; `first`: the first one.
-    ListDone {
-        first: bool,
-    },
+    ListDone { first: bool },
 }
 
 /// What one part needs of a type.
@@ -216,15 +219,17 @@ async fn watch_type(
             return;
         };
         let json = Bytes::from(object_json(object, &watched.resource));
-        if listed {
+        let previous = if listed {
             objects.listed(key.clone(), json.clone());
+            None
         } else {
-            objects.apply(key.clone(), json.clone());
-        }
+            objects.apply(key.clone(), json.clone())
+        };
         let change = || WatchChange::Applied {
             key: key.clone(),
             json: json.clone(),
             listed,
+            previous: previous.clone(),
         };
         send(&change, listed);
     };
@@ -239,8 +244,14 @@ async fn watch_type(
             Some(Ok(watcher::Event::Apply(object))) => applied(&object, false),
             Some(Ok(watcher::Event::Delete(object))) => {
                 if let Some(key) = ObjectKey::of(&object) {
-                    objects.delete(&key);
-                    send(&|| WatchChange::Deleted { key: key.clone() }, false);
+                    let previous = objects.delete(&key);
+                    send(
+                        &|| WatchChange::Deleted {
+                            key: key.clone(),
+                            previous: previous.clone(),
+                        },
+                        false,
+                    );
                 }
             }
             Some(Ok(watcher::Event::Init)) => objects.list_started(),

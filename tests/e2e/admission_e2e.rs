@@ -580,3 +580,113 @@ async fn cluster_registry_drives_placement() {
         vec![format!("{set}-eu-a")]
     );
 }
+
+/// Issue 21, part 1: a decision with errors never removes or replaces a
+/// placement. The example EU/PCI ReplicaSet is placed on the two EU clusters;
+/// both go offline (in the data OPA holds); then
+/// - `kubectl label` is admitted with a warning, and the stored object keeps
+///   its placement and its ownership record, which still verifies;
+/// - a PUT of the developer's own manifest (without the policy's values) is
+///   admitted with the stored placement put back;
+/// - an UPDATE that changes the developer's request is judged on the new
+///   object alone: denied, although the errors are those the object had.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_update_under_existing_violations_keeps_the_stored_placement() {
+    let key_file = placement_tests::ownership_key_file();
+    let env = Env::start(
+        "keep",
+        &[format!("--ownership-key-file={}", key_file.display())],
+        OpaServer::start(),
+        true,
+    )
+    .await;
+    let keys = policy_client::OwnershipKeys::from_text(&std::fs::read_to_string(key_file).unwrap())
+        .unwrap();
+    let example =
+        std::fs::read_to_string(repo_root().join("examples/replicaset-eu-pci.yaml")).unwrap();
+    let out = env.create(&example);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let placed = env.get("replicaset", "nginx-eu").expect("stored");
+    assert_eq!(
+        placed_clusters(&placed),
+        vec!["gce-europe-west1", "gce-europe-west2"]
+    );
+    let owned = policy_client::placement::ownership(&placed, &keys);
+    assert!(owned.contains_key(PREFS), "the policy owns the placement");
+
+    // Both EU clusters of PCI level >= 2 go offline.
+    let clusters: serde_json::Map<String, Value> = env
+        .plane
+        .clusters("placement-policy.io/example=true")
+        .into_iter()
+        .map(|mut c| {
+            let name = c["metadata"]["name"].as_str().expect("name").to_owned();
+            if name.starts_with("gce-europe-west") {
+                c["status"]["phase"] = json!("offline");
+            }
+            (name, c)
+        })
+        .collect();
+    env.opa
+        .client()
+        .put_data("kubernetes/clusters", &Value::Object(clusters))
+        .await
+        .expect("clusters into OPA");
+    let kept = |what: &str| {
+        let stored = env.get("replicaset", "nginx-eu").expect("stored");
+        let annotations = &stored["metadata"]["annotations"];
+        assert_eq!(
+            annotations[PREFS], placed["metadata"]["annotations"][PREFS],
+            "{what}: the placement is kept: {stored}"
+        );
+        assert_eq!(
+            annotations["placement-policy.io/policy-owned"],
+            placed["metadata"]["annotations"]["placement-policy.io/policy-owned"],
+            "{what}: the ownership record is kept: {stored}"
+        );
+        assert_eq!(
+            policy_client::placement::ownership(&stored, &keys),
+            owned,
+            "{what}: the record verifies"
+        );
+        stored
+    };
+
+    let out = env.kubectl(&["label", "rs", "nginx-eu", "a=b"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no cluster satisfies the placement requirements"),
+        "warned about the existing violation: {}",
+        stderr(&out)
+    );
+    let labelled = kept("kubectl label");
+    assert_eq!(labelled["metadata"]["labels"]["a"], "b");
+
+    // The developer's manifest PUT again, without the policy's values.
+    let mut manifest = labelled.clone();
+    let annotations = manifest["metadata"]["annotations"].as_object_mut().unwrap();
+    annotations.remove(PREFS);
+    annotations.remove("placement-policy.io/policy-owned");
+    manifest["spec"]["replicas"] = json!(2);
+    let out = env.plane.kubectl_stdin(
+        &["replace", "-n", &env.ns, "-f", "-"],
+        &manifest.to_string(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let replaced = kept("a PUT without the policy's values");
+    assert_eq!(replaced["spec"]["replicas"], 2);
+
+    // A changed request is judged on the new object: the same errors deny.
+    let out = env.kubectl(&["annotate", "rs", "nginx-eu", "team=payments"]);
+    assert!(
+        !out.status.success(),
+        "a changed request under an existing violation is denied"
+    );
+    assert!(
+        stderr(&out).contains("no cluster satisfies the placement requirements"),
+        "{}",
+        stderr(&out)
+    );
+    let stored = kept("a denied request change");
+    assert!(stored["metadata"]["annotations"].get("team").is_none());
+}

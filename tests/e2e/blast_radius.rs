@@ -1,8 +1,9 @@
-//! A policy set is whole or not in force, and one change that would re-place
+//! A policy set is whole or not in force, and one edit that would re-place
 //! most workloads is held until confirmed: a set that lost a module is
 //! refused (its status names the missing package) and strips no placement;
-//! queries never see half a set; a large re-placement is reported on the
-//! policy ConfigMap and applied only once an administrator confirms it.
+//! queries never see half a set; a large re-placement by an edit is reported
+//! on the policy ConfigMap and applied only once an administrator confirms
+//! it, while an outage re-places at once unless it looks like a partition.
 
 use std::time::Duration;
 
@@ -87,8 +88,78 @@ fn placements(plane: &ControlPlane, ns: &str) -> Vec<Option<Vec<String>>> {
     items.iter().map(placed_clusters).collect()
 }
 
+/// The rules without cluster `b`: an edit that moves every workload.
+fn rules_without_b() -> String {
+    RULES.replace(
+        "cluster.status.phase == \"running\"",
+        "cluster.status.phase == \"running\"\n\tname != \"b\"",
+    )
+}
+
+fn annotation_of(plane: &ControlPlane, ns: &str, cm: &str, key: &str) -> String {
+    plane.kubectl_ok(&[
+        "get",
+        "cm",
+        cm,
+        "-n",
+        ns,
+        "-o",
+        &format!(
+            "jsonpath={{.metadata.annotations.{}}}",
+            key.replace('.', "\\.")
+        ),
+    ])
+}
+
+/// The held change reported on the policy ConfigMap, if any.
+fn held_report(plane: &ControlPlane) -> Option<Value> {
+    serde_json::from_str(&annotation_of(plane, POLICY_NAMESPACE, "placement", HELD)).ok()
+}
+
+fn replicaset(plane: &ControlPlane, ns: &str, name: &str) {
+    apply(
+        plane,
+        &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": "x"}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}},
+                "template": {"metadata": {"labels": {"app": "x"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}),
+    );
+}
+
+fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &SidecarProcess) {
+    let want = Some(clusters.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>());
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            &format!("every ReplicaSet placed on {clusters:?}"),
+            Duration::from_secs(60),
+            || {
+                placements(plane, ns)
+                    .iter()
+                    .all(|p| *p == want)
+                    .then_some(())
+            },
+        )
+    })) {
+        Ok(()) => {}
+        Err(_) => panic!(
+            "not every ReplicaSet placed on {clusters:?}: {:?}\nreport: {:?}\n{}",
+            placements(plane, ns),
+            held_report(plane),
+            sidecar.log_tail()
+        ),
+    }
+}
+
+/// Issue 21, part 2. A Cluster going offline re-places every workload at
+/// once, however many it moves (failover needs no one); a policy edit that
+/// moves them all is held. Its confirmation names the change, not the
+/// workloads: ReplicaSets deleted and created during the hold leave the id as
+/// it is. A tenant's labelled policy ConfigMap elsewhere neither gets the
+/// report nor confirms; one annotation in the policy namespace lets the change
+/// through, once.
 #[test]
-fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
+fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
     placement_tests::install_crypto();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -104,15 +175,34 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         &plane,
         &[("decision.rego", DECISION), ("rules.rego", RULES)],
     );
-    for n in 0..12 {
-        apply(
-            &plane,
-            &json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
-                "metadata": {"name": format!("rs-{n}"), "namespace": ns, "labels": {"app": "x"}},
-                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}},
-                    "template": {"metadata": {"labels": {"app": "x"}},
-                        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}}),
-        );
+    // A tenant's labelled policy ConfigMap in a namespace of its own, which
+    // the sidecar loads as kube-mgmt would (and may write the status of).
+    let tenant = unique_name("tenant");
+    plane.create_namespace(&tenant);
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "tenant-policy", "namespace": tenant,
+                "labels": {"openpolicyagent.org/policy": "rego"}},
+            "data": {"tenant.rego": "package tenant.rules\n\nok := true\n"}}),
+    );
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "tenant-policies", "namespace": tenant},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                    "verbs": ["get", "list", "watch", "patch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tenant-policies", "namespace": tenant},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant-policies"},
+                "subjects": [{"kind": "ServiceAccount", "name": "placement-policy-remediator",
+                    "namespace": placement_tests::SYSTEM_NAMESPACE}]}]}),
+    );
+    // 14: after 2 of them are deleted, the change is still beyond
+    // --remediation-hold-min.
+    for n in 0..14 {
+        replicaset(&plane, &ns, &format!("rs-{n}"));
     }
     let sidecar = SidecarProcess::start(
         &plane,
@@ -123,21 +213,13 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
             "--remediate=apps/v1/replicasets",
             "--remediation-hold-share=0.5",
             "--remediation-hold-min=10",
+            &format!("--policy-namespace={POLICY_NAMESPACE}"),
+            &format!("--namespaces={tenant}"),
         ],
     );
     runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
-    let both = Some(vec!["a".to_owned(), "b".to_owned()]);
     // Placing unplaced workloads is not re-placing anything: not held.
-    wait_for(
-        "every ReplicaSet placed on a and b",
-        Duration::from_secs(60),
-        || {
-            placements(&plane, &ns)
-                .iter()
-                .all(|p| *p == both)
-                .then_some(())
-        },
-    );
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
 
     // A policy set that lost its rules module: refused, the ConfigMap's status
     // names the missing package, the last good set stays, no placement is
@@ -147,15 +229,12 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         "the status to name the missing package",
         Duration::from_secs(30),
         || {
-            let status = plane.kubectl_ok(&[
-                "get",
-                "cm",
-                "placement",
-                "-n",
+            let status = annotation_of(
+                &plane,
                 POLICY_NAMESPACE,
-                "-o",
-                "jsonpath={.metadata.annotations.placement-policy\\.io/policy-status}",
-            ]);
+                "placement",
+                "placement-policy.io/policy-status",
+            );
             status.contains("test.rules").then_some(status)
         },
     );
@@ -173,7 +252,9 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
     );
     std::thread::sleep(Duration::from_secs(3));
     assert!(
-        placements(&plane, &ns).iter().all(|p| *p == both),
+        placements(&plane, &ns)
+            .iter()
+            .all(|p| *p == Some(vec!["a".to_owned(), "b".to_owned()])),
         "placements kept with a partial policy set\n{}",
         sidecar.log_tail()
     );
@@ -182,35 +263,38 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         &[("decision.rego", DECISION), ("rules.rego", RULES)],
     );
 
-    // Cluster b goes offline: all 12 placements would change. Held.
+    // Cluster b goes offline: all 14 placements change, at once.
     cluster(&plane, "b", "offline");
-    let report: Value = wait_for("the held change reported", Duration::from_secs(60), || {
-        let text = plane.kubectl_ok(&[
-            "get",
-            "cm",
-            "placement",
-            "-n",
-            POLICY_NAMESPACE,
-            "-o",
-            &format!(
-                "jsonpath={{.metadata.annotations.{}}}",
-                HELD.replace('.', "\\.")
-            ),
-        ]);
-        serde_json::from_str(&text).ok()
+    wait_placed_on(&plane, &ns, &["a"], &sidecar);
+    assert_eq!(held_report(&plane), None, "an outage is not held");
+    cluster(&plane, "b", "running");
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
+
+    // An edit of the policy moving every workload off b: held.
+    policy(
+        &plane,
+        &[
+            ("decision.rego", DECISION),
+            ("rules.rego", &rules_without_b()),
+        ],
+    );
+    let report = wait_for("the held change reported", Duration::from_secs(60), || {
+        held_report(&plane)
     });
-    assert_eq!(report["affected"], 12, "{report}");
-    assert_eq!(report["placed"], 12, "{report}");
-    assert_eq!(report["objects"].as_array().map(Vec::len), Some(12));
+    assert_eq!(report["affected"], 14, "{report}");
+    assert_eq!(report["placed"], 14, "{report}");
+    assert!(
+        report["cause"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("policy"),
+        "{report}"
+    );
+    let id = report["id"].as_str().expect("change id").to_owned();
     let held = runtime
         .block_on(sidecar.metric("placement_sync_remediation_held_objects"))
         .unwrap_or(0.0);
-    assert_eq!(held, 12.0);
-    std::thread::sleep(Duration::from_secs(3));
-    assert!(
-        placements(&plane, &ns).iter().all(|p| *p == both),
-        "nothing patched while held"
-    );
+    assert_eq!(held, 14.0);
     let events = plane.kubectl_ok(&[
         "get",
         "events",
@@ -221,12 +305,69 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         "jsonpath={.items[*].message}",
     ]);
     assert!(
-        events.contains("12 of 12"),
+        events.contains("14 of 14"),
         "a Warning Event on the ConfigMap: {events}"
     );
+    assert!(
+        annotation_of(&plane, &tenant, "tenant-policy", HELD).is_empty(),
+        "no report outside the policy namespace"
+    );
 
-    // The administrator confirms exactly this change.
-    let id = report["id"].as_str().expect("change id");
+    // Workloads churn while the change is held: the id stays.
+    for n in 0..2 {
+        plane.kubectl_ok(&["delete", "rs", &format!("rs-{n}"), "-n", &ns]);
+        replicaset(&plane, &ns, &format!("new-{n}"));
+    }
+    let churned = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            "the report to follow the churn",
+            Duration::from_secs(60),
+            || held_report(&plane).filter(|r| r["affected"] == 12),
+        )
+    })) {
+        Ok(report) => report,
+        Err(_) => panic!(
+            "the report did not follow the churn: {:?}\n{:?}\n{}",
+            held_report(&plane),
+            placements(&plane, &ns),
+            sidecar.log_tail()
+        ),
+    };
+    assert_eq!(churned["id"], id.as_str(), "{churned}");
+
+    // A tenant's ConfigMap cannot confirm.
+    plane.kubectl_ok(&[
+        "annotate",
+        "cm",
+        "tenant-policy",
+        "-n",
+        &tenant,
+        "--overwrite",
+        &format!("{CONFIRM}={id}"),
+    ]);
+    std::thread::sleep(Duration::from_secs(8));
+    let old: Vec<Option<Vec<String>>> = (2..14)
+        .map(|n| {
+            let rs: Value = serde_json::from_str(&plane.kubectl_ok(&[
+                "get",
+                "rs",
+                &format!("rs-{n}"),
+                "-n",
+                &ns,
+                "-o",
+                "json",
+            ]))
+            .unwrap();
+            placed_clusters(&rs)
+        })
+        .collect();
+    assert!(
+        old.iter()
+            .all(|p| *p == Some(vec!["a".to_owned(), "b".to_owned()])),
+        "held despite the tenant's annotation: {old:?}"
+    );
+
+    // The administrator confirms in the policy namespace: applied, once.
     plane.kubectl_ok(&[
         "annotate",
         "cm",
@@ -236,27 +377,98 @@ fn a_change_beyond_the_blast_radius_is_held_until_confirmed() {
         "--overwrite",
         &format!("{CONFIRM}={id}"),
     ]);
-    let only_a = Some(vec!["a".to_owned()]);
+    wait_placed_on(&plane, &ns, &["a"], &sidecar);
     wait_for(
-        "every ReplicaSet re-placed on a",
-        Duration::from_secs(60),
+        "the report cleared and the confirmation used up",
+        Duration::from_secs(30),
         || {
-            placements(&plane, &ns)
-                .iter()
-                .all(|p| *p == only_a)
-                .then_some(())
+            (held_report(&plane).is_none()
+                && annotation_of(&plane, POLICY_NAMESPACE, "placement", CONFIRM).is_empty())
+            .then_some(())
         },
     );
-    let text = plane.kubectl_ok(&[
-        "get",
-        "cm",
-        "placement",
-        "-n",
-        POLICY_NAMESPACE,
-        "-o",
-        "jsonpath={.metadata.annotations}",
-    ]);
-    assert!(!text.contains(HELD), "the report is cleared: {text}");
+}
+
+/// Issue 21, part 2: three of four clusters turning unhealthy together looks
+/// like the control plane cut off from them, not an outage: held like an
+/// edit, until they come back (or someone confirms). The same clusters going
+/// one after another, further apart than the window, are outages: each is
+/// re-placed at once.
+#[test]
+fn clusters_turning_unhealthy_together_are_held_as_a_partition() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("partition");
+    plane.create_namespace(&ns);
+    for name in ["a", "b", "c", "d"] {
+        cluster(&plane, name, "running");
+    }
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    for n in 0..12 {
+        replicaset(&plane, &ns, &format!("rs-{n}"));
+    }
+    let sidecar = SidecarProcess::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            "--remediation-partition-threshold=0.55",
+            "--remediation-partition-window=10s",
+            // The three changes below land in one pass.
+            "--remediation-debounce=2s",
+        ],
+    );
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    wait_placed_on(&plane, &ns, &["a", "b", "c", "d"], &sidecar);
+
+    for name in ["a", "b", "c"] {
+        cluster(&plane, name, "offline");
+    }
+    let report = wait_for("the partition held", Duration::from_secs(60), || {
+        held_report(&plane)
+    });
+    let cause = report["cause"].as_str().unwrap_or_default();
+    assert!(cause.contains("partition"), "{report}");
+    for name in ["a", "b", "c"] {
+        assert!(cause.contains(&format!("clusters/{name}")), "{report}");
+    }
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        placements(&plane, &ns)
+            .iter()
+            .all(|p| p.as_ref().is_some_and(|c| c.len() == 4)),
+        "nothing patched while held"
+    );
+    // They come back: nothing is left to re-place, and the hold ends.
+    for name in ["a", "b", "c"] {
+        cluster(&plane, name, "running");
+    }
+    wait_for("the report cleared", Duration::from_secs(60), || {
+        held_report(&plane).is_none().then_some(())
+    });
+    wait_placed_on(&plane, &ns, &["a", "b", "c", "d"], &sidecar);
+
+    // One after another, further apart than the window: three outages.
+    for (down, left) in [
+        ("a", &["b", "c", "d"][..]),
+        ("b", &["c", "d"]),
+        ("c", &["d"]),
+    ] {
+        std::thread::sleep(Duration::from_secs(11));
+        cluster(&plane, down, "offline");
+        wait_placed_on(&plane, &ns, left, &sidecar);
+        assert_eq!(held_report(&plane), None, "{down} going is an outage");
+    }
 }
 
 /// The modules of one change reach OPA dependencies first, and so do all
@@ -387,4 +599,246 @@ fn queries_never_see_half_a_policy_set() {
     assert!(answers > 50, "the queries ran ({answers})");
     let seen = seen.lock().unwrap();
     assert!(seen.is_empty(), "answers from half a policy set: {seen:?}");
+}
+
+/// Issue 21, part 3: after a key rotation the remediator signs every record
+/// again with the new key. That changes no annotation the policy owns, so it
+/// is no placement change for the guard: a pass over all 12 placed workloads
+/// re-signs them all, held by nothing.
+#[test]
+fn re_signing_records_after_a_key_rotation_is_not_held() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("rotation");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "running");
+    cluster(&plane, "b", "running");
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    let old_key = policy_client::OwnershipKeys::generate_text().unwrap();
+    let new_key = policy_client::OwnershipKeys::generate_text().unwrap();
+    let keys_secret = |text: &str| {
+        apply(
+            &plane,
+            &json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                "metadata": {"name": "placement-policy-ownership",
+                    "namespace": placement_tests::SYSTEM_NAMESPACE},
+                "stringData": {"ownership.keys": text}}),
+        );
+    };
+    keys_secret(&old_key);
+    for n in 0..12 {
+        replicaset(&plane, &ns, &format!("rs-{n}"));
+    }
+    let sidecar = SidecarProcess::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            &format!(
+                "--ownership-secret={}/placement-policy-ownership",
+                placement_tests::SYSTEM_NAMESPACE
+            ),
+        ],
+    );
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
+
+    // The rotation: the new key signs, the old one still verifies.
+    keys_secret(&format!("{new_key}{old_key}"));
+    std::thread::sleep(Duration::from_secs(2));
+    // An edit that moves nothing starts a pass over everything.
+    plane.kubectl_ok(&[
+        "label",
+        "clusters.placement-policy.io",
+        "a",
+        "team=platform",
+    ]);
+    let new_only = policy_client::OwnershipKeys::from_text(&new_key).unwrap();
+    let list = || -> Vec<Value> {
+        serde_json::from_str::<Value>(&plane.kubectl_ok(&["get", "rs", "-n", &ns, "-o", "json"]))
+            .unwrap()["items"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(
+            "every record signed with the new key",
+            Duration::from_secs(60),
+            || {
+                list()
+                    .iter()
+                    .all(|rs| !policy_client::placement::ownership(rs, &new_only).is_empty())
+                    .then_some(())
+            },
+        )
+    })) {
+        Ok(()) => {}
+        Err(_) => panic!(
+            "not re-signed; held: {:?}\n{}",
+            held_report(&plane),
+            sidecar.log_tail()
+        ),
+    }
+    assert_eq!(held_report(&plane), None);
+    wait_placed_on(&plane, &ns, &["a", "b"], &sidecar);
+}
+
+/// A second file of package `test.rules`.
+const MORE_RULES: &str = "package test.rules\n\nextra := true\n";
+
+/// The decision as OPA answers it, `None` when undefined or incomplete.
+async fn decided(opa: &OpaServer) -> Option<Value> {
+    use policy_client::PolicyEngine;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    match opa
+        .client()
+        .query("io/k8s/federation/admission", &json!({}), deadline)
+        .await
+    {
+        Ok(policy_client::QueryOutcome::Defined(doc)) if doc.get("annotations").is_some() => {
+            Some(doc)
+        }
+        _ => None,
+    }
+}
+
+fn policy_status(plane: &ControlPlane) -> String {
+    annotation_of(
+        plane,
+        POLICY_NAMESPACE,
+        "placement",
+        "placement-policy.io/policy-status",
+    )
+}
+
+/// Issue 21, part 4: the policy set survives what users do. Removing the
+/// decision module while its rules stay, and removing one of the two files of
+/// a package, are refused whole (the ConfigMap's status says why, and the
+/// last good set answers); and a sidecar restarted beside a fresh OPA while
+/// the ConfigMap is in error loads the last good set kept in the cluster, not
+/// nothing.
+#[test]
+fn the_policy_set_survives_what_users_do() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let mut opa = OpaServer::start();
+    cluster(&plane, "a", "running");
+    // The chart makes the ConfigMap the last good set is kept in.
+    let kept = "placement-policy-last-good-policies";
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": kept, "namespace": placement_tests::SYSTEM_NAMESPACE}}),
+    );
+    let whole = [
+        ("decision.rego", DECISION),
+        ("rules.rego", RULES),
+        ("more.rego", MORE_RULES),
+    ];
+    policy(&plane, &whole);
+    let flags = [
+        format!("--replicate-cluster={CLUSTERS}"),
+        "--remediation=off".to_owned(),
+        format!(
+            "--last-good-policies={}/{kept}",
+            placement_tests::SYSTEM_NAMESPACE
+        ),
+    ];
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let sidecar = SidecarProcess::start(&plane, &opa, &flags);
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    let good = runtime.block_on(decided(&opa)).expect("the policy decides");
+    wait_for(
+        "the set kept in the cluster",
+        Duration::from_secs(30),
+        || {
+            let data = plane.kubectl_ok(&[
+                "get",
+                "cm",
+                kept,
+                "-n",
+                placement_tests::SYSTEM_NAMESPACE,
+                "-o",
+                "jsonpath={.data.policy-set\\.json}",
+            ]);
+            let set: Value = serde_json::from_str(&data).ok()?;
+            (set["modules"].as_object()?.len() == 3).then_some(())
+        },
+    );
+
+    // The decision removed while its rules stay: refused.
+    policy(&plane, &[("rules.rego", RULES), ("more.rego", MORE_RULES)]);
+    let status = wait_for("the removal refused", Duration::from_secs(30), || {
+        Some(policy_status(&plane)).filter(|s| s.contains("removes_decision"))
+    });
+    assert!(status.contains("\"error\""), "{status}");
+    assert_eq!(runtime.block_on(decided(&opa)).as_ref(), Some(&good));
+
+    // One of the two files of package test.rules removed: refused.
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    wait_for("the part removal refused", Duration::from_secs(30), || {
+        policy_status(&plane)
+            .contains("removes_part_of_package")
+            .then_some(())
+    });
+    let modules = runtime
+        .block_on(policy_client::PolicyEngine::policies(&opa.client()))
+        .unwrap();
+    assert!(
+        modules
+            .keys()
+            .any(|id| id.ends_with("/placement/more.rego")),
+        "{:?}",
+        modules.keys()
+    );
+
+    // The rules broken, then the sidecar restarted beside a fresh OPA: the
+    // set kept in the cluster is loaded, not nothing.
+    let broken = format!("{RULES}\nbroken :=\n");
+    policy(
+        &plane,
+        &[
+            ("decision.rego", DECISION),
+            ("rules.rego", &broken),
+            ("more.rego", MORE_RULES),
+        ],
+    );
+    wait_for(
+        "the compile error reported",
+        Duration::from_secs(30),
+        || {
+            policy_status(&plane)
+                .contains("rego_parse_error")
+                .then_some(())
+        },
+    );
+    sidecar.stop();
+    opa.restart();
+    let sidecar = SidecarProcess::start(&plane, &opa, &flags);
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    assert_eq!(
+        runtime.block_on(decided(&opa)).as_ref(),
+        Some(&good),
+        "the last good set after a restart\n{}",
+        sidecar.log_tail()
+    );
+    assert!(policy_status(&plane).contains("\"error\""));
 }

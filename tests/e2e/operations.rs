@@ -444,11 +444,12 @@ fn helm_install_with_defaults_places_user_and_controller_workloads() {
     );
 }
 
-/// Case 2: a `Cluster` goes offline: every workload placed on it is
-/// re-placed, the one whose developer had asked for it too (with a Warning
-/// Event naming what to fix), and that workload's rollout (image change),
-/// scale and foreground deletion all complete; an update that brings no new
-/// violation passes with a warning naming the existing one.
+/// Case 2: a `Cluster` goes offline: every workload the policy placed on it
+/// is re-placed, and a Deployment's rollout (image change), scale and
+/// foreground deletion all complete; the one whose developer asked for that
+/// cluster keeps its placement (a decision with errors never replaces one),
+/// with a Warning Event naming what to fix, and an update of it that brings
+/// no new violation passes with a warning naming the existing one.
 #[test]
 fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     let _serial = serial();
@@ -472,15 +473,13 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     let mut deployment = eu_replicaset(&ns, "web");
     deployment["kind"] = json!("Deployment");
     deployment["spec"]["replicas"] = json!(1);
-    deployment["metadata"]["annotations"][placement_tests::PREFS] =
-        json!(r#"{"clusters":{"gce-europe-west1":{"weight":1},"gce-europe-west2":{"weight":1}}}"#);
     let created = create(cluster, &deployment);
     assert!(created.ok, "{}", created.stderr);
     cluster.wait_rollout(&ns, "web");
 
     set_phase(cluster, "gce-europe-west2", "offline");
     let went_offline = Instant::now();
-    for (kind, name) in [("rs", "plain"), ("rs", "requested"), ("deployment", "web")] {
+    for (kind, name) in [("rs", "plain"), ("deployment", "web")] {
         release.wait_for(
             &format!("{kind}/{name} to leave the offline cluster"),
             Duration::from_secs(60),
@@ -494,18 +493,26 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
         "measured: cluster offline to its workloads re-placed: {:?}",
         went_offline.elapsed()
     );
-    let events = cluster.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        &ns,
-        "--field-selector=involvedObject.name=requested,type=Warning",
-        "-o",
-        "jsonpath={.items[*].message}",
-    ]);
-    assert!(
-        events.contains("gce-europe-west2"),
-        "a Warning Event tells the developer which requested cluster to drop: {events}"
+    release.wait_for(
+        "a Warning Event telling the developer which requested cluster to drop",
+        Duration::from_secs(30),
+        || {
+            let events = cluster.kubectl_ok(&[
+                "get",
+                "events",
+                "-n",
+                &ns,
+                "--field-selector=involvedObject.name=requested,type=Warning",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ]);
+            events.contains("gce-europe-west2").then_some(())
+        },
+    );
+    assert_eq!(
+        placed_clusters(&get_json(cluster, &["rs", "-n", &ns, "requested"])),
+        eu_pci(),
+        "the developer's own request is kept until they change it"
     );
 
     // An update that adds no violation passes, warning about the one there.
@@ -565,16 +572,161 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     set_phase(cluster, "gce-europe-west2", "running");
 }
 
+/// Issue 21, part 2: failover needs no one. With the chart's defaults (the
+/// guard holds changes beyond half of the placed workloads, and beyond 10),
+/// a Cluster going offline re-places all 12 workloads placed on it at once,
+/// and its return brings them back. A policy edit that moves all of them is
+/// held; workloads created and deleted during the hold leave its id as it is,
+/// and one confirmation in the policy namespace lets it through, once.
+#[test]
+fn an_outage_re_places_unconfirmed_and_a_policy_edit_waits_for_one_confirmation() {
+    let _serial = serial();
+    let release = Release::install(&[]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    let ns = workload_namespace(cluster, "failover");
+    let west1 = Some(vec!["gce-europe-west1".to_owned()]);
+    for n in 0..12 {
+        let created = create(cluster, &eu_replicaset(&ns, &format!("rs-{n}")));
+        assert_eq!(placed_clusters(&created.object), eu_pci(), "{created:?}");
+    }
+    let all_placed_on = |want: &Option<Vec<String>>| {
+        let list = get_json(cluster, &["rs", "-n", &ns]);
+        list["items"]
+            .as_array()
+            .is_some_and(|items| items.iter().all(|rs| placed_clusters(rs) == *want))
+            .then_some(())
+    };
+    let held = || {
+        let text = cluster.kubectl_ok(&[
+            "get",
+            "configmap",
+            "placement",
+            "-n",
+            POLICY_NAMESPACE,
+            "-o",
+            "jsonpath={.metadata.annotations.placement-policy\\.io/remediation-held}",
+        ]);
+        serde_json::from_str::<Value>(&text).ok()
+    };
+
+    set_phase(cluster, "gce-europe-west2", "offline");
+    let went_offline = Instant::now();
+    release.wait_for(
+        "all 12 re-placed on gce-europe-west1, unconfirmed",
+        Duration::from_secs(60),
+        || all_placed_on(&west1),
+    );
+    eprintln!(
+        "measured: cluster offline to 12 workloads re-placed: {:?}",
+        went_offline.elapsed()
+    );
+    assert_eq!(held(), None, "an outage is not held");
+    set_phase(cluster, "gce-europe-west2", "running");
+    release.wait_for(
+        "all 12 back on both EU clusters",
+        Duration::from_secs(60),
+        || all_placed_on(&eu_pci()),
+    );
+
+    // A policy edit that leaves gce-europe-west2 out: it moves all 12.
+    let rules = cluster.kubectl_ok(&[
+        "get",
+        "configmap",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "-o",
+        "jsonpath={.data.placement_rules\\.rego}",
+    ]);
+    let edited = rules.replacen(
+        "cluster.status.phase == \"running\"",
+        "cluster.status.phase == \"running\"\n\tname != \"gce-europe-west2\"",
+        1,
+    );
+    assert_ne!(edited, rules, "the rule to edit is in the shipped policy");
+    cluster.kubectl_ok(&[
+        "patch",
+        "configmap",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "--type=merge",
+        "-p",
+        &json!({"data": {"placement_rules.rego": edited}}).to_string(),
+    ]);
+    let report = release.wait_for("the edit held", Duration::from_secs(60), || {
+        held().filter(|r| r["affected"] == 12)
+    });
+    let id = report["id"].as_str().expect("an id").to_owned();
+    assert!(
+        report["cause"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("policy"),
+        "{report}"
+    );
+
+    // The workloads churn while the edit is held.
+    cluster.kubectl_ok(&["delete", "rs", "rs-0", "-n", &ns]);
+    for n in 0..2 {
+        let created = create(cluster, &eu_replicaset(&ns, &format!("new-{n}")));
+        assert_eq!(
+            placed_clusters(&created.object),
+            west1,
+            "the webhook applies the edited policy: {created:?}"
+        );
+    }
+    let churned = release.wait_for(
+        "the report to follow the churn",
+        Duration::from_secs(60),
+        || held().filter(|r| r["affected"] == 11),
+    );
+    assert_eq!(churned["id"], id.as_str(), "{churned}");
+    let old = get_json(cluster, &["rs", "-n", &ns, "rs-1"]);
+    assert_eq!(placed_clusters(&old), eu_pci(), "nothing moved while held");
+
+    cluster.kubectl_ok(&[
+        "annotate",
+        "configmap",
+        "placement",
+        "-n",
+        POLICY_NAMESPACE,
+        "--overwrite",
+        &format!("placement-policy.io/confirm-remediation={id}"),
+    ]);
+    release.wait_for(
+        "every workload on gce-europe-west1 after the confirmation",
+        Duration::from_secs(60),
+        || all_placed_on(&west1),
+    );
+    release.wait_for(
+        "the confirmation used up and the report cleared",
+        Duration::from_secs(30),
+        || {
+            let annotations = cluster.kubectl_ok(&[
+                "get",
+                "configmap",
+                "placement",
+                "-n",
+                POLICY_NAMESPACE,
+                "-o",
+                "jsonpath={.metadata.annotations}",
+            ]);
+            (!annotations.contains("confirm-remediation")
+                && !annotations.contains("remediation-held"))
+            .then_some(())
+        },
+    );
+}
+
 /// Case 3: A webhook pod deleted while creates run: none fails. The remediation
 /// leader's pod killed: the other replica takes the Lease and remediates
 /// within the lease duration.
 #[test]
 fn losing_a_webhook_pod_or_the_remediation_leader_keeps_placement_going() {
     let _serial = serial();
-    // The offline cluster below moves most placed workloads of this cluster:
-    // the blast-radius guard would hold that (its own test is in
-    // blast_radius.rs); here the failover is measured, so it is off.
-    let release = Release::install(&["remediator.leaseDuration=10s", "remediator.holdShare=1"]);
+    let release = Release::install(&["remediator.leaseDuration=10s"]);
     release.wait_policy_ok();
     let cluster = release.cluster;
     let ns = workload_namespace(cluster, "ha");
@@ -788,6 +940,18 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
     release.wait_policy_ok();
     let cluster = release.cluster;
     let ns = workload_namespace(cluster, "upgrade");
+    // A developer's request the policy rewrites: the ownership record keeps
+    // it (signed with the release's key).
+    let requested = r#"{"clusters":{"gce-europe-west1":{"weight":5}}}"#;
+    let mut asked = eu_replicaset(&ns, "asked");
+    asked["metadata"]["annotations"][placement_tests::PREFS] = json!(requested);
+    let created = create(cluster, &asked);
+    assert!(created.ok, "{}", created.stderr);
+    let keys_before = ownership_keys(cluster).expect("the webhook made the key");
+    assert_eq!(
+        requested_in_record(&created.object, &keys_before).as_deref(),
+        Some(requested)
+    );
 
     let creates = CreateLoop::start(cluster, &ns);
     std::thread::sleep(Duration::from_secs(2));
@@ -843,7 +1007,17 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
         "-o",
         "name",
     ]);
-    assert!(left.trim().is_empty(), "left after helm uninstall:\n{left}");
+    // Only the ownership keys stay: the records on the workloads outlive the
+    // release, and a reinstall must verify them.
+    assert_eq!(
+        left.trim(),
+        "secret/placement-policy-ownership",
+        "left after helm uninstall"
+    );
+    assert_eq!(
+        ownership_keys(cluster).as_deref(),
+        Some(keys_before.as_str())
+    );
     let configurations = cluster.kubectl_ok(&[
         "get",
         "mutatingwebhookconfigurations,validatingwebhookconfigurations",
@@ -860,6 +1034,66 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
         "writes go on after uninstall: {}",
         created.stderr
     );
+
+    // Reinstalled, the release adopts the kept keys: the developer's request
+    // is still theirs.
+    let release = Release::install(&[]);
+    release.wait_policy_ok();
+    assert_eq!(
+        ownership_keys(cluster).as_deref(),
+        Some(keys_before.as_str())
+    );
+    let out = cluster.kubectl(&[
+        "label",
+        "rs",
+        "asked",
+        "-n",
+        &ns,
+        "touched=yes",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        requested_in_record(&updated, &keys_before).as_deref(),
+        Some(requested),
+        "the record verifies across the reinstall: {}",
+        updated["metadata"]["annotations"]
+    );
+    drop(release);
+}
+
+/// The key text of the release's ownership Secret.
+fn ownership_keys(cluster: &Cluster) -> Option<String> {
+    let out = cluster.kubectl(&[
+        "get",
+        "secret",
+        "placement-policy-ownership",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "jsonpath={.data.ownership\\.keys}",
+    ]);
+    let encoded = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).ok()?;
+    String::from_utf8(bytes)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+}
+
+/// What the developer had asked for of the placement annotation, by the
+/// object's ownership record (verified with `keys`).
+fn requested_in_record(object: &Value, keys: &str) -> Option<String> {
+    let keys = policy_client::OwnershipKeys::from_text(keys).ok()?;
+    policy_client::placement::ownership(object, &keys)
+        .get(placement_tests::PREFS)?
+        .requested
+        .clone()
 }
 
 /// Case 6: Certificates renewed (serving certificate and CA) while creates run: no

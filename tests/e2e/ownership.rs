@@ -3,8 +3,11 @@
 //! webhook remove it; a copy of a placed object (`kubectl get -o json`,
 //! renamed, `kubectl create`) is placed like any object.
 
+use std::time::Duration;
+
 use placement_tests::{
-    ControlPlane, Identity, POLICY_NAMESPACE, WebhookProcess, scratch_dir, unique_name,
+    ControlPlane, Identity, POLICY_NAMESPACE, SYSTEM_NAMESPACE, WebhookProcess, scratch_dir,
+    unique_name, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -137,4 +140,160 @@ fn a_forged_record_is_not_honoured_and_a_copy_is_placed() {
     let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
     let record = updated["metadata"]["annotations"][OWNED].as_str().unwrap();
     assert!(record.contains("\"requested\":\"us\""), "{record}");
+}
+
+const KEY_SECRET: &str = "placement-policy-ownership";
+
+/// The key text in the ownership Secret, `None` when the Secret is gone.
+fn secret_keys(plane: &ControlPlane) -> Option<String> {
+    let out = plane.kubectl(&[
+        "get",
+        "secret",
+        KEY_SECRET,
+        "-n",
+        SYSTEM_NAMESPACE,
+        "-o",
+        "jsonpath={.data.ownership\\.keys}",
+    ]);
+    if !out.status.success() {
+        return None;
+    }
+    let encoded = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, encoded).ok()?;
+    Some(String::from_utf8(bytes).ok()?).filter(|t| !t.trim().is_empty())
+}
+
+fn set_secret_keys(plane: &ControlPlane, text: Option<&str>) {
+    let _ = plane.kubectl(&["delete", "secret", KEY_SECRET, "-n", SYSTEM_NAMESPACE]);
+    let mut secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": KEY_SECRET, "namespace": SYSTEM_NAMESPACE}});
+    if let Some(text) = text {
+        secret["stringData"] = json!({"ownership.keys": text});
+    }
+    let out = plane.kubectl_stdin(&["apply", "-f", "-"], &secret.to_string());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Issue 21, part 3: the ownership keys outlive what users do to their
+/// Secret. A running webhook puts its key back when the Secret is deleted,
+/// or recreated empty, so records keep verifying; a webhook that starts while
+/// the keys cannot be loaded listens at once and fails closed, and places
+/// again once they are back.
+#[test]
+fn the_ownership_keys_outlive_their_secret() {
+    let plane = ControlPlane::start();
+    let ns = unique_name("keys");
+    plane.create_namespace(&ns);
+    let dir = scratch_dir("ownership-keys-policy");
+    std::fs::write(dir.join("placement.rego"), POLICY).unwrap();
+    let args = vec![
+        format!("--policy-dir={}", dir.display()),
+        format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Webhook).display()
+        ),
+        format!("--ownership-secret={SYSTEM_NAMESPACE}/{KEY_SECRET}"),
+    ];
+    // The chart makes the Secret empty; the webhook fills it.
+    set_secret_keys(&plane, None);
+    let webhook = WebhookProcess::start(&args);
+    plane.register_webhook(
+        &ns,
+        &webhook.url("/mutate"),
+        &webhook.ca_pem,
+        POLICY_NAMESPACE,
+    );
+    let original = wait_for("the webhook to place", Duration::from_secs(30), || {
+        let out = plane.kubectl_stdin(
+            &["create", "-o", "json", "-f", "-"],
+            &replicaset(&ns, "original", json!({PLACE: "us"})).to_string(),
+        );
+        out.status
+            .success()
+            .then(|| serde_json::from_slice::<Value>(&out.stdout).unwrap())
+    });
+    let key = secret_keys(&plane).expect("the webhook filled the Secret");
+    let verifies = |object: &Value, text: &str| {
+        let keys = policy_client::OwnershipKeys::from_text(text).unwrap();
+        policy_client::placement::ownership(object, &keys)
+            .get(PLACE)
+            .and_then(|owned| owned.requested.clone())
+    };
+    assert_eq!(verifies(&original, &key).as_deref(), Some("us"));
+
+    // Deleted, then recreated empty, while the webhook runs: its key is put
+    // back each time.
+    plane.kubectl_ok(&["delete", "secret", KEY_SECRET, "-n", SYSTEM_NAMESPACE]);
+    wait_for("the key put back", Duration::from_secs(30), || {
+        (secret_keys(&plane).as_deref() == Some(key.as_str())).then_some(())
+    });
+    set_secret_keys(&plane, None);
+    wait_for(
+        "the key put back into the empty Secret",
+        Duration::from_secs(30),
+        || (secret_keys(&plane).as_deref() == Some(key.as_str())).then_some(()),
+    );
+    drop(webhook);
+
+    // A webhook starting while its keys do not load listens at once and
+    // fails closed (a policy exists), naming why.
+    set_secret_keys(&plane, Some("not base64!\n"));
+    let webhook = WebhookProcess::start(&args);
+    plane.register_webhook(
+        &ns,
+        &webhook.url("/mutate"),
+        &webhook.ca_pem,
+        POLICY_NAMESPACE,
+    );
+    let denial = wait_for("a denial naming the keys", Duration::from_secs(30), || {
+        let out = plane.kubectl_stdin(
+            &["create", "-f", "-"],
+            &replicaset(&ns, "waiting", json!({})).to_string(),
+        );
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        (!out.status.success() && stderr.contains("keys are not loaded")).then_some(stderr)
+    });
+    assert!(
+        denial.contains("OwnershipKeysUnavailable") || denial.contains("denied"),
+        "{denial}"
+    );
+    // The keys come back: it places, and the record still verifies.
+    set_secret_keys(&plane, Some(&key));
+    wait_for(
+        "the webhook to place again",
+        Duration::from_secs(30),
+        || {
+            let out = plane.kubectl_stdin(
+                &["create", "-f", "-"],
+                &replicaset(&ns, "after", json!({})).to_string(),
+            );
+            out.status.success().then_some(())
+        },
+    );
+    let out = plane.kubectl(&[
+        "label",
+        "rs",
+        "original",
+        "-n",
+        &ns,
+        "touched=yes",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        verifies(&updated, &key).as_deref(),
+        Some("us"),
+        "the developer's request survived: {}",
+        updated["metadata"]["annotations"]
+    );
 }

@@ -1560,3 +1560,109 @@ async fn only_the_types_the_policies_read_are_written_body() {
         set(&["a", "b"])
     );
 }
+
+/// Issue 21, part 1, in the remediator: a decision with errors never removes
+/// or replaces a placement, also when the policy gives annotations beside its
+/// errors (the seed's conflict: a requested cluster is no longer allowed, the
+/// rest of the request still is). The workload whose developer asked for the
+/// cluster that went offline keeps its placement and gets a Warning Event
+/// naming the error; the one the policy placed by itself is re-placed.
+#[test]
+fn a_conflict_keeps_the_placement_and_tells_the_developer() {
+    run(a_conflict_keeps_the_placement_and_tells_the_developer_body());
+}
+
+async fn a_conflict_keeps_the_placement_and_tells_the_developer_body() {
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    let ns = unique_name("sync-conflict");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "europe-west1", "running");
+    cluster(&plane, "b", "europe-west2", "running");
+    // The seed's conflict rule: a requested cluster that is not allowed is an
+    // error, and the decision still carries the allowed part of the request.
+    let policy = placement_policy(&["running"]).replace(
+        "errors := []",
+        r#"errors contains msg if {
+	invalid := requested - allowed
+	count(invalid) > 0
+	msg := sprintf("requested clusters that are not allowed: %v", [sort(invalid)])
+}"#,
+    );
+    policy_configmap(&plane, "placement", &[("placement.rego", &policy)]);
+    apply(&plane, &replicaset(&ns, "free", &[]));
+    apply(
+        &plane,
+        &replicaset(
+            &ns,
+            "requested",
+            &[(PREFS, r#"{"clusters":{"a":{"weight":5},"b":{"weight":1}}}"#)],
+        ),
+    );
+    let sidecar = Sidecar::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+        ],
+    );
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let ctx = || sidecar.log_tail();
+    let rs = |name: &str| get_json(&plane, &["replicaset", "-n", &ns, name]);
+    for name in ["free", "requested"] {
+        eventually(
+            &format!("{name} placed on a, b"),
+            Duration::from_secs(30),
+            ctx,
+            || {
+                let placed = placed_clusters(&rs(name)) == Some(set(&["a", "b"]));
+                async move { placed.then_some(()) }
+            },
+        )
+        .await;
+    }
+    let before = rs("requested");
+
+    set_phase(&plane, "b", "offline");
+    eventually("free leaves b", Duration::from_secs(30), ctx, || {
+        let placed = placed_clusters(&rs("free")) == Some(set(&["a"]));
+        async move { placed.then_some(()) }
+    })
+    .await;
+    let note = eventually(
+        "a PlacementRejected Event for requested",
+        Duration::from_secs(30),
+        ctx,
+        || {
+            let events = get_json(&plane, &["events.events.k8s.io", "-n", &ns]);
+            let note = events["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| {
+                    e["reason"] == "PlacementRejected" && e["regarding"]["name"] == "requested"
+                })
+                .and_then(|e| e["note"].as_str().map(str::to_owned));
+            async move { note }
+        },
+    )
+    .await;
+    assert!(
+        note.contains("requested clusters that are not allowed") && note.contains("b"),
+        "{note}"
+    );
+    // A pass later, the placement and its record are exactly as they were.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = rs("requested");
+    for key in [PREFS, OWNED] {
+        assert_eq!(
+            annotation(&after, key),
+            annotation(&before, key),
+            "{key} kept\n{}",
+            ctx()
+        );
+    }
+    sidecar.stop();
+}

@@ -33,8 +33,13 @@ impl SidecarProcess {
             "--lease-namespace=placement-system".into(),
             format!("--identity={}", unique_name("sync")),
             "--engine-check-interval=500ms".into(),
-            "--remediation-debounce=200ms".into(),
         ];
+        if !extra
+            .iter()
+            .any(|a| a.starts_with("--remediation-debounce"))
+        {
+            args.push("--remediation-debounce=200ms".into());
+        }
         if !extra.iter().any(|a| a.starts_with("--ownership-")) {
             args.push(format!(
                 "--ownership-key-file={}",

@@ -4,11 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use policy_client::placement::{MergeError, plan_patch};
+use policy_client::placement::MergeError;
 use policy_client::text::bounded;
+use policy_client::verdict::{Plan, plan, request_changed};
 use policy_client::{
-    Decision, DecisionError, EngineError, OwnershipKeys, PolicyEngine, QueryOutcome, RequestMeta,
-    SharedKeys, policy_input,
+    Decision, DecisionError, EngineError, LoadingKeys, OwnershipKeys, PolicyEngine, QueryOutcome,
+    RequestMeta, policy_input,
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -40,6 +41,12 @@ pub enum PlacementFailure {
     InvalidDecision(#[from] DecisionError),
     #[error("the placement policy's annotations cannot be applied: {0}")]
     InvalidAnnotations(#[from] MergeError),
+    /// The webhook serves before its ownership keys are read: it cannot tell
+    /// what the policy owns yet.
+    #[error(
+        "the ownership record's keys are not loaded yet (the webhook is reading, or making, its key Secret)"
+    )]
+    KeysUnavailable,
 }
 
 impl PlacementFailure {
@@ -52,12 +59,15 @@ impl PlacementFailure {
             PlacementFailure::Undefined { .. } => "PolicyDecisionUndefined",
             PlacementFailure::InvalidDecision(_) => "InvalidPolicyDecision",
             PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
+            PlacementFailure::KeysUnavailable => "OwnershipKeysUnavailable",
         }
     }
 
     fn status_code(&self) -> u16 {
         match self {
-            PlacementFailure::EngineUnavailable(_) | PlacementFailure::Undefined { .. } => 503,
+            PlacementFailure::EngineUnavailable(_)
+            | PlacementFailure::Undefined { .. }
+            | PlacementFailure::KeysUnavailable => 503,
             PlacementFailure::InvalidDecision(_)
             | PlacementFailure::InvalidAnnotations(_)
             | PlacementFailure::PolicyError(_) => 500,
@@ -91,8 +101,9 @@ pub struct AdmissionSettings {
     /// Total time for the engine, retries included; keep it below the webhook's
     /// `timeoutSeconds`.
     pub engine_deadline: Duration,
-    /// Sign and verify the ownership record (shared with the remediator).
-    pub ownership_keys: SharedKeys,
+    /// Sign and verify the ownership record (shared with the remediator);
+    /// until they are loaded, reviews fail closed iff policies exist.
+    pub ownership_keys: LoadingKeys,
 }
 
 /// Answers AdmissionReviews.
@@ -222,7 +233,7 @@ impl Admission {
             }
             Ok(Placement::Tolerated { patch, existing }) => {
                 let message = format!(
-                    "placement-policy: admitted although the policy reports, as it did before this update: {}",
+                    "placement-policy: admitted with the stored placement kept, although the policy reports, as it did before this update: {}",
                     existing.join("; ")
                 );
                 self.events.emit(request, "PlacementViolation", &message);
@@ -294,31 +305,46 @@ impl Admission {
         object: &Value,
     ) -> Result<Placement, PlacementFailure> {
         let deadline = Instant::now() + self.settings.engine_deadline;
+        let keys = self.keys()?;
         let decision = self.decision(request, object, deadline).await?;
-        if !decision.is_denied() {
-            let keys = self.settings.ownership_keys.current();
-            return Ok(Placement::Patch(plan_patch(object, &decision, &keys)?));
-        }
-        // An UPDATE that adds no violation is not denied (Kyverno's
-        // allowExistingViolations): the controllers that scale, roll out and
-        // finalize a workload whose placement became invalid must go on.
-        let existing = match (&request.operation, &request.old_object) {
-            (Operation::Update, Some(old)) => self.decision(request, old, deadline).await?.errors,
+        let stored = match request.operation {
+            Operation::Update => request.old_object.as_ref(),
+            _ => None,
+        };
+        let (restore, errors) = match plan(object, stored, &decision, &keys)? {
+            Plan::Place(patch) => return Ok(Placement::Patch(patch)),
+            Plan::Keep { restore, errors } => (restore, errors),
+        };
+        // An UPDATE that leaves the developer's request as it was and adds no
+        // violation is not denied (Kyverno's allowExistingViolations): the
+        // controllers that scale, roll out and finalize a workload whose
+        // placement became invalid must go on. One that changes the request is
+        // judged on the new object alone.
+        let existing = match stored {
+            Some(old) if !request_changed(object, old, &keys) => {
+                self.decision(request, old, deadline).await?.errors
+            }
             _ => Vec::new(),
         };
-        let (existing, new): (Vec<String>, Vec<String>) = decision
-            .errors
-            .iter()
-            .cloned()
+        let (existing, new): (Vec<String>, Vec<String>) = errors
+            .into_iter()
             .partition(|error| existing.contains(error));
         if new.is_empty() {
-            let keys = self.settings.ownership_keys.current();
+            // The stored placement stays (a decision with errors never
+            // removes or replaces one), restored where the update lacks it.
             return Ok(Placement::Tolerated {
-                patch: plan_patch(object, &decision, &keys)?,
+                patch: restore,
                 existing,
             });
         }
         Ok(Placement::Denied { new, existing })
+    }
+
+    fn keys(&self) -> Result<Arc<OwnershipKeys>, PlacementFailure> {
+        self.settings
+            .ownership_keys
+            .current()
+            .ok_or(PlacementFailure::KeysUnavailable)
     }
 
     /// The policy's decision for `object` under `request`'s metadata.
@@ -328,7 +354,8 @@ impl Admission {
         object: &Value,
         deadline: Instant,
     ) -> Result<Decision, PlacementFailure> {
-        let input = request_input(request, object, &self.settings.ownership_keys.current());
+        let keys = self.keys()?;
+        let input = request_input(request, object, &keys);
         let outcome = self
             .engine
             .query(&self.settings.decision_path, &input, deadline)
@@ -349,8 +376,8 @@ enum Placement {
         new: Vec<String>,
         existing: Vec<String>,
     },
-    /// An UPDATE whose errors the stored object already had: admitted, with the
-    /// policy's annotations.
+    /// An UPDATE of an unchanged request whose errors the stored object
+    /// already had: admitted, keeping the stored placement.
     Tolerated {
         patch: Option<json_patch::Patch>,
         existing: Vec<String>,

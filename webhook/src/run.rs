@@ -8,7 +8,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use policy_client::ownership_keys::KeyError;
 use policy_client::ownership_secret::KeySecret;
-use policy_client::{OwnershipKeys, SharedKeys};
+use policy_client::{LoadingKeys, OwnershipKeys, SharedKeys};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -132,22 +132,24 @@ fn serve_settings(args: &ServeArgs) -> Result<ServeSettings, ConfigError> {
     })
 }
 
-/// The keys of the ownership record: from the Secret (created when missing) or
-/// the file; else a key of this process only.
-async fn ownership_keys(args: &ServeArgs, client: Option<&Client>) -> Result<SharedKeys, RunError> {
+/// The keys of the ownership record: from the Secret (created when missing,
+/// read in the background: the webhook listens meanwhile, failing closed iff
+/// policies exist) or the file; else a key of this process only.
+fn ownership_keys(args: &ServeArgs, client: Option<&Client>) -> Result<LoadingKeys, RunError> {
     if let Some(secret) = &args.ownership_secret {
         let client = client.ok_or_else(|| {
             RunError::Ownership("--ownership-secret needs access to the Kubernetes API".to_owned())
         })?;
-        return KeySecret {
+        let secret = KeySecret {
             api: Api::namespaced(client.clone(), &secret.namespace),
             namespace: secret.namespace.clone(),
             name: secret.name.clone(),
             create: true,
-        }
-        .keys()
-        .await
-        .map_err(|e| RunError::Ownership(e.to_string()));
+        };
+        let loading = LoadingKeys::default();
+        let filled = loading.clone();
+        tokio::spawn(async move { filled.set(secret.keys().await) });
+        return Ok(loading);
     }
     if let Some(path) = &args.ownership_key_file {
         let text = std::fs::read_to_string(path).map_err(|source| RunError::Input {
@@ -155,15 +157,15 @@ async fn ownership_keys(args: &ServeArgs, client: Option<&Client>) -> Result<Sha
             source,
         })?;
         return OwnershipKeys::from_text(&text)
-            .map(SharedKeys::new)
+            .map(|keys| LoadingKeys::loaded(SharedKeys::new(keys)))
             .map_err(|e| RunError::Ownership(format!("{}: {e}", path.display())));
     }
     tracing::warn!(
         "no --ownership-secret or --ownership-key-file: ownership records are signed with a key of this process only, which no other replica or remediator can verify"
     );
-    Ok(SharedKeys::new(
+    Ok(LoadingKeys::loaded(SharedKeys::new(
         OwnershipKeys::ephemeral().map_err(ownership_error)?,
-    ))
+    )))
 }
 
 fn ownership_error(e: KeyError) -> RunError {
@@ -213,7 +215,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         ),
         None => EventSink::disabled(),
     };
-    let ownership_keys = ownership_keys(&args, client.as_ref()).await?;
+    let ownership_keys = ownership_keys(&args, client.as_ref())?;
     let admission = Admission::new(
         resolved.engine,
         AdmissionSettings {
@@ -354,7 +356,9 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
             decision_path: resolved.decision_path,
             engine_deadline: args.engine.engine_deadline,
             // Offline: nothing to share the records with.
-            ownership_keys: SharedKeys::new(OwnershipKeys::ephemeral().map_err(ownership_error)?),
+            ownership_keys: LoadingKeys::loaded(SharedKeys::new(
+                OwnershipKeys::ephemeral().map_err(ownership_error)?,
+            )),
         },
         presence,
         EventSink::disabled(),

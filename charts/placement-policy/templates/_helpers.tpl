@@ -134,6 +134,7 @@ capabilities:
 {{- if .Values.sync.replicateOnlyReadTypes }}
 - --replicate-only-read-types
 {{- end }}
+- --last-good-policies={{ .Release.Namespace }}/{{ include "pp.fullname" . }}-last-good-policies
 - --listen=0.0.0.0:8182
 {{- end -}}
 

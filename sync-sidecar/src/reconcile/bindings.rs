@@ -79,19 +79,6 @@ impl BindingEvaluation {
         !self.item.binding.clusters().is_empty()
             && matches!(&self.verdict, Verdict::Planned { write, .. } if write.moves)
     }
-
-    /// The spec change, for the identity of a held change.
-    pub(crate) fn change_text(&self) -> String {
-        match &self.verdict {
-            Verdict::Planned {
-                write: BindingWrite {
-                    spec: Some(spec), ..
-                },
-                ..
-            } => spec.to_string(),
-            _ => String::new(),
-        }
-    }
 }
 
 /// Resource types of templates found by discovery, by apiVersion and kind.

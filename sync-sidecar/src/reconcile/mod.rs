@@ -33,7 +33,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
 use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::Client;
 use kube::api::{Api, ApiResource, PostParams};
@@ -41,7 +40,7 @@ use kube::runtime::events::Recorder;
 use policy_client::ownership_secret::KeySecret;
 use policy_client::{OwnershipKeys, PolicyEngine, RequestMeta, SharedKeys, policy_input};
 use serde_json::{Value, json};
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -51,7 +50,8 @@ use events::PassEvents;
 use rate::RateLimiter;
 use target::{Kind, Target};
 
-use crate::blast::{BlastRadius, PolicyConfigMaps};
+use crate::blast::{Guard, PolicyConfigMaps};
+use crate::cause::{Cause, Causes, Trigger};
 use crate::config::{OwnershipKeySource, RemediationMode};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
@@ -88,13 +88,15 @@ pub(crate) struct ReconcilerContext {
     pub(crate) rate: f64,
     pub(crate) debounce: Duration,
     pub(crate) scope: Scope,
-    pub(crate) blast_radius: BlastRadius,
+    /// The blast-radius guard and its partition rule.
+    pub(crate) guard: Guard,
     /// Where the keys of the ownership record come from (shared with the webhook).
     pub(crate) ownership_keys: OwnershipKeySource,
     /// Where held changes are reported and confirmed.
     pub(crate) policy_configmaps: PolicyConfigMaps,
     pub(crate) query_timeout: Duration,
-    pub(crate) trigger: Arc<Notify>,
+    /// Fired, with why, when a policy or the data it reads changed.
+    pub(crate) trigger: Arc<Trigger>,
     pub(crate) leader: watch::Receiver<bool>,
     pub(crate) recorder: Recorder,
     /// The Karmada scheduler's name (`spec.schedulerName` of the bindings it
@@ -174,7 +176,7 @@ async fn ownership_keys(
             // Waits until the webhook created the key; a shutdown meanwhile
             // must not wait with it.
             tokio::select! {
-                keys = secret.keys() => keys.map_err(|e| SyncError::Config(e.to_string()))?,
+                keys = secret.keys() => keys,
                 _ = cancel.cancelled() => return Ok(None),
             }
         }
@@ -229,7 +231,9 @@ fn watch_changes(
                 _ = cancel.cancelled() => break,
             };
             match change {
-                Some(WatchChange::Applied { key, json, listed }) => {
+                Some(WatchChange::Applied {
+                    key, json, listed, ..
+                }) => {
                     let Ok(object) = serde_json::from_slice::<Value>(&json) else {
                         continue;
                     };
@@ -238,7 +242,7 @@ fn watch_changes(
                         None => changes.forget(&(i, key)),
                     }
                 }
-                Some(WatchChange::Deleted { key }) => changes.forget(&(i, key)),
+                Some(WatchChange::Deleted { key, .. }) => changes.forget(&(i, key)),
                 Some(WatchChange::ListDone { .. }) => listed_once = true,
                 None => break,
             }
@@ -431,6 +435,11 @@ impl Reconciler {
         // over every target).
         let mut retry: Option<(Instant, Work)> = None;
         let mut pending = Some(Work::All);
+        // Why the targets may need re-placing, since the last pass over
+        // everything that was applied (a held change keeps its causes). A
+        // reconciler that starts does not know what changed before.
+        let mut owed = Causes::default();
+        owed.add(Cause::Resync);
         loop {
             if pending.is_none() {
                 let retry_due = async {
@@ -440,7 +449,7 @@ impl Reconciler {
                     }
                 };
                 tokio::select! {
-                    _ = self.ctx.trigger.notified() => {
+                    _ = self.ctx.trigger.fired() => {
                         pending = Some(Work::All);
                         retry = None;
                     }
@@ -487,11 +496,17 @@ impl Reconciler {
             // before it starts: they make it a pass over everything, and are
             // consumed. Left pending, each cost one more pass over everything
             // once this one ended (a fresh remediator passed three times).
-            let triggered = self.ctx.trigger.notified().now_or_never().is_some();
+            let fired = self.ctx.trigger.take();
+            let revision = self.ctx.trigger.policy_revision();
+            let triggered = !fired.is_empty();
             let leader_changed = leader.has_changed().unwrap_or(false);
             let synced_changed = synced.has_changed().unwrap_or(false);
             leader.borrow_and_update();
             synced.borrow_and_update();
+            owed.merge(fired);
+            if leader_changed || synced_changed {
+                owed.add(Cause::Resync);
+            }
             let mut work = pending.take();
             if triggered || leader_changed || synced_changed {
                 work = Work::merge(work, Work::All);
@@ -508,7 +523,7 @@ impl Reconciler {
                 Work::Only(keys) => Some(keys),
             };
             let started = Instant::now();
-            let report = self.pass(&cancel, only).await;
+            let report = self.pass(&cancel, only, &mut owed, &revision).await;
             self.ctx.metrics.remediation_passes.inc();
             tracing::info!(
                 mode = ?self.ctx.mode,
@@ -521,12 +536,19 @@ impl Reconciler {
                 undefined = report.undefined,
                 held = report.held,
                 aborted = report.aborted,
+                cause = only.is_none().then(|| owed.describe(&revision)),
                 took_ms = started.elapsed().as_millis() as u64,
                 "remediation pass"
             );
             if report.aborted {
                 pending = Work::merge(pending, work);
-            } else if report.held > 0 {
+                continue;
+            }
+            if work == Work::All && report.held == 0 {
+                // Applied: what caused it is done with.
+                owed = Causes::default();
+            }
+            if report.held > 0 {
                 // Look for a confirmation again soon.
                 retry = Some((Instant::now() + HELD_RECHECK, Work::All));
             } else if !report.failed_objects.is_empty() {

@@ -20,6 +20,7 @@ use super::target::{Item, Kind, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
 use crate::blast;
+use crate::cause::Causes;
 use crate::config::RemediationMode;
 use crate::document::{ObjectKey, object_value};
 use crate::error::SyncError;
@@ -82,33 +83,26 @@ impl Evaluation {
     /// Would this change rewrite or remove a placement the object has?
     pub(crate) fn replaces_a_placement(&self) -> bool {
         match self {
+            // A new signature of the ownership record that changes no
+            // annotation (after a key rotation) replaces nothing.
             Evaluation::Workload(e) => {
-                e.placed && matches!(e.assessment, Some(Assessment::Stale { .. }))
+                e.placed
+                    && matches!(&e.assessment, Some(Assessment::Stale { changed, .. }) if !changed.is_empty())
             }
             Evaluation::Binding(e) => e.replaces_a_placement(),
         }
     }
 
-    /// The object's name and its change, for the identity of a held change.
-    pub(crate) fn change(&self, reconciler: &Reconciler) -> (String, String) {
+    /// The object's name, for the report of a held change.
+    pub(crate) fn describe(&self, reconciler: &Reconciler) -> String {
         match self {
-            Evaluation::Workload(e) => {
-                let patch = match &e.assessment {
-                    Some(Assessment::Stale { patch, .. }) => {
-                        serde_json::to_string(patch).unwrap_or_default()
-                    }
-                    _ => String::new(),
-                };
-                let name = describe(
-                    reconciler.targets[e.i].resource(),
-                    ObjectKey::of(&e.object).as_ref(),
-                );
-                (name, patch)
-            }
-            Evaluation::Binding(e) => (
-                describe(reconciler.targets[e.i].resource(), Some(&e.item.key)),
-                e.change_text(),
+            Evaluation::Workload(e) => describe(
+                reconciler.targets[e.i].resource(),
+                ObjectKey::of(&e.object).as_ref(),
             ),
+            Evaluation::Binding(e) => {
+                describe(reconciler.targets[e.i].resource(), Some(&e.item.key))
+            }
         }
     }
 
@@ -127,6 +121,8 @@ impl Reconciler {
         &self,
         cancel: &CancellationToken,
         only: Option<&BTreeSet<ItemKey>>,
+        causes: &mut Causes,
+        revision: &str,
     ) -> PassReport {
         let mut report = PassReport::default();
         let mut items = self.workloads(only);
@@ -149,7 +145,12 @@ impl Reconciler {
         // The guard weighs a policy or data change (a pass over everything);
         // a few created, edited or failed objects are no such change, and
         // the webhook applies the policy in force to them anyway.
-        if only.is_none() && self.guards() && self.held(&evaluations, placed_in_scope).await {
+        if only.is_none()
+            && self.guards()
+            && self
+                .held(&evaluations, placed_in_scope, causes, revision)
+                .await
+        {
             report.evaluated = evaluations.len();
             report.held = evaluations
                 .iter()
@@ -233,33 +234,45 @@ impl Reconciler {
         }
     }
 
-    /// The blast-radius guard: whether this pass, as one change, must be held
-    /// (reported, not applied) until an administrator confirms it.
-    async fn held(&self, evaluations: &[Evaluation], placed: usize) -> bool {
+    /// The blast-radius guard: whether this pass, as one change of `causes`
+    /// (under policy revision `revision`), must be held (reported, not
+    /// applied) until an administrator confirms it.
+    async fn held(
+        &self,
+        evaluations: &[Evaluation],
+        placed: usize,
+        causes: &mut Causes,
+        revision: &str,
+    ) -> bool {
         let affected: Vec<&Evaluation> = evaluations
             .iter()
             .filter(|e| e.replaces_a_placement())
             .collect();
         let configmaps = &self.ctx.policy_configmaps;
-        if !self.ctx.blast_radius.holds(affected.len(), placed) {
+        if !self
+            .ctx
+            .guard
+            .holds(causes, affected.len(), placed, Instant::now())
+        {
             self.ctx.metrics.remediation_held.set(0);
             configmaps.clear().await;
             return false;
         }
-        let changes: Vec<(String, String)> = affected.iter().map(|e| e.change(self)).collect();
-        let objects: Vec<String> = changes.iter().map(|(name, _)| name.clone()).collect();
-        let id = blast::change_id(changes);
-        if configmaps.confirmed(&id).await {
-            tracing::warn!(%id, affected = affected.len(), placed, "applying a confirmed change beyond the blast radius");
+        let id = causes.change_id(revision);
+        let cause = causes.describe(revision);
+        if configmaps.take_confirmation(&id).await {
+            tracing::warn!(%id, %cause, affected = affected.len(), placed, "applying a confirmed change beyond the blast radius");
             self.ctx.metrics.remediation_held.set(0);
             configmaps.clear().await;
             return false;
         }
-        tracing::warn!(%id, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
+        tracing::warn!(%id, %cause, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
         self.ctx.metrics.remediation_held.set(affected.len() as i64);
+        let objects: Vec<String> = affected.iter().map(|e| e.describe(self)).collect();
         configmaps
             .report(&blast::report(
                 &id,
+                &cause,
                 &objects,
                 placed,
                 &configmaps.namespace(),
@@ -384,17 +397,13 @@ impl Reconciler {
             }
             Assessment::Unplaceable(errors) => {
                 let note = format!(
-                    "the placement policy reports errors for this object, so it cannot be placed: {}",
+                    "the placement policy reports errors for this object, so it keeps its current placement until the policy gives a valid one; fix: {}",
                     errors.join("; ")
                 );
                 self.workload_event(i, &object, EventType::Warning, "PlacementRejected", note);
                 Step::Unplaceable
             }
-            Assessment::Stale {
-                patch,
-                changed,
-                conflicts,
-            } => match self.ctx.mode {
+            Assessment::Stale { patch, changed } => match self.ctx.mode {
                 RemediationMode::Auto
                     if ObjectKey::of(&object).is_some_and(|k| {
                         self.is_in_flight(&(i, k), object.metadata.resource_version.as_deref())
@@ -421,24 +430,6 @@ impl Reconciler {
                         return Step::Aborted;
                     }
                     match self.patch_workload(i, &object, &patch).await {
-                        Ok(true) if !conflicts.is_empty() => {
-                            let note = format!(
-                                "re-placed where the policy allows (updated {}), but the request conflicts with the policy; fix it: {}",
-                                changed.join(", "),
-                                conflicts.join("; ")
-                            );
-                            self.workload_event(
-                                i,
-                                &object,
-                                EventType::Warning,
-                                "PlacementConflict",
-                                note,
-                            );
-                            Step::Stale {
-                                patched: true,
-                                failed: false,
-                            }
-                        }
                         Ok(true) => {
                             let note =
                                 format!("updated placement annotations: {}", changed.join(", "));

@@ -11,8 +11,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
 use policy_client::placement::{
-    OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view, plan_patch,
+    OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view,
 };
+use policy_client::verdict::{Plan, plan};
 use policy_client::{Decision, OwnershipKeys, QueryOutcome};
 use serde_json::{Value, json};
 
@@ -26,17 +27,17 @@ pub(crate) enum Assessment {
     /// The object carries what the decision asks for.
     Placed,
     /// The annotations differ; `patch` fixes them, `changed` names the annotation
-    /// keys whose values change (the ownership record left out). `conflicts`:
-    /// errors the policy reports beside its annotations (the developer's request
-    /// conflicts with the policy, e.g. a requested cluster went offline); the
-    /// policy's annotations still apply, and the developer is told what to fix.
+    /// keys whose values change (the ownership record left out; empty when
+    /// only the record's signature changes, e.g. after a key rotation).
     Stale {
         patch: json_patch::Patch,
         changed: Vec<String>,
-        conflicts: Vec<String>,
     },
-    /// The policy reports errors and no annotations: the object cannot be
-    /// placed, and keeps what it has.
+    /// The policy reports errors (none of the allowed clusters is running, or
+    /// the developer's request conflicts with the policy): the object keeps
+    /// its placement, since a decision with errors never removes or replaces
+    /// one ([`policy_client::verdict`]), and the developer is told what the
+    /// policy reports.
     Unplaceable(Vec<String>),
     /// No decision (the engine has no policy at the decision path).
     Undefined,
@@ -55,16 +56,10 @@ pub(crate) fn assess(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKey
         Ok(d) => d,
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
-    // Errors without annotations leave the object as it is: planning a patch
-    // from an empty decision would hand the policy's values back to the
-    // developer's request.
-    if decision.is_denied() && decision.annotations.is_empty() {
-        return Assessment::Unplaceable(decision.errors);
-    }
-    let patch = match plan_patch(object, &decision, keys) {
-        Ok(None) if decision.is_denied() => return Assessment::Unplaceable(decision.errors),
-        Ok(None) => return Assessment::Placed,
-        Ok(Some(patch)) => patch,
+    let patch = match plan(object, Some(object), &decision, keys) {
+        Ok(Plan::Keep { errors, .. }) => return Assessment::Unplaceable(errors),
+        Ok(Plan::Place(None)) => return Assessment::Placed,
+        Ok(Plan::Place(Some(patch))) => patch,
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
     let current = annotations(object).ok().flatten().unwrap_or_default();
@@ -79,11 +74,7 @@ pub(crate) fn assess(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKey
             .collect(),
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
-    Assessment::Stale {
-        patch,
-        changed,
-        conflicts: decision.errors,
-    }
+    Assessment::Stale { patch, changed }
 }
 
 /// `patch` preceded by a test that the object is still at `resource_version`.
@@ -284,32 +275,41 @@ mod tests {
         );
     }
 
-    /// The seed's conflict: errors and the intersection. The object is
-    /// re-placed on the intersection, the errors kept for the developer; once
-    /// re-placed it is unplaceable-as-is, not stale again.
+    /// The seed's conflict: errors and the intersection. A decision with
+    /// errors never removes or replaces a placement: the object keeps what it
+    /// has (here the developer's own request of a and b) and the errors are
+    /// named for the developer; so does one the policy placed, when the
+    /// policy can place it nowhere any more.
     #[test]
-    fn a_conflict_re_places_on_the_policys_annotations_and_names_the_errors() {
+    fn a_conflict_keeps_the_placement_and_names_the_errors() {
         let object = json!({"metadata": {"name": "rs", "namespace": "default", "resourceVersion": "3",
             "annotations": {PREFS: r#"{"clusters":{"a":{"weight":1},"b":{"weight":1}}}"#}}});
-        let outcome = QueryOutcome::Defined(json!({
+        let conflict = QueryOutcome::Defined(json!({
             "annotations": {PREFS: {"clusters": {"a": {"weight": 1}}, "rebalance": true}},
             "errors": ["requested replica-set-preferences includes invalid clusters: b"]
         }));
-        let Assessment::Stale {
-            patch, conflicts, ..
-        } = assess(&object, &outcome, keys())
-        else {
-            panic!("a conflict is stale")
-        };
         assert_eq!(
-            conflicts,
-            vec!["requested replica-set-preferences includes invalid clusters: b"]
+            assess(&object, &conflict, keys()),
+            Assessment::Unplaceable(vec![
+                "requested replica-set-preferences includes invalid clusters: b".into()
+            ])
         );
-        let placed = apply(&object, &patch);
-        assert!(matches!(
-            assess(&placed, &outcome, keys()),
-            Assessment::Unplaceable(_)
-        ));
+        let unplaced = json!({"metadata": {"name": "rs", "namespace": "default"}});
+        let Assessment::Stale { patch, .. } =
+            assess(&unplaced, &decision(r#"{"clusters":{"a":{}}}"#), keys())
+        else {
+            panic!("placed by the policy")
+        };
+        let placed = apply(&unplaced, &patch);
+        let nowhere = QueryOutcome::Defined(json!({
+            "annotations": {}, "errors": ["no cluster satisfies the placement requirements"]
+        }));
+        assert_eq!(
+            assess(&placed, &nowhere, keys()),
+            Assessment::Unplaceable(vec![
+                "no cluster satisfies the placement requirements".into()
+            ])
+        );
     }
 
     #[test]

@@ -1,0 +1,392 @@
+//! Why the remediator passes over every workload, carried with its trigger
+//! from whatever saw the change (the policy loader; a replicator, which sees an
+//! object's old and new state) to the remediator. The blast-radius guard
+//! ([`crate::blast`]) decides by cause:
+//!
+//! - a person's edit (the policy set, or replicated data the policies read:
+//!   an object added or deleted, its spec, labels or annotations) is
+//!   *guarded*: held when it would re-place too many workloads, until an
+//!   administrator confirms that change;
+//! - a change of cluster health (a cluster's phase, `Ready` condition, taints:
+//!   [`crate::health`]) or of other status (the world's report, not anyone's
+//!   edit) is not, unless a large share of the clusters turned unhealthy
+//!   together (a partition);
+//! - a pass whose causes are unknown (a new leader, a refilled engine) is
+//!   guarded.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use futures::FutureExt;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use crate::document::ObjectKey;
+use crate::health::ClusterKind;
+
+/// One cause of remediation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Cause {
+    /// The policy set changed (its modules or data ConfigMaps); the revision
+    /// of the set now in force.
+    Policy(String),
+    /// An edit of replicated data the policies read: the object
+    /// (`resource/key`) and the revision it changed to (`deleted` when gone).
+    Data { object: String, revision: String },
+    /// A cluster's health changed, and nothing an administrator configures.
+    Health,
+    /// Only status that is not health changed (or nothing the policy reads).
+    Status,
+    /// Whatever changed while nobody watched (a new leader, an engine filled
+    /// again, a relist): unknown, so guarded.
+    Resync,
+}
+
+/// The causes of one pass (or of a held change, until it is applied).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Causes {
+    /// The policy set changed.
+    pub(crate) policy: bool,
+    /// Edited objects and the revision each changed to.
+    pub(crate) data: BTreeMap<String, String>,
+    pub(crate) health: bool,
+    pub(crate) status: bool,
+    pub(crate) resync: bool,
+    /// Clusters found to have turned unhealthy together (a partition).
+    pub(crate) partition: BTreeSet<String>,
+}
+
+impl Causes {
+    pub(crate) fn add(&mut self, cause: Cause) {
+        match cause {
+            Cause::Policy(_) => self.policy = true,
+            Cause::Data { object, revision } => {
+                self.data.insert(object, revision);
+            }
+            Cause::Health => self.health = true,
+            Cause::Status => self.status = true,
+            Cause::Resync => self.resync = true,
+        }
+    }
+
+    pub(crate) fn merge(&mut self, other: Causes) {
+        self.policy |= other.policy;
+        self.data.extend(other.data);
+        self.health |= other.health;
+        self.status |= other.status;
+        self.resync |= other.resync;
+        self.partition.extend(other.partition);
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        *self == Causes::default()
+    }
+
+    /// Whether the blast-radius guard weighs a pass of these causes: a
+    /// person's edit, an unknown cause or a partition.
+    pub(crate) fn guarded(&self) -> bool {
+        self.policy || !self.data.is_empty() || self.resync || !self.partition.is_empty()
+    }
+
+    /// The id of the change these causes make under policy revision
+    /// `policy_revision`: it names the policy and data revisions (and a
+    /// partition's clusters), not the workloads affected, so workloads created
+    /// or deleted meanwhile leave it as it is; any further edit makes another.
+    pub(crate) fn change_id(&self, policy_revision: &str) -> String {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        let mut part = |text: &str| {
+            context.update(text.as_bytes());
+            context.update(&[0]);
+        };
+        part("policy");
+        part(policy_revision);
+        for (object, revision) in &self.data {
+            part(object);
+            part(revision);
+        }
+        if self.resync {
+            part("resync");
+        }
+        for cluster in &self.partition {
+            part("partition");
+            part(cluster);
+        }
+        hex(context.finish().as_ref(), 8)
+    }
+
+    /// What changed, for the report and the log.
+    pub(crate) fn describe(&self, policy_revision: &str) -> String {
+        let mut parts = Vec::new();
+        if self.policy {
+            parts.push(format!("the policy set (revision {policy_revision})"));
+        }
+        if !self.data.is_empty() {
+            let objects: Vec<String> = self
+                .data
+                .iter()
+                .map(|(object, revision)| format!("{object}@{revision}"))
+                .collect();
+            parts.push(format!("replicated data: {}", objects.join(", ")));
+        }
+        if self.resync {
+            parts.push("unknown (a new leader or a refilled engine)".to_owned());
+        }
+        if !self.partition.is_empty() {
+            let clusters: Vec<&str> = self.partition.iter().map(String::as_str).collect();
+            parts.push(format!(
+                "a partition: {} turned unhealthy together",
+                clusters.join(", ")
+            ));
+        }
+        if parts.is_empty() {
+            parts.push("cluster health or status".to_owned());
+        }
+        parts.join("; ")
+    }
+}
+
+/// The remediation trigger: causes accumulated until the remediator takes
+/// them.
+#[derive(Debug, Default)]
+pub(crate) struct Trigger {
+    causes: std::sync::Mutex<Causes>,
+    notify: Notify,
+    /// The revision of the policy set in force.
+    policy_revision: std::sync::Mutex<String>,
+}
+
+impl Trigger {
+    pub(crate) fn fire(&self, cause: Cause) {
+        if let Cause::Policy(revision) = &cause {
+            *self
+                .policy_revision
+                .lock()
+                .unwrap_or_else(|e| e.into_inner()) = revision.clone();
+        }
+        self.causes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(cause);
+        self.notify.notify_one();
+    }
+
+    /// Resolves when causes were fired since the last [`Trigger::take`].
+    pub(crate) async fn fired(&self) {
+        self.notify.notified().await;
+    }
+
+    /// The causes fired so far, consumed.
+    pub(crate) fn take(&self) -> Causes {
+        // The wake-up they left is consumed with them.
+        let _ = self.notify.notified().now_or_never();
+        std::mem::take(&mut *self.causes.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    pub(crate) fn policy_revision(&self) -> String {
+        self.policy_revision
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// What an administrator configures of an object: everything but its status
+/// and the metadata the API server keeps (labels and annotations stay); for
+/// a cluster, its health fields aside.
+fn configured(kind: Option<&ClusterKind>, object: &Value) -> Value {
+    let mut view = object.clone();
+    if let Value::Object(map) = &mut view {
+        map.remove("status");
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            meta.retain(|k, _| {
+                matches!(k.as_str(), "labels" | "annotations" | "name" | "namespace")
+            });
+        }
+    }
+    for field in kind.map(|k| k.health_fields).unwrap_or_default() {
+        if let Some((parent, last)) = field.rsplit_once('/')
+            && let Some(Value::Object(parent)) = view.pointer_mut(parent)
+        {
+            parent.remove(last);
+        }
+    }
+    view
+}
+
+/// Why a change of replicated object `key` of type `resource` (`kind`: its
+/// cluster kind, if it is one) from `before` to `after` (`None`: absent)
+/// would re-place workloads.
+pub(crate) fn classify(
+    kind: Option<&ClusterKind>,
+    resource: &str,
+    key: &ObjectKey,
+    before: Option<&Value>,
+    after: Option<&Value>,
+) -> Cause {
+    let edit = |revision: String| Cause::Data {
+        object: format!("{resource}/{key}"),
+        revision,
+    };
+    let (Some(before), Some(after)) = (before, after) else {
+        return edit(match after {
+            Some(after) => revision(&configured(kind, after)),
+            None => "deleted".to_owned(),
+        });
+    };
+    let configured_after = configured(kind, after);
+    if configured(kind, before) != configured_after {
+        return edit(revision(&configured_after));
+    }
+    match kind {
+        Some(kind) if (kind.healthy)(before) != (kind.healthy)(after) => Cause::Health,
+        _ => Cause::Status,
+    }
+}
+
+/// A short digest of a JSON value.
+fn revision(value: &Value) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, value.to_string().as_bytes());
+    hex(digest.as_ref(), 6)
+}
+
+pub(crate) fn hex(bytes: &[u8], take: usize) -> String {
+    bytes
+        .iter()
+        .take(take)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health::cluster_kind;
+    use serde_json::json;
+
+    fn ours() -> Option<&'static ClusterKind> {
+        cluster_kind("placement-policy.io", "clusters")
+    }
+
+    fn cluster(phase: &str, pci: &str) -> Value {
+        json!({"kind": "Cluster", "metadata": {"name": "eu-1", "resourceVersion": "7",
+            "labels": {"placement-policy.io/pci-compliance-level": pci}},
+            "spec": {"region": "europe-west1"},
+            "status": {"phase": phase, "capacity": {"cpu": "64"}}})
+    }
+
+    #[test]
+    fn health_status_and_edits_are_told_apart() {
+        let key = ObjectKey::new(None, "eu-1");
+        let classify = |before: Option<&Value>, after: Option<&Value>| {
+            classify(ours(), "clusters", &key, before, after)
+        };
+        let running = cluster("running", "2");
+        assert_eq!(
+            classify(Some(&running), Some(&cluster("offline", "2"))),
+            Cause::Health
+        );
+        let mut capacity = running.clone();
+        capacity["status"]["capacity"]["cpu"] = json!("32");
+        capacity["metadata"]["resourceVersion"] = json!("8");
+        assert_eq!(classify(Some(&running), Some(&capacity)), Cause::Status);
+        // A label edit, also one made together with a phase change, is guarded.
+        let relabelled = cluster("offline", "3");
+        let Cause::Data { object, revision } = classify(Some(&running), Some(&relabelled)) else {
+            panic!("an edit")
+        };
+        assert_eq!(object, "clusters/eu-1");
+        assert_eq!(
+            classify(
+                Some(&cluster("running", "2")),
+                Some(&cluster("running", "3"))
+            ),
+            Cause::Data {
+                object,
+                revision: revision.clone()
+            },
+            "the revision names what it changed to, not the status"
+        );
+        assert!(matches!(classify(None, Some(&running)), Cause::Data { .. }));
+        assert_eq!(
+            classify(Some(&running), None),
+            Cause::Data {
+                object: "clusters/eu-1".into(),
+                revision: "deleted".into()
+            }
+        );
+        // Any other type: status is status, the rest an edit.
+        let rs =
+            json!({"metadata": {"name": "rs"}, "spec": {"replicas": 1}, "status": {"replicas": 0}});
+        let mut scaled = rs.clone();
+        scaled["status"]["replicas"] = json!(1);
+        assert_eq!(
+            super::classify(None, "replicasets", &key, Some(&rs), Some(&scaled)),
+            Cause::Status
+        );
+    }
+
+    #[test]
+    fn a_karmada_taint_is_health_not_an_edit() {
+        let karmada = cluster_kind("cluster.karmada.io", "clusters");
+        let key = ObjectKey::new(None, "member1");
+        let ready = json!({"metadata": {"name": "member1"}, "spec": {"syncMode": "Push"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        let mut tainted = ready.clone();
+        tainted["spec"]["taints"] =
+            json!([{"key": "cluster.karmada.io/not-ready", "effect": "NoSchedule"}]);
+        assert_eq!(
+            classify(karmada, "clusters", &key, Some(&ready), Some(&tainted)),
+            Cause::Health
+        );
+        let mut pulled = ready.clone();
+        pulled["spec"]["syncMode"] = json!("Pull");
+        assert!(matches!(
+            classify(karmada, "clusters", &key, Some(&ready), Some(&pulled)),
+            Cause::Data { .. }
+        ));
+    }
+
+    #[test]
+    fn only_edits_and_partitions_are_guarded_and_the_id_names_the_revisions() {
+        let mut causes = Causes::default();
+        causes.add(Cause::Health);
+        causes.add(Cause::Status);
+        assert!(!causes.guarded());
+        let health_only = causes.change_id("r1");
+        causes.add(Cause::Policy("r1".into()));
+        assert!(causes.guarded());
+        assert_eq!(
+            causes.change_id("r1"),
+            health_only,
+            "the id names revisions, not what kind of trigger came"
+        );
+        assert_ne!(causes.change_id("r2"), health_only);
+        let mut edited = causes.clone();
+        edited.add(Cause::Data {
+            object: "clusters/a".into(),
+            revision: "abc".into(),
+        });
+        assert_ne!(edited.change_id("r1"), causes.change_id("r1"));
+        let mut partition = causes.clone();
+        partition.partition.insert("clusters/a".into());
+        assert_ne!(partition.change_id("r1"), causes.change_id("r1"));
+    }
+
+    #[tokio::test]
+    async fn the_trigger_carries_its_causes_once() {
+        let trigger = Trigger::default();
+        trigger.fire(Cause::Health);
+        trigger.fire(Cause::Policy("r7".into()));
+        tokio::time::timeout(std::time::Duration::from_secs(1), trigger.fired())
+            .await
+            .expect("fired");
+        trigger.fire(Cause::Status);
+        let causes = trigger.take();
+        assert!(causes.health && causes.policy && causes.status);
+        assert_eq!(trigger.policy_revision(), "r7");
+        assert!(trigger.take().is_empty());
+        assert!(
+            trigger.notify.notified().now_or_never().is_none(),
+            "no wake-up left behind"
+        );
+    }
+}
