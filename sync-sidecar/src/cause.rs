@@ -325,7 +325,7 @@ mod tests {
     }
 
     #[test]
-    fn a_karmada_taint_is_health_not_an_edit() {
+    fn a_taint_of_karmadas_clusters_is_health_not_an_edit() {
         let karmada = cluster_kind("cluster.karmada.io", "clusters");
         let key = ObjectKey::new(None, "member1");
         let ready = json!({"metadata": {"name": "member1"}, "spec": {"syncMode": "Push"},

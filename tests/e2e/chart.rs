@@ -108,6 +108,7 @@ fn every_pod_is_hardened_in_every_mode() {
         &["engine.type=embedded"][..],
         &["webhook.certificates.mode=cert-manager"][..],
         &["remediator.mode=report", "webhook.replicas=3"][..],
+        &["karmada.enabled=true", "karmada.webhookKeys=true"][..],
     ] {
         let docs = render(values);
         let deployments = of_kind(&docs, "Deployment");
@@ -148,6 +149,102 @@ fn every_pod_is_hardened_in_every_mode() {
             );
         }
     }
+}
+
+/// `karmada.enabled` adds placement-policy as Karmada's scheduler: OPA and
+/// placement-sync working in Karmada's API server through the kubeconfig
+/// Secret, replicating Karmada's Clusters and scheduling the bindings that
+/// name `karmada.schedulerName`, with no token of this cluster; nothing of
+/// it by default.
+#[test]
+fn values_run_a_scheduler_in_the_api_server_of_karmada() {
+    let name = "placement-policy-karmada-scheduler";
+    let defaults = render(&[]);
+    assert!(
+        !defaults
+            .iter()
+            .any(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name),
+        "no Karmada scheduler by default"
+    );
+    let docs = render(&[
+        "karmada.enabled=true",
+        "karmada.schedulerName=rego",
+        "karmada.kubeconfigSecret=karmada-config",
+    ]);
+    let deployment = named(&docs, "Deployment", name);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false, "{pod}");
+    let volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "karmada-kubeconfig")
+        .expect("the kubeconfig volume");
+    assert_eq!(volume["secret"]["secretName"], "karmada-config", "{volume}");
+    let sync = containers(deployment)
+        .into_iter()
+        .find(|c| c["name"] == "placement-sync")
+        .expect("placement-sync container");
+    let flags = args(sync);
+    for flag in [
+        "--kubeconfig=/etc/karmada/kubeconfig",
+        "--schedule-karmada-bindings",
+        "--scheduler-name=rego",
+        "--replicate-cluster=cluster.karmada.io/v1alpha1/clusters",
+        "--lease-namespace=karmada-system",
+        "--remediation=off",
+    ] {
+        assert!(flags.contains(&flag.to_owned()), "{flag} in {flags:?}");
+    }
+    assert!(
+        !flags.iter().any(|f| f.starts_with("--ownership-")),
+        "without the webhook in Karmada, no keys: {flags:?}"
+    );
+    let with_keys = render(&["karmada.enabled=true", "karmada.webhookKeys=true"]);
+    let sync = containers(named(&with_keys, "Deployment", name))
+        .into_iter()
+        .find(|c| c["name"] == "placement-sync")
+        .cloned()
+        .expect("placement-sync container");
+    assert!(
+        args(&sync)
+            .contains(&"--ownership-key-file=/etc/placement/ownership/ownership.keys".to_owned()),
+        "{:?}",
+        args(&sync)
+    );
+}
+
+/// `policy.weighting` fills the shipped policy's settings module; anything
+/// but `even` or `least-loaded` fails the render.
+#[test]
+fn the_shipped_policys_weighting_is_a_value() {
+    let settings = |values: &[&str]| {
+        let docs = render(values);
+        named(&docs, "ConfigMap", "placement")["data"]["placement_settings.rego"]
+            .as_str()
+            .expect("the settings module")
+            .to_owned()
+    };
+    assert!(settings(&[]).contains("weighting := \"even\""));
+    assert!(settings(&["policy.weighting=least-loaded"]).contains("weighting := \"least-loaded\""));
+    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
+        .args([
+            "template",
+            "x",
+            "charts/placement-policy",
+            "--set",
+            "policy.weighting=cheapest",
+        ])
+        .current_dir(repo_root())
+        .output()
+        .expect("run helm template");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("policy.weighting must be even or least-loaded"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// The webhook's pod is gated only on the webhook: neither OPA being empty nor

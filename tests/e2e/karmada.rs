@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use placement_tests::karmada::{MEMBERS, MemberKind, PCI_LABEL, WORKLOAD_IMAGE, cluster_ready};
 use placement_tests::{
-    Karmada, OpaServer, SidecarProcess, WebhookProcess, shipped_policy_modules, unique_name,
-    wait_for,
+    Karmada, OpaServer, SidecarProcess, WebhookProcess, repo_root, shipped_policy_modules,
+    unique_name, wait_for,
 };
 use serde_json::{Value, json};
 
@@ -306,7 +306,13 @@ struct Scheduler {
 
 impl Scheduler {
     fn start(karmada: &Karmada, modules: &[(String, String)]) -> Scheduler {
-        let name = unique_name("pp-sched");
+        Scheduler::named(karmada, modules, &unique_name("pp-sched"))
+    }
+
+    /// Scheduling the bindings named `name` (the examples' use the default,
+    /// `placement-policy`; the tests run one at a time).
+    fn named(karmada: &Karmada, modules: &[(String, String)], name: &str) -> Scheduler {
+        let name = name.to_owned();
         let policy_namespace = unique_name("karmada-policy");
         karmada.create_policy_namespace(&policy_namespace);
         let mut args = vec![
@@ -542,17 +548,17 @@ fn split(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
 fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members() {
     let _serial = serial();
     let karmada = Karmada::shared();
-    let scheduler = Scheduler::shipped(karmada);
-    let namespace = unique_name("karmada-eu");
-    karmada.create_namespace(&namespace);
-    let web = deployment(&namespace, "web", 6, json!({EU_KEY: "true", PCI_KEY: "2"}));
-    create(
-        karmada,
-        &[&handed_to(&namespace, "web", &scheduler.name), &web],
-    );
+    let scheduler = Scheduler::named(karmada, &shipped_policy_modules(), "placement-policy");
+    // The tour's own files (docs/karmada.md), as a user applies them.
+    let namespace = "default";
+    for example in ["propagationpolicy.yaml", "deployment-eu-pci.yaml"] {
+        let path = repo_root().join("examples/karmada").join(example);
+        karmada.kubectl_ok(&["apply", "-f", &path.display().to_string()]);
+    }
+    let web = "nginx-eu";
 
     let expected = split(&[("member-eu-1", 3), ("member-eu-2", 3)]);
-    let binding = wait_scheduled(karmada, &scheduler, &namespace, "web", &expected);
+    let binding = wait_scheduled(karmada, &scheduler, namespace, web, &expected);
     let condition = scheduled_condition(&binding).expect("condition");
     assert_eq!(condition["reason"], "Success", "{condition}");
     assert!(
@@ -563,7 +569,7 @@ fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members()
         binding["status"]["lastScheduledTime"].is_string(),
         "{binding}"
     );
-    wait_member_replicas(karmada, &namespace, "web", &expected);
+    wait_member_replicas(karmada, namespace, web, &expected);
 
     let eu1 = karmada.member("member-eu-1");
     wait_or_explain(
@@ -571,7 +577,14 @@ fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members()
         Duration::from_secs(180),
         || {
             let text = eu1.kubectl_ok(&[
-                "get", "pods", "-n", &namespace, "-l", "app=web", "-o", "json",
+                "get",
+                "pods",
+                "-n",
+                namespace,
+                "-l",
+                "app=nginx-eu",
+                "-o",
+                "json",
             ]);
             let pods: Value = serde_json::from_str(&text).expect("pod list JSON");
             let running = pods["items"]
@@ -619,25 +632,19 @@ fn events(karmada: &Karmada, namespace: &str, kind: &str, name: &str) -> Vec<(St
 fn karmada_a_forbidden_workload_is_not_scheduled_and_says_why() {
     let _serial = serial();
     let karmada = Karmada::shared();
-    let scheduler = Scheduler::shipped(karmada);
-    let namespace = unique_name("karmada-forbidden");
-    karmada.create_namespace(&namespace);
-    let vault = deployment(
-        &namespace,
-        "vault",
-        2,
-        json!({EU_KEY: "true", PCI_KEY: "5"}),
-    );
-    create(
-        karmada,
-        &[&handed_to(&namespace, "vault", &scheduler.name), &vault],
-    );
+    let scheduler = Scheduler::named(karmada, &shipped_policy_modules(), "placement-policy");
+    // The tour's forbidden Deployment (docs/karmada.md), without the webhook.
+    let namespace = "default";
+    for example in ["propagationpolicy.yaml", "deployment-forbidden.yaml"] {
+        let path = repo_root().join("examples/karmada").join(example);
+        karmada.kubectl_ok(&["apply", "-f", &path.display().to_string()]);
+    }
     let message = "no cluster satisfies the placement requirements (eu-jurisdiction-required=true, pci-compliance-level>=5)";
     let binding = wait_or_explain(
         "the binding Scheduled=False with the policy's message",
         Duration::from_secs(120),
         || {
-            let binding = binding(karmada, &namespace, "vault")?;
+            let binding = binding(karmada, namespace, "vault")?;
             let condition = scheduled_condition(&binding)?;
             (condition["status"] == "False").then_some(binding)
         },
@@ -651,16 +658,16 @@ fn karmada_a_forbidden_workload_is_not_scheduled_and_says_why() {
         "a Warning Event on the Deployment",
         Duration::from_secs(30),
         || {
-            events(karmada, &namespace, "Deployment", "vault")
+            events(karmada, namespace, "Deployment", "vault")
                 .iter()
                 .any(|(reason, text)| reason == "ScheduleBindingFailed" && text == message)
                 .then_some(())
         },
-        || format!("{:?}", events(karmada, &namespace, "Deployment", "vault")),
+        || format!("{:?}", events(karmada, namespace, "Deployment", "vault")),
     );
-    assert!(deployment_works(karmada, &namespace, "vault").is_empty());
+    assert!(deployment_works(karmada, namespace, "vault").is_empty());
     assert!(
-        member_replicas(karmada, &namespace, "vault")
+        member_replicas(karmada, namespace, "vault")
             .values()
             .all(Option::is_none)
     );

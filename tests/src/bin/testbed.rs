@@ -194,7 +194,14 @@ fn up_karmada(bare: bool) {
         );
         let sidecar = karmada.start_placement_sync(&opa, POLICY_NAMESPACE, &[]);
         runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
-        product = Some((opa, sidecar));
+        eprintln!("starting placement-webhook, registered with Karmada's API server ...");
+        let webhook = WebhookProcess::start(&[
+            format!("--opa-url={}", opa.url()),
+            format!("--opa-token-file={}", opa.token_file().display()),
+            format!("--kubeconfig={}", karmada.karmada_kubeconfig().display()),
+        ]);
+        register(karmada.plane(), &webhook);
+        product = Some((opa, sidecar, webhook));
     }
 
     println!();
@@ -202,7 +209,7 @@ fn up_karmada(bare: bool) {
     for member in karmada.members() {
         println!("{:<18} {}", member.name(), member.server_url());
     }
-    if let Some((opa, sidecar)) = &product {
+    if let Some((opa, sidecar, webhook)) = &product {
         println!(
             "OPA                {} (bearer token in {})",
             opa.url(),
@@ -212,6 +219,10 @@ fn up_karmada(bare: bool) {
             "placement-sync     http://127.0.0.1:{}/metrics (log: {})",
             sidecar.port,
             sidecar.log_path().display()
+        );
+        println!(
+            "placement-webhook  {} (registered with Karmada's API server)",
+            webhook.url("/mutate")
         );
     }
     println!("logs               {}", karmada.dir().display());
@@ -229,11 +240,20 @@ fn up_karmada(bare: bool) {
     }
     println!();
     println!(
-        "  kubectl --kubeconfig={} get clusters.cluster.karmada.io",
+        "  export KUBECONFIG={}",
         karmada.karmada_kubeconfig().display()
     );
+    println!("  kubectl get clusters.cluster.karmada.io");
+    if product.is_some() {
+        println!("  kubectl apply -f examples/karmada/propagationpolicy.yaml");
+        println!("  kubectl create -f examples/karmada/deployment-eu-pci.yaml");
+        println!(
+            "  kubectl get resourcebinding nginx-eu-deployment -o jsonpath='{{.spec.clusters}}'"
+        );
+        println!("  kubectl create -f examples/karmada/deployment-forbidden.yaml   # denied");
+    }
     println!(
-        "  (workloads for member-eu-1 run image {})",
+        "  (workloads for member-eu-1 run image {}; docs/karmada.md has the tour)",
         placement_tests::karmada::WORKLOAD_IMAGE
     );
     println!();
