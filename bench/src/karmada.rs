@@ -9,7 +9,7 @@
 //! (two per Deployment), and the CPU the scheduler used meanwhile
 //! (karmada-scheduler; placement-sync and its OPA). Then failover: a NoExecute
 //! ClusterTaintPolicy on member-us-1 and its API server killed; the time from
-//! the taint until the last binding of each kind is placed on member-eu-2
+//! the kill until the last binding of each kind is placed on member-eu-2
 //! alone. The bed's memory is reported.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -141,9 +141,11 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         ours.seconds, ours.cpu
     ));
     section.push_str(&format!(
-        "\nFailover: a NoExecute ClusterTaintPolicy on {DEAD} while not Ready, and its API server killed. Karmada saw it \
-         and tainted it {:.1} s after the kill; from the taint until the last of the {n} bindings of each scheduler is on \
-         {LEFT} alone: karmada-scheduler {:.2} s, placement-policy {:.2} s ({:.2}x).\n\n\
+        "\nFailover: a NoExecute ClusterTaintPolicy on {DEAD} while not Ready, and its API server killed. Karmada marked it \
+         not Ready (and tainted it `cluster.karmada.io/not-ready:NoSchedule`, then the policy's NoExecute) {:.1} s after the kill. \
+         From the kill until the last of the {n} bindings of each scheduler is on {LEFT} alone: karmada-scheduler {:.2} s \
+         (the taint manager evicts, then it re-schedules), placement-policy {:.2} s ({:.2}x; it re-places on the member's \
+         health, its Ready condition and taints, without waiting for an eviction).\n\n\
          Memory of the whole bed at the end (RSS of every process of this run, members and both schedulers included): {:.0} MiB.\n",
         failover.taint_after_kill,
         failover.native,
@@ -378,6 +380,7 @@ impl Drop for WorkCount {
     }
 }
 
+/// Seconds after the member's API server was killed.
 struct Failover {
     taint_after_kill: f64,
     native: f64,
@@ -463,14 +466,14 @@ async fn failover(
         };
         let (mut native, mut ours) = (None, None);
         while native.is_none() || ours.is_none() {
-            if tainted.elapsed() > Duration::from_secs(600) {
-                bail!("the bindings were not re-placed within 600 s of the taint (karmada-scheduler done: {native:?}, placement-policy done: {ours:?})");
+            if killed.elapsed() > Duration::from_secs(600) {
+                bail!("the bindings were not re-placed within 600 s of the kill (karmada-scheduler done: {native:?}, placement-policy done: {ours:?})");
             }
             if native.is_none() && all_left(client, NATIVE, settings.replicas, settings.deployments).await? {
-                native = Some(tainted.elapsed().as_secs_f64());
+                native = Some(killed.elapsed().as_secs_f64());
             }
             if ours.is_none() && all_left(client, OURS, settings.replicas, settings.deployments).await? {
-                ours = Some(tainted.elapsed().as_secs_f64());
+                ours = Some(killed.elapsed().as_secs_f64());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

@@ -63,6 +63,10 @@ use crate::watched::{Need, Subscription, WatchChange, WatchedType};
 /// Field manager of the reconciler's writes.
 pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";
 
+/// The longest a pass of changed objects (not a policy or data change)
+/// waits for more of them.
+const CHANGES_COALESCE: Duration = Duration::from_millis(50);
+
 /// How often a held change looks for its confirmation.
 const HELD_RECHECK: Duration = Duration::from_secs(5);
 
@@ -475,8 +479,15 @@ impl Reconciler {
                 }
                 continue;
             }
+            // A policy or data change waits for the quiet time that coalesces
+            // its bursts into one pass; a few changed objects are each one
+            // query, and a new binding waits for nothing but its schedule.
+            let quiet = match pending {
+                Some(Work::Only(_)) => self.ctx.debounce.min(CHANGES_COALESCE),
+                _ => self.ctx.debounce,
+            };
             tokio::select! {
-                _ = tokio::time::sleep(self.ctx.debounce) => {}
+                _ = tokio::time::sleep(quiet) => {}
                 _ = cancel.cancelled() => return,
             }
             if !self.may_act() {
