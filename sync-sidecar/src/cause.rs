@@ -81,6 +81,18 @@ impl Causes {
         *self == Causes::default()
     }
 
+    /// These causes without the edits and unknown causes: what a replica
+    /// that takes over keeps of what it saw while another one led (that
+    /// leader applied the edits, unless the revision it recorded says
+    /// otherwise: [`crate::revision`]).
+    pub(crate) fn without_edits(&self) -> Causes {
+        Causes {
+            health: self.health,
+            status: self.status,
+            ..Causes::default()
+        }
+    }
+
     /// Whether the blast-radius guard weighs a pass of these causes: a
     /// person's edit, an unknown cause or a partition.
     pub(crate) fn guarded(&self) -> bool {
@@ -156,12 +168,23 @@ pub(crate) struct Trigger {
 
 impl Trigger {
     pub(crate) fn fire(&self, cause: Cause) {
-        if let Cause::Policy(revision) = &cause {
-            *self
-                .policy_revision
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = revision.clone();
-        }
+        let cause = match cause {
+            Cause::Policy(revision) => {
+                let mut current = self
+                    .policy_revision
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if *current == revision {
+                    // The same set in force again (an engine filled again):
+                    // a pass, but no edit.
+                    Cause::Status
+                } else {
+                    current.clone_from(&revision);
+                    Cause::Policy(revision)
+                }
+            }
+            other => other,
+        };
         self.causes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -192,7 +215,7 @@ impl Trigger {
 /// What an administrator configures of an object: everything but its status
 /// and the metadata the API server keeps (labels and annotations stay); for
 /// a cluster, its health fields aside.
-fn configured(kind: Option<&ClusterKind>, object: &Value) -> Value {
+pub(crate) fn configured(kind: Option<&ClusterKind>, object: &Value) -> Value {
     let mut view = object.clone();
     if let Value::Object(map) = &mut view {
         map.remove("status");
@@ -369,6 +392,26 @@ mod tests {
         let mut partition = causes.clone();
         partition.partition.insert("clusters/a".into());
         assert_ne!(partition.change_id("r1"), causes.change_id("r1"));
+    }
+
+    #[test]
+    fn the_same_policy_set_again_is_no_edit() {
+        let trigger = Trigger::default();
+        trigger.fire(Cause::Policy("r1".into()));
+        assert!(trigger.take().policy);
+        trigger.fire(Cause::Policy("r1".into()));
+        let again = trigger.take();
+        assert!(!again.guarded() && again.status, "{again:?}");
+        let mut seen = Causes::default();
+        seen.add(Cause::Policy("r2".into()));
+        seen.add(Cause::Health);
+        assert_eq!(
+            seen.without_edits(),
+            Causes {
+                health: true,
+                ..Causes::default()
+            }
+        );
     }
 
     #[tokio::test]

@@ -32,6 +32,7 @@ pub mod queue;
 pub mod rego_refs;
 pub mod remediator;
 mod replicator;
+mod revision;
 pub mod scope;
 pub mod server;
 pub mod state;
@@ -158,6 +159,7 @@ impl Sidecar {
         let permits = Arc::new(Semaphore::new(settings.workers));
         let trigger = Arc::new(cause::Trigger::default());
         let health = Arc::new(health::ClusterHealth::default());
+        let replicated = Arc::new(revision::ReplicatedTypes::default());
         let reads = rego_refs::PolicyReads::default();
         let demand = settings
             .replicate_only_read_types
@@ -205,6 +207,7 @@ impl Sidecar {
             permits: permits.clone(),
             trigger: trigger.clone(),
             health: health.clone(),
+            replicated: replicated.clone(),
             reads: reads.clone(),
             demand: demand.clone(),
         };
@@ -300,6 +303,9 @@ impl Sidecar {
                     },
                     query_timeout: settings.opa_timeout,
                     trigger: trigger.clone(),
+                    reads: reads.clone(),
+                    replicated: replicated.clone(),
+                    applied: leader::AppliedRecord::new(&client, settings.leader.as_ref()),
                     leader,
                     recorder,
                 },
