@@ -11,8 +11,9 @@
 //!   [`crate::health`]) or of other status (the world's report, not anyone's
 //!   edit) is not, unless a large share of the clusters turned unhealthy
 //!   together (a partition);
-//! - a pass whose causes are unknown (a new leader, a refilled engine) is
-//!   guarded.
+//! - a pass whose causes are unknown (a relist; a replica that takes over
+//!   while the policy or the data differ from what the last leader applied:
+//!   [`crate::revision`]) is guarded.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,8 +37,8 @@ pub(crate) enum Cause {
     Health,
     /// Only status that is not health changed (or nothing the policy reads).
     Status,
-    /// Whatever changed while nobody watched (a new leader, an engine filled
-    /// again, a relist): unknown, so guarded.
+    /// Whatever changed while nobody watched (a relist; the policy or the
+    /// data changed since the last leader applied them): unknown, so guarded.
     Resync,
 }
 
@@ -140,7 +141,10 @@ impl Causes {
             parts.push(format!("replicated data: {}", objects.join(", ")));
         }
         if self.resync {
-            parts.push("unknown (a new leader or a refilled engine)".to_owned());
+            parts.push(
+                "unknown (a relist, or the policy or data changed since the last leader applied them)"
+                    .to_owned(),
+            );
         }
         if !self.partition.is_empty() {
             let clusters: Vec<&str> = self.partition.iter().map(String::as_str).collect();
