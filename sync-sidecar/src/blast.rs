@@ -253,6 +253,20 @@ impl PolicyConfigMaps {
         }
     }
 
+    /// Whether a held change is reported (by this replica or a leader
+    /// before it); also when the ConfigMaps cannot be read.
+    pub(crate) async fn held(&self) -> bool {
+        match self.list().await {
+            Ok(configmaps) => configmaps
+                .iter()
+                .any(|cm| annotation(cm, HELD_ANNOTATION).is_some()),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the policy ConfigMaps for a held change");
+                true
+            }
+        }
+    }
+
     /// Remove the report where there is one (nothing is held any more).
     pub(crate) async fn clear(&self) {
         let Ok(configmaps) = self.list().await else {

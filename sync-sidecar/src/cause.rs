@@ -11,8 +11,9 @@
 //!   [`crate::health`]) or of other status (the world's report, not anyone's
 //!   edit) is not, unless a large share of the clusters turned unhealthy
 //!   together (a partition);
-//! - a pass whose causes are unknown (a new leader, a refilled engine) is
-//!   guarded.
+//! - a pass whose causes are unknown (a relist; a replica that takes over
+//!   while the policy or the data differ from what the last leader applied:
+//!   [`crate::revision`]) is guarded.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -36,8 +37,8 @@ pub(crate) enum Cause {
     Health,
     /// Only status that is not health changed (or nothing the policy reads).
     Status,
-    /// Whatever changed while nobody watched (a new leader, an engine filled
-    /// again, a relist): unknown, so guarded.
+    /// Whatever changed while nobody watched (a relist; the policy or the
+    /// data changed since the last leader applied them): unknown, so guarded.
     Resync,
 }
 
@@ -79,6 +80,18 @@ impl Causes {
 
     pub(crate) fn is_empty(&self) -> bool {
         *self == Causes::default()
+    }
+
+    /// These causes without the edits and unknown causes: what a replica
+    /// that takes over keeps of what it saw while another one led (that
+    /// leader applied the edits, unless the revision it recorded says
+    /// otherwise: [`crate::revision`]).
+    pub(crate) fn without_edits(&self) -> Causes {
+        Causes {
+            health: self.health,
+            status: self.status,
+            ..Causes::default()
+        }
     }
 
     /// Whether the blast-radius guard weighs a pass of these causes: a
@@ -128,7 +141,10 @@ impl Causes {
             parts.push(format!("replicated data: {}", objects.join(", ")));
         }
         if self.resync {
-            parts.push("unknown (a new leader or a refilled engine)".to_owned());
+            parts.push(
+                "unknown (a relist, or the policy or data changed since the last leader applied them)"
+                    .to_owned(),
+            );
         }
         if !self.partition.is_empty() {
             let clusters: Vec<&str> = self.partition.iter().map(String::as_str).collect();
@@ -156,12 +172,23 @@ pub(crate) struct Trigger {
 
 impl Trigger {
     pub(crate) fn fire(&self, cause: Cause) {
-        if let Cause::Policy(revision) = &cause {
-            *self
-                .policy_revision
-                .lock()
-                .unwrap_or_else(|e| e.into_inner()) = revision.clone();
-        }
+        let cause = match cause {
+            Cause::Policy(revision) => {
+                let mut current = self
+                    .policy_revision
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                if *current == revision {
+                    // The same set in force again (an engine filled again):
+                    // a pass, but no edit.
+                    Cause::Status
+                } else {
+                    current.clone_from(&revision);
+                    Cause::Policy(revision)
+                }
+            }
+            other => other,
+        };
         self.causes
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -192,7 +219,7 @@ impl Trigger {
 /// What an administrator configures of an object: everything but its status
 /// and the metadata the API server keeps (labels and annotations stay); for
 /// a cluster, its health fields aside.
-fn configured(kind: Option<&ClusterKind>, object: &Value) -> Value {
+pub(crate) fn configured(kind: Option<&ClusterKind>, object: &Value) -> Value {
     let mut view = object.clone();
     if let Value::Object(map) = &mut view {
         map.remove("status");
@@ -369,6 +396,26 @@ mod tests {
         let mut partition = causes.clone();
         partition.partition.insert("clusters/a".into());
         assert_ne!(partition.change_id("r1"), causes.change_id("r1"));
+    }
+
+    #[test]
+    fn the_same_policy_set_again_is_no_edit() {
+        let trigger = Trigger::default();
+        trigger.fire(Cause::Policy("r1".into()));
+        assert!(trigger.take().policy);
+        trigger.fire(Cause::Policy("r1".into()));
+        let again = trigger.take();
+        assert!(!again.guarded() && again.status, "{again:?}");
+        let mut seen = Causes::default();
+        seen.add(Cause::Policy("r2".into()));
+        seen.add(Cause::Health);
+        assert_eq!(
+            seen.without_edits(),
+            Causes {
+                health: true,
+                ..Causes::default()
+            }
+        );
     }
 
     #[tokio::test]

@@ -528,7 +528,17 @@ impl Settings {
                     .to_owned(),
             ));
         }
-        let leader = if args.leader_election && remediation != RemediationMode::Off {
+        let karmada_scheduler = match (args.schedule_karmada_bindings, args.scheduler_name.trim()) {
+            (false, _) => None,
+            (true, "") => {
+                return Err(config("--scheduler-name must not be empty".to_owned()));
+            }
+            (true, name) => Some(name.to_owned()),
+        };
+        // Whoever writes placements elects one replica to do it: remediation,
+        // or the Karmada scheduler (with remediation off too).
+        let writes = remediation != RemediationMode::Off || karmada_scheduler.is_some();
+        let leader = if args.leader_election && writes {
             let lease_namespace = args
                 .lease_namespace
                 .clone()
@@ -571,13 +581,7 @@ impl Settings {
             decision,
             remediation,
             remediate: args.remediate,
-            karmada_scheduler: match (args.schedule_karmada_bindings, args.scheduler_name.trim()) {
-                (false, _) => None,
-                (true, "") => {
-                    return Err(config("--scheduler-name must not be empty".to_owned()));
-                }
-                (true, name) => Some(name.to_owned()),
-            },
+            karmada_scheduler,
             remediation_rate: args.remediation_rate,
             remediation_debounce: args.remediation_debounce,
             ownership_keys: match (&args.ownership_secret, &args.ownership_key_file) {
@@ -892,6 +896,21 @@ mod tests {
             asked.leader.unwrap().lease_namespace,
             DEFAULT_POLICY_NAMESPACE
         );
+    }
+
+    #[test]
+    fn the_karmada_scheduler_elects_a_leader_with_remediation_off() {
+        let s = Settings::from_args(args(&[
+            "--remediation=off",
+            "--schedule-karmada-bindings",
+            "--identity=pod-a",
+        ]))
+        .unwrap();
+        assert_eq!(s.remediation, RemediationMode::Off);
+        assert_eq!(s.karmada_scheduler.as_deref(), Some("placement-policy"));
+        assert_eq!(s.leader.unwrap().identity, "pod-a");
+        let alone = Settings::from_args(args(&["--remediation=off", "--identity=pod-a"])).unwrap();
+        assert!(alone.leader.is_none());
     }
 
     #[test]

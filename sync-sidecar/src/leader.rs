@@ -9,7 +9,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
+use kube::api::{Api, Patch, PatchParams};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -127,4 +129,63 @@ async fn campaign(
         }
     }
     set(&tx, &metrics, false, &settings);
+}
+
+/// Annotation on the Lease: the configured revision ([`crate::revision`])
+/// the leader last applied a pass over everything at.
+pub(crate) const APPLIED_ANNOTATION: &str = "placement-policy.io/applied-revision";
+
+/// Where the leader records the revision it applied: its Lease (without
+/// leader election, nowhere: a restart then guards its first pass).
+#[derive(Clone)]
+pub(crate) struct AppliedRecord {
+    api: Api<Lease>,
+    name: String,
+}
+
+impl AppliedRecord {
+    pub(crate) fn new(client: &Client, settings: Option<&LeaderSettings>) -> Option<Self> {
+        settings.map(|s| AppliedRecord {
+            api: Api::namespaced(client.clone(), &s.lease_namespace),
+            name: s.lease_name.clone(),
+        })
+    }
+
+    /// The revision recorded; `None` when there is none or it cannot be read.
+    pub(crate) async fn get(&self) -> Option<String> {
+        match self.api.get_opt(&self.name).await {
+            Ok(lease) => lease?
+                .metadata
+                .annotations?
+                .get(APPLIED_ANNOTATION)
+                .cloned(),
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the applied revision from the Lease");
+                None
+            }
+        }
+    }
+
+    pub(crate) async fn set(&self, revision: &str) -> bool {
+        let patch =
+            serde_json::json!({"metadata": {"annotations": {APPLIED_ANNOTATION: revision}}});
+        match self
+            .api
+            .patch(
+                &self.name,
+                &PatchParams {
+                    field_manager: Some("placement-sync-remediator".to_owned()),
+                    ..PatchParams::default()
+                },
+                &Patch::Merge(&patch),
+            )
+            .await
+        {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot record the applied revision on the Lease");
+                false
+            }
+        }
+    }
 }

@@ -34,6 +34,7 @@ pub mod queue;
 mod reconcile;
 pub mod rego_refs;
 mod replicator;
+mod revision;
 pub mod scope;
 pub mod server;
 pub mod state;
@@ -160,6 +161,7 @@ impl Sidecar {
         let permits = Arc::new(Semaphore::new(settings.workers));
         let trigger = Arc::new(cause::Trigger::default());
         let health = Arc::new(health::ClusterHealth::default());
+        let replicated = Arc::new(revision::ReplicatedTypes::default());
         let reads = rego_refs::PolicyReads::default();
         let demand = settings
             .replicate_only_read_types
@@ -207,6 +209,7 @@ impl Sidecar {
             permits: permits.clone(),
             trigger: trigger.clone(),
             health: health.clone(),
+            replicated: replicated.clone(),
             reads: reads.clone(),
             demand: demand.clone(),
         };
@@ -319,6 +322,9 @@ impl Sidecar {
                     },
                     query_timeout: settings.opa_timeout,
                     trigger: trigger.clone(),
+                    reads: reads.clone(),
+                    replicated: replicated.clone(),
+                    applied: leader::AppliedRecord::new(&client, settings.leader.as_ref()),
                     leader,
                     recorder,
                     scheduler_name: settings.karmada_scheduler.clone().unwrap_or_default(),

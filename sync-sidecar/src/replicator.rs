@@ -27,6 +27,7 @@ use crate::health::{ClusterHealth, ClusterKind, cluster_kind};
 use crate::metrics::Metrics;
 use crate::queue::{Backoff, KeyedQueue};
 use crate::rego_refs::PolicyReads;
+use crate::revision::ReplicatedTypes;
 use crate::state::SyncState;
 use crate::watched::{Need, Subscription, WatchChange, WatchedType};
 
@@ -44,6 +45,8 @@ pub(crate) struct ReplicatorContext {
     pub(crate) trigger: Arc<Trigger>,
     /// The health of the replicated clusters (for the partition rule).
     pub(crate) health: Arc<ClusterHealth>,
+    /// Every replicated type (for the configured revision).
+    pub(crate) replicated: Arc<ReplicatedTypes>,
     pub(crate) reads: PolicyReads,
     /// With `--replicate-only-read-types`: which types to write.
     pub(crate) demand: Option<Arc<Demand>>,
@@ -74,6 +77,8 @@ struct TypeReplicator {
     /// Why each object changed since it was last written: fired once the
     /// engine holds the change.
     causes: Mutex<HashMap<ObjectKey, Vec<Cause>>>,
+    /// A (re)list came since the last whole-type write.
+    listed: std::sync::atomic::AtomicBool,
 }
 
 impl TypeReplicator {
@@ -136,8 +141,11 @@ impl TypeReplicator {
         }
     }
 
-    /// A (re)list: the health of every cluster as listed.
+    /// A (re)list: unknown changes, and the health of every cluster as
+    /// listed.
     fn note_listed(&self) {
+        self.listed
+            .store(true, std::sync::atomic::Ordering::Release);
         let Some(kind) = self.cluster else {
             return;
         };
@@ -166,14 +174,20 @@ impl TypeReplicator {
         let causes: Vec<Cause> = match key {
             Some(key) => self.lock_causes().remove(key).unwrap_or_default(),
             None => {
-                let all = std::mem::take(&mut *self.lock_causes());
-                // A whole-type write whose changes nobody saw one by one (the
-                // first list, a relist, a refilled engine): unknown.
-                if all.is_empty() {
-                    vec![Cause::Resync]
-                } else {
-                    all.into_values().flatten().collect()
-                }
+                let mut all: Vec<Cause> = std::mem::take(&mut *self.lock_causes())
+                    .into_values()
+                    .flatten()
+                    .collect();
+                // A (re)list may carry changes nobody saw one by one:
+                // unknown. A refilled engine gets what it had.
+                all.push(
+                    if self.listed.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                        Cause::Resync
+                    } else {
+                        Cause::Status
+                    },
+                );
+                all
             }
         };
         if !self.read() {
@@ -324,7 +338,9 @@ pub(crate) async fn run_type(
         ctx: ctx.clone(),
         cluster,
         causes: Mutex::default(),
+        listed: Default::default(),
     });
+    ctx.replicated.register(replicator.watched.clone(), cluster);
     let queue = {
         let replicator = replicator.clone();
         KeyedQueue::new(

@@ -842,3 +842,59 @@ fn the_policy_set_survives_what_users_do() {
     );
     assert!(policy_status(&plane).contains("\"error\""));
 }
+
+/// Issue 21, part 2: a failover during an outage needs no one either. The
+/// remediation leader dies (SIGKILL, its Lease runs out) as a Cluster goes
+/// offline; the standby takes over and re-places all 12 workloads,
+/// unconfirmed: the revision the dead leader recorded on the Lease is the
+/// revision now, so only health changed.
+#[test]
+fn a_new_leader_re_places_an_outage_unconfirmed() {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let plane = ControlPlane::start();
+    let (opa, standby_opa) = (OpaServer::start(), OpaServer::start());
+    let ns = unique_name("failover");
+    plane.create_namespace(&ns);
+    cluster(&plane, "a", "running");
+    cluster(&plane, "b", "running");
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    for n in 0..12 {
+        replicaset(&plane, &ns, &format!("rs-{n}"));
+    }
+    let flags = [
+        &format!("--replicate-cluster={CLUSTERS}") as &str,
+        "--remediation=auto",
+        "--remediate=apps/v1/replicasets",
+        "--lease-duration=3s",
+    ];
+    let leader = SidecarProcess::start(&plane, &opa, &flags);
+    runtime.block_on(leader.wait_ready(Duration::from_secs(60)));
+    wait_placed_on(&plane, &ns, &["a", "b"], &leader);
+    let standby = SidecarProcess::start(&plane, &standby_opa, &flags);
+    runtime.block_on(standby.wait_ready(Duration::from_secs(60)));
+    let recorded = plane.kubectl_ok(&[
+        "get",
+        "lease",
+        "placement-policy-remediator",
+        "-n",
+        placement_tests::SYSTEM_NAMESPACE,
+        "-o",
+        "jsonpath={.metadata.annotations.placement-policy\\.io/applied-revision}",
+    ]);
+    assert!(
+        !recorded.trim().is_empty(),
+        "the leader records what it applied"
+    );
+
+    leader.kill();
+    cluster(&plane, "b", "offline");
+    wait_placed_on(&plane, &ns, &["a"], &standby);
+    assert_eq!(held_report(&plane), None);
+}

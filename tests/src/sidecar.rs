@@ -149,6 +149,12 @@ impl SidecarProcess {
         self.process.log_tail(60)
     }
 
+    /// SIGKILL: the process dies without releasing anything (its Lease
+    /// runs out).
+    pub fn kill(mut self) {
+        self.process.kill();
+    }
+
     pub fn stop(mut self) {
         self.process.terminate(Duration::from_secs(10));
     }

@@ -54,8 +54,11 @@ use crate::blast::{Guard, PolicyConfigMaps};
 use crate::cause::{Cause, Causes, Trigger};
 use crate::config::{OwnershipKeySource, RemediationMode};
 use crate::error::SyncError;
+use crate::leader::AppliedRecord;
 use crate::metrics::Metrics;
 use crate::queue::Backoff;
+use crate::rego_refs::PolicyReads;
+use crate::revision::{ReplicatedTypes, configured_revision};
 use crate::scope::{Scope, ScopeFilter, parse_label_selector};
 use crate::state::SyncState;
 use crate::watched::{Need, Subscription, WatchChange, WatchedType};
@@ -101,6 +104,12 @@ pub(crate) struct ReconcilerContext {
     pub(crate) query_timeout: Duration,
     /// Fired, with why, when a policy or the data it reads changed.
     pub(crate) trigger: Arc<Trigger>,
+    /// What the policies read, and the replicated types: the configured
+    /// revision a pass applies.
+    pub(crate) reads: PolicyReads,
+    pub(crate) replicated: Arc<ReplicatedTypes>,
+    /// Where the leader records the revision it applied.
+    pub(crate) applied: Option<AppliedRecord>,
     pub(crate) leader: watch::Receiver<bool>,
     pub(crate) recorder: Recorder,
     /// The Karmada scheduler's name (`spec.schedulerName` of the bindings it
@@ -393,6 +402,15 @@ impl Reconciler {
         )
     }
 
+    /// The configured revision now: the policy set (`policy_revision`) and
+    /// the configured part of the data it reads.
+    fn configured_revision(&self, policy_revision: &str) -> String {
+        configured_revision(
+            policy_revision,
+            &self.ctx.replicated.revision(&self.ctx.reads),
+        )
+    }
+
     fn may_act(&self) -> bool {
         *self.ctx.leader.borrow() && self.ctx.state.is_ready()
     }
@@ -440,10 +458,13 @@ impl Reconciler {
         let mut retry: Option<(Instant, Work)> = None;
         let mut pending = Some(Work::All);
         // Why the targets may need re-placing, since the last pass over
-        // everything that was applied (a held change keeps its causes). A
-        // reconciler that starts does not know what changed before.
+        // everything that was applied (a held change keeps its causes).
         let mut owed = Causes::default();
-        owed.add(Cause::Resync);
+        // This replica starts, or takes the lease over: what changed before
+        // is known from the revision the last leader recorded.
+        let mut takeover = true;
+        // The configured revision of the last pass this replica applied.
+        let mut applied: Option<String> = None;
         loop {
             if pending.is_none() {
                 let retry_due = async {
@@ -514,9 +535,8 @@ impl Reconciler {
             let synced_changed = synced.has_changed().unwrap_or(false);
             leader.borrow_and_update();
             synced.borrow_and_update();
-            owed.merge(fired);
-            if leader_changed || synced_changed {
-                owed.add(Cause::Resync);
+            if leader_changed && *leader.borrow() {
+                takeover = true;
             }
             let mut work = pending.take();
             if triggered || leader_changed || synced_changed {
@@ -533,6 +553,32 @@ impl Reconciler {
                 Work::Only(keys) if keys.is_empty() => continue,
                 Work::Only(keys) => Some(keys),
             };
+            // The revision a pass over everything applies (work for one
+            // only at a takeover or before such a pass).
+            let configured = if takeover || only.is_none() {
+                self.configured_revision(&revision)
+            } else {
+                String::new()
+            };
+            if takeover {
+                // The edits seen while another replica led (or before this one
+                // started) were that leader's to apply: it did, unless the
+                // revision it recorded differs from now or it held a change.
+                owed = owed.without_edits();
+                owed.merge(fired.without_edits());
+                let recorded = match &self.ctx.applied {
+                    Some(record) => record.get().await,
+                    None => applied.clone(),
+                };
+                if recorded.as_deref() != Some(configured.as_str())
+                    || self.ctx.policy_configmaps.held().await
+                {
+                    owed.add(Cause::Resync);
+                }
+                takeover = false;
+            } else {
+                owed.merge(fired);
+            }
             let started = Instant::now();
             let report = self.pass(&cancel, only, &mut owed, &revision).await;
             self.ctx.metrics.remediation_passes.inc();
@@ -558,6 +604,15 @@ impl Reconciler {
             if work == Work::All && report.held == 0 {
                 // Applied: what caused it is done with.
                 owed = Causes::default();
+                if self.guards() && applied.as_deref() != Some(configured.as_str()) {
+                    let recorded = match &self.ctx.applied {
+                        Some(record) => record.set(&configured).await,
+                        None => true,
+                    };
+                    if recorded {
+                        applied = Some(configured);
+                    }
+                }
             }
             if report.held > 0 {
                 // Look for a confirmation again soon.

@@ -222,7 +222,7 @@ impl Reconciler {
 
     /// Whether passes over everything are weighed by the guard: they write
     /// (remediation in `auto` mode, or the scheduler).
-    fn guards(&self) -> bool {
+    pub(super) fn guards(&self) -> bool {
         self.ctx.mode == RemediationMode::Auto
             || self.targets.iter().any(|t| t.kind == Kind::Bindings)
     }
