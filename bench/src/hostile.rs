@@ -226,7 +226,7 @@ fn write_section(rows: &[Row], report: &mut Report) {
         "The release `placement-webhook` (embedded engine, shipped policies) with its default limits — \
          `--memory-budget=256Mi`, `--max-request-memory=64Mi`, `--max-request-bytes=6Mi`, `--max-connections` 1,024, \
          `--max-http2-streams=32`, `--header-timeout=10s`, `--body-timeout=10s`, `--tls-handshake-timeout=5s` — except \
-         `--idle-timeout={IDLE_TIMEOUT}` (default 30 s), a fresh process per attack. RSS is `VmRSS` at rest after one review, \
+         `--idle-timeout={IDLE_TIMEOUT}` (default 120 s), a fresh process per attack. RSS is `VmRSS` at rest after one review, \
          its peak during the first 15 s of the attack (sampled every 20 ms), and 2 s after the attacker left. Connections are the webhook's \
          `connections_open` gauge 3 s into the attack and 15 s into it (after the idle and body timeouts); refusals are its \
          counters at 15 s. Normal reviews: {NORMAL_REVIEWS} reviews of the 4 KB \

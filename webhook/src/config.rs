@@ -179,7 +179,10 @@ pub struct ServeArgs {
     #[arg(long, env = "PLACEMENT_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
     pub body_timeout: Duration,
     /// A connection with no request in progress for this long is closed.
-    #[arg(long, env = "PLACEMENT_IDLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "30s")]
+    /// Longer than the API server keeps an idle connection (90 s), so that it
+    /// closes them first: a server closing a kept-alive HTTP/1 connection
+    /// races the client's next request on it, which then fails with EOF.
+    #[arg(long, env = "PLACEMENT_IDLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "120s")]
     pub idle_timeout: Duration,
     /// PEM CA whose client certificates may post reviews (the API server's,
     /// configured through its AdmissionConfiguration). Without one, any client

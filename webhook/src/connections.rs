@@ -15,6 +15,7 @@ use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::Request;
 use hyper::body::Incoming;
+use hyper::header::{CONNECTION, HeaderValue};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rustls::ServerConfig;
@@ -106,13 +107,28 @@ pub(crate) struct Listener {
     pub(crate) drain: Duration,
 }
 
-/// Serve `listener` until `shutdown`, then let open connections finish for up
-/// to its drain time.
+/// How the listeners stop.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Stopping {
+    /// The process was asked to stop and its endpoint is leaving the
+    /// Service: every connection closes after its next response (HTTP/1
+    /// with `Connection: close`, HTTP/2 with GOAWAY), so that clients open
+    /// new ones instead of reusing it. Closing an idle kept-alive HTTP/1
+    /// connection unannounced races the client's next request on it, which
+    /// then fails with EOF (and the API server retries no admission call).
+    pub(crate) draining: CancellationToken,
+    /// No new connections; open ones finish within the listener's drain time.
+    pub(crate) stop: CancellationToken,
+}
+
+/// Serve `listener` until `stopping.stop`, then let open connections finish
+/// for up to its drain time.
 pub(crate) async fn serve(
     listener: Listener,
     metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
+    stopping: Stopping,
 ) -> io::Result<()> {
+    let shutdown = stopping.stop.clone();
     let Listener {
         name,
         socket,
@@ -161,7 +177,7 @@ pub(crate) async fn serve(
             builder: Arc::clone(&builder),
             limits: limits.clone(),
             metrics: Arc::clone(&metrics),
-            shutdown: shutdown.clone(),
+            stopping: stopping.clone(),
             _slot: slot,
         };
         tokio::spawn(connection.run(tcp));
@@ -226,7 +242,7 @@ struct Connection {
     builder: Arc<auto::Builder<TokioExecutor>>,
     limits: ConnectionLimits,
     metrics: Arc<Metrics>,
-    shutdown: CancellationToken,
+    stopping: Stopping,
     /// Held for as long as the connection is open.
     _slot: OwnedSemaphorePermit,
 }
@@ -240,7 +256,7 @@ impl Connection {
         };
         let handshake = tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp));
         let stream = tokio::select! {
-            () = self.shutdown.cancelled() => return,
+            () = self.stopping.stop.cancelled() => return,
             handshake = handshake => match handshake {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
@@ -271,13 +287,25 @@ impl Connection {
         let in_flight = Arc::new(in_flight);
         let peer = self.peer;
         let app = self.app.clone();
+        let draining = self.stopping.draining.clone();
         let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(peer));
             request.extensions_mut().insert(certificate);
             let busy = Busy::start(&in_flight);
             let app = app.clone();
+            let draining = draining.clone();
             async move {
-                let response = app.oneshot(request).await;
+                let mut response = app.oneshot(request).await;
+                if draining.is_cancelled() {
+                    // Said in the response, so that an HTTP/1 client never
+                    // reuses the connection we close next (HTTP/2 drops the
+                    // header and gets a GOAWAY instead).
+                    if let Ok(response) = &mut response {
+                        response
+                            .headers_mut()
+                            .insert(CONNECTION, HeaderValue::from_static("close"));
+                    }
+                }
                 drop(busy);
                 response
             }
@@ -291,11 +319,14 @@ impl Connection {
                 }
                 return;
             }
-            () = idle_for(idle, self.limits.idle_timeout) => "idle",
-            () = self.shutdown.cancelled() => "shutdown",
+            () = idle_for(idle.clone(), self.limits.idle_timeout) => "idle",
+            () = busy_while_draining(&self.stopping.draining, idle) => "draining",
+            () = self.stopping.stop.cancelled() => "shutdown",
         };
         self.metrics.connection_closed(self.name, reason);
         tracing::debug!(listener = self.name, peer = %self.peer, reason, "closing connection");
+        // A request in progress is answered first: HTTP/1 with
+        // `Connection: close`, HTTP/2 after a GOAWAY.
         connection.as_mut().graceful_shutdown();
         if reason == "idle" {
             let _ = tokio::time::timeout(IDLE_CLOSE_GRACE, connection).await;
@@ -319,6 +350,15 @@ impl Busy {
 impl Drop for Busy {
     fn drop(&mut self) {
         self.0.send_modify(|n| *n -= 1);
+    }
+}
+
+/// Resolves once the listener drains and a request is in progress (its
+/// response is the connection's last).
+async fn busy_while_draining(draining: &CancellationToken, mut in_flight: watch::Receiver<usize>) {
+    draining.cancelled().await;
+    if in_flight.wait_for(|n| *n > 0).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 

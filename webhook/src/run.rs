@@ -124,6 +124,7 @@ fn serve_settings(args: &ServeArgs) -> Result<ServeSettings, ConfigError> {
         },
         admission,
         metrics,
+        shutdown_delay: args.shutdown_delay,
         readiness: Arc::new(
             Readiness::new(args.engine_ready_url.clone(), args.engine_startup_grace).map_err(
                 |e| ConfigError::Limits(format!("HTTP client for --engine-ready-url: {e}")),
@@ -288,16 +289,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         client_certificates = settings.requests.require_client_certificate,
         "serving"
     );
-    let shutdown_delay = args.shutdown_delay;
-    let shutdown = async move {
-        shutdown_signal().await;
-        // Endpoints of a terminating pod take a moment to leave every
-        // kube-proxy: keep answering meanwhile, so no write in flight to us
-        // fails (then stop accepting and finish what is running).
-        tracing::info!(delay = ?shutdown_delay, "shutting down after the delay");
-        tokio::time::sleep(shutdown_delay).await;
-    };
-    serve_http(admission, tls, listeners, settings, shutdown).await?;
+    // Endpoints of a terminating pod take a moment to leave every
+    // kube-proxy: the server keeps answering for the shutdown delay, so no
+    // write in flight to us fails (then stops accepting and finishes what is
+    // running).
+    serve_http(admission, tls, listeners, settings, shutdown_signal()).await?;
     Ok(())
 }
 

@@ -21,11 +21,12 @@ use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Admission, Mode};
 use crate::budget::{Exhausted, JsonShape, MemoryBudget};
-use crate::connections::{self, ClientCertificate, ConnectionLimits, Listener, TlsSettings};
+use crate::connections::{
+    self, ClientCertificate, ConnectionLimits, Listener, Stopping, TlsSettings,
+};
 use crate::readiness::{Readiness, ReadyState};
 use crate::review::ReviewError;
 use crate::throttle::Throttle;
@@ -70,6 +71,10 @@ pub struct ServeSettings {
     pub admission: ConnectionLimits,
     pub metrics: ConnectionLimits,
     pub readiness: Arc<Readiness>,
+    /// From the request to stop to the end of accepting: the endpoint leaves
+    /// the Service meanwhile, and every connection closes after its next
+    /// response (`--shutdown-delay`).
+    pub shutdown_delay: Duration,
 }
 
 /// Open connections of the metrics listener (scrapes and probes).
@@ -372,23 +377,36 @@ impl Listeners {
     }
 }
 
-/// Serve until `shutdown` resolves, then drain in-flight requests for up to 10 s.
+/// Serve until `stop_requested` resolves; then, for the shutdown delay, go on
+/// serving but close every connection after its next response (so that
+/// clients reconnect, to another pod once the endpoint has left the Service:
+/// a kept-alive HTTP/1 connection closed under a client that is reusing it
+/// fails that client's request with EOF, and the API server retries no
+/// admission call); then stop accepting and drain in-flight requests for up
+/// to 10 s.
 pub async fn serve(
     admission: Admission,
     tls: TlsSettings,
     listeners: Listeners,
     settings: ServeSettings,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    stop_requested: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     let admission_addr = listeners.admission_addr();
     let metrics_addr = listeners.metrics_addr();
-    let cancel = CancellationToken::new();
+    let stopping = Stopping::default();
     {
-        let cancel = cancel.clone();
+        let stopping = stopping.clone();
+        let delay = settings.shutdown_delay;
         tokio::spawn(async move {
-            shutdown.await;
+            stop_requested.await;
+            tracing::info!(
+                ?delay,
+                "asked to stop: closing every connection after its next response, then stopping after the delay"
+            );
+            stopping.draining.cancel();
+            tokio::time::sleep(delay).await;
             tracing::info!("shutting down");
-            cancel.cancel();
+            stopping.stop.cancel();
         });
     }
     let metrics = Arc::clone(admission.metrics());
@@ -416,8 +434,8 @@ pub async fn serve(
         drain: Duration::from_secs(1),
     };
     let (admission_result, metrics_result) = tokio::join!(
-        connections::serve(admission_listener, Arc::clone(&metrics), cancel.clone()),
-        connections::serve(metrics_listener, metrics, cancel),
+        connections::serve(admission_listener, Arc::clone(&metrics), stopping.clone()),
+        connections::serve(metrics_listener, metrics, stopping),
     );
     admission_result.map_err(|source| ServerError::Serve {
         addr: admission_addr,
