@@ -42,6 +42,14 @@ fn wait_or_explain<T>(
     }
 }
 
+/// Runs `body`, then `restore` whether it panicked or not (the tests share
+/// the federation), then goes on with the panic if there was one.
+fn restoring<T>(body: impl FnOnce() -> T, restore: impl FnOnce()) -> T {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    restore();
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// The replicas of Deployment `namespace/name` in each Work Karmada made
 /// for it, by member.
 fn deployment_works(karmada: &Karmada, namespace: &str, name: &str) -> BTreeMap<String, i64> {
@@ -268,21 +276,17 @@ fn karmada_sees_a_member_api_server_killed_and_back() {
             .find(|c| c["metadata"]["name"] == member.name())
             .is_some_and(cluster_ready)
     };
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for(
-            "Karmada to see member-eu-1 not Ready",
-            Duration::from_secs(120),
-            || (!ready(karmada)).then_some(()),
-        )
-    }));
-    // Back up before anything else: the other tests share the member.
-    member.start_apiserver();
-    if outcome.is_err() {
-        panic!(
-            "Karmada kept member-eu-1 Ready with its API server down\n{}",
-            karmada.diagnostics()
-        );
-    }
+    restoring(
+        || {
+            wait_or_explain(
+                "Karmada to see member-eu-1 not Ready with its API server down",
+                Duration::from_secs(120),
+                || (!ready(karmada)).then_some(()),
+                || karmada.diagnostics(),
+            )
+        },
+        || member.start_apiserver(),
+    );
     karmada.wait_members_ready();
     assert!(ready(karmada));
 }
@@ -772,33 +776,34 @@ fn karmada_a_member_labelled_non_eu_gives_its_replicas_to_the_other_eu_member() 
         "--overwrite",
         &format!("{label}=non-eu"),
     ]);
-    let moved = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let expected = split(&[("member-eu-1", 6)]);
-        let mut seen_us = false;
-        wait_or_explain(
-            "every replica on member-eu-1",
-            Duration::from_secs(120),
-            || {
-                let works = deployment_works(karmada, &namespace, "web");
-                seen_us |= works.contains_key("member-us-1");
-                let binding = binding(karmada, &namespace, "web")?;
-                seen_us |= binding_clusters(&binding).contains_key("member-us-1");
-                (binding_clusters(&binding) == expected && works == expected).then_some(())
-            },
-            || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
-        );
-        assert!(!seen_us, "a replica went to member-us-1");
-        wait_member_replicas(karmada, &namespace, "web", &expected);
-    }));
-    karmada.kubectl_ok(&[
-        "label",
-        "clusters.cluster.karmada.io",
-        "member-eu-2",
-        &format!("{label}-"),
-    ]);
-    if let Err(panic) = moved {
-        std::panic::resume_unwind(panic);
-    }
+    restoring(
+        || {
+            let expected = split(&[("member-eu-1", 6)]);
+            let mut seen_us = false;
+            wait_or_explain(
+                "every replica on member-eu-1",
+                Duration::from_secs(120),
+                || {
+                    let works = deployment_works(karmada, &namespace, "web");
+                    seen_us |= works.contains_key("member-us-1");
+                    let binding = binding(karmada, &namespace, "web")?;
+                    seen_us |= binding_clusters(&binding).contains_key("member-us-1");
+                    (binding_clusters(&binding) == expected && works == expected).then_some(())
+                },
+                || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
+            );
+            assert!(!seen_us, "a replica went to member-us-1");
+            wait_member_replicas(karmada, &namespace, "web", &expected);
+        },
+        || {
+            karmada.kubectl_ok(&[
+                "label",
+                "clusters.cluster.karmada.io",
+                "member-eu-2",
+                &format!("{label}-"),
+            ]);
+        },
+    );
 }
 
 /// Failover: member-eu-2's API server killed (Karmada's Failover gate and a
@@ -838,34 +843,31 @@ fn karmada_failover_re_places_a_dead_members_replicas_and_rebalances_when_it_ret
 
     let member = karmada.member("member-eu-2");
     member.stop_apiserver();
-    let failed_over = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_or_explain(
-            "member-eu-2's replicas re-placed on member-eu-1",
-            Duration::from_secs(180),
-            || {
-                let binding = binding(karmada, &namespace, "web")?;
-                (binding_clusters(&binding) == split(&[("member-eu-1", 6)])).then_some(())
-            },
-            || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
-        );
-    }));
-    member.start_apiserver();
-    let cleanup = || {
-        karmada.kubectl(&["delete", "clustertaintpolicy", &namespace]);
-    };
-    if let Err(panic) = failed_over {
-        cleanup();
-        std::panic::resume_unwind(panic);
-    }
-    karmada.wait_members_ready();
-    let back = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_scheduled(karmada, &scheduler, &namespace, "web", &even);
-        wait_member_replicas(karmada, &namespace, "web", &even);
-    }));
-    cleanup();
-    if let Err(panic) = back {
-        std::panic::resume_unwind(panic);
-    }
+    restoring(
+        || {
+            restoring(
+                || {
+                    wait_or_explain(
+                        "member-eu-2's replicas re-placed on member-eu-1",
+                        Duration::from_secs(180),
+                        || {
+                            let binding = binding(karmada, &namespace, "web")?;
+                            (binding_clusters(&binding) == split(&[("member-eu-1", 6)]))
+                                .then_some(())
+                        },
+                        || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
+                    );
+                },
+                || member.start_apiserver(),
+            );
+            karmada.wait_members_ready();
+            wait_scheduled(karmada, &scheduler, &namespace, "web", &even);
+            wait_member_replicas(karmada, &namespace, "web", &even);
+        },
+        || {
+            karmada.kubectl(&["delete", "clustertaintpolicy", &namespace]);
+        },
+    );
 }
 
 /// Side by side with karmada-scheduler: a policy answering the same static

@@ -90,45 +90,22 @@ pub(crate) struct TemplateTypes {
 impl Reconciler {
     /// The bindings of `only` (or every one of ours) in the binding targets.
     pub(super) fn bindings(&self, only: Option<&BTreeSet<(usize, ObjectKey)>>) -> Vec<Item> {
-        let decode = |i: usize, key: ObjectKey, json: &[u8]| -> Option<Item> {
-            let raw: Value = serde_json::from_slice(json).ok()?;
-            let binding = Binding::parse(json).ok()?;
-            if binding.skip(&self.ctx.scheduler_name).is_some() {
-                return None;
-            }
-            Some(Item::Binding(
-                i,
-                Arc::new(BindingItem { key, raw, binding }),
-            ))
-        };
-        let is_bindings = |i: usize| {
-            self.targets
-                .get(i)
-                .is_some_and(|t| t.kind == Kind::Bindings)
-        };
-        match only {
-            None => self
-                .targets
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| is_bindings(*i))
-                .flat_map(|(i, t)| {
-                    t.watched
-                        .objects
-                        .snapshot(|_| true)
-                        .into_iter()
-                        .filter_map(move |(key, json)| decode(i, key, &json))
-                })
-                .collect(),
-            Some(keys) => keys
-                .iter()
-                .filter(|(i, _)| is_bindings(*i))
-                .filter_map(|(i, key)| {
-                    let json = self.targets[*i].watched.objects.get(key)?;
-                    decode(*i, key.clone(), &json)
-                })
-                .collect(),
-        }
+        self.cached_items(
+            only,
+            |t| t.kind == Kind::Bindings,
+            |_| true,
+            |i, key, json| {
+                let raw: Value = serde_json::from_slice(json).ok()?;
+                let binding = Binding::parse(json).ok()?;
+                if binding.skip(&self.ctx.scheduler_name).is_some() {
+                    return None;
+                }
+                Some(Item::Binding(
+                    i,
+                    Arc::new(BindingItem { key, raw, binding }),
+                ))
+            },
+        )
     }
 
     /// The names of the Karmada Clusters replicated, when they are.

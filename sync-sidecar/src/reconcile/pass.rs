@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::bindings::BindingEvaluation;
 use super::changes::ItemKey;
-use super::target::{Item, Kind, describe};
+use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
 use crate::blast;
@@ -285,43 +285,55 @@ impl Reconciler {
     /// only those of `only` (a few created, edited or failed workloads must
     /// not cost decoding every workload). None when remediation is off.
     pub(super) fn workloads(&self, only: Option<&BTreeSet<ItemKey>>) -> Vec<Item> {
-        let acts = |i: usize| {
-            self.targets
-                .get(i)
-                .is_some_and(|t| t.kind == Kind::Workloads { act: true })
-        };
-        let decode = |i: usize, json: &[u8]| -> Option<Item> {
-            let value: Value = serde_json::from_slice(json).ok()?;
-            if !super::workloads::selected(self.targets[i].selector.as_ref(), &value) {
-                return None;
-            }
-            Some(Item::Workload(
-                i,
-                Arc::new(serde_json::from_value(value).ok()?),
-            ))
-        };
+        self.cached_items(
+            only,
+            |t| t.kind == Kind::Workloads { act: true },
+            |key| self.scope.admits(key.namespace.as_deref()),
+            |i, _, json| {
+                let value: Value = serde_json::from_slice(json).ok()?;
+                if !super::workloads::selected(self.targets[i].selector.as_ref(), &value) {
+                    return None;
+                }
+                Some(Item::Workload(
+                    i,
+                    Arc::new(serde_json::from_value(value).ok()?),
+                ))
+            },
+        )
+    }
+
+    /// The cached objects of the targets `takes` picks, `admitted` by key:
+    /// every one, or only those of `only`; each as `decode` makes it an item
+    /// (`None`: left out).
+    pub(super) fn cached_items(
+        &self,
+        only: Option<&BTreeSet<ItemKey>>,
+        takes: impl Fn(&Target) -> bool,
+        admitted: impl Fn(&ObjectKey) -> bool,
+        decode: impl Fn(usize, ObjectKey, &[u8]) -> Option<Item>,
+    ) -> Vec<Item> {
+        let takes = |i: usize| self.targets.get(i).is_some_and(&takes);
         let decode = &decode;
-        let admitted = |key: &ObjectKey| self.scope.admits(key.namespace.as_deref());
         match only {
             None => self
                 .targets
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| acts(*i))
+                .filter(|(i, _)| takes(*i))
                 .flat_map(|(i, t)| {
                     t.watched
                         .objects
-                        .snapshot(admitted)
+                        .snapshot(&admitted)
                         .into_iter()
-                        .filter_map(move |(_, json)| decode(i, &json))
+                        .filter_map(move |(key, json)| decode(i, key, &json))
                 })
                 .collect(),
             Some(keys) => keys
                 .iter()
-                .filter(|(i, key)| acts(*i) && admitted(key))
+                .filter(|(i, key)| takes(*i) && admitted(key))
                 .filter_map(|(i, key)| {
                     let json = self.targets[*i].watched.objects.get(key)?;
-                    decode(*i, &json)
+                    decode(*i, key.clone(), &json)
                 })
                 .collect(),
         }
