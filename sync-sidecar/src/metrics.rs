@@ -34,8 +34,8 @@ pub struct ResultLabels {
     pub result: String,
 }
 
-/// Every metric the sidecar exports. Names in the registry are documented in the
-/// README; each field's doc names its metric.
+/// Every metric the sidecar exports. Names in the registry are documented in
+/// docs/sync.md; each field's doc names its metric.
 pub struct Metrics {
     registry: Registry,
     /// `placement_sync_replicated_objects{resource}`: objects of a type currently in the engine.
