@@ -54,6 +54,13 @@ pub(crate) fn binding_fingerprint(raw: &Value) -> u64 {
     ]))
 }
 
+/// The fingerprint `raw` will have once the merge patch `spec` is applied.
+fn written_fingerprint(raw: &Value, spec: &Value) -> u64 {
+    let mut written = raw.clone();
+    json_patch::merge(&mut written, spec);
+    binding_fingerprint(&written)
+}
+
 /// One binding's evaluation, before anything is written.
 pub(crate) struct BindingEvaluation {
     pub(crate) i: usize,
@@ -342,6 +349,11 @@ impl Reconciler {
         let mut resource_version = planned_from.clone();
         let mut generation = None;
         if let Some(spec) = &write.spec {
+            // The watch may deliver our own write before its response
+            // arrives: known beforehand, it is no change to schedule again
+            // (which would cost another template read and query each).
+            self.changes
+                .observe(key.clone(), written_fingerprint(&item.raw, spec), false);
             let mut patch = spec.clone();
             patch["metadata"]["resourceVersion"] = json!(resource_version);
             let updated = api
@@ -349,7 +361,7 @@ impl Reconciler {
                 .await?;
             resource_version = updated.metadata.resource_version.clone();
             generation = updated.metadata.generation;
-            // Our own write is no change to schedule again.
+            // Our own write as stored (defaults included) is no change either.
             let written = serde_json::to_value(&updated)?;
             self.changes
                 .observe(key.clone(), binding_fingerprint(&written), false);
@@ -427,6 +439,23 @@ mod tests {
         let mut deleting = raw.clone();
         deleting["metadata"]["deletionTimestamp"] = json!("2026-11-25T10:00:00Z");
         assert_ne!(binding_fingerprint(&raw), binding_fingerprint(&deleting));
+    }
+
+    #[test]
+    fn a_placement_write_is_known_before_the_watch_brings_it() {
+        let raw = json!({"metadata": {"name": "b", "resourceVersion": "7"},
+                         "spec": {"replicas": 6, "clusters": [{"name": "old", "replicas": 6}]}});
+        let patch = json!({"metadata": {"annotations": {"policy.karmada.io/applied-placement": "{}"}},
+                           "spec": {"clusters": [{"name": "a", "replicas": 3}, {"name": "b", "replicas": 3}]}});
+        // As the API server stores it: the patch merged, a new resourceVersion.
+        let stored = json!({"metadata": {"name": "b", "resourceVersion": "8",
+                                         "annotations": {"policy.karmada.io/applied-placement": "{}"}},
+                            "spec": {"replicas": 6, "clusters": [{"name": "a", "replicas": 3}, {"name": "b", "replicas": 3}]}});
+        assert_eq!(
+            written_fingerprint(&raw, &patch),
+            binding_fingerprint(&stored)
+        );
+        assert_ne!(written_fingerprint(&raw, &patch), binding_fingerprint(&raw));
     }
 
     #[test]

@@ -306,19 +306,26 @@ pub(crate) async fn run(
             watched,
             selector: selector.clone(),
         };
-        let fingerprinter = Fingerprinter {
-            kind,
-            selector,
-            scheduler_name: ctx.scheduler_name.clone(),
-            keys: keys.clone(),
-        };
-        watchers.push(watch_changes(
-            watch,
-            targets.len(),
-            fingerprinter,
-            changes.clone(),
-            cancel.clone(),
-        ));
+        if kind == (Kind::Workloads { act: false }) {
+            // Templates of bindings only, read from the store: their edits
+            // reach the scheduler as changes of the bindings' spec, and a
+            // pass for each would evaluate nothing.
+            drop(watch.changes);
+        } else {
+            let fingerprinter = Fingerprinter {
+                kind,
+                selector,
+                scheduler_name: ctx.scheduler_name.clone(),
+                keys: keys.clone(),
+            };
+            watchers.push(watch_changes(
+                watch,
+                targets.len(),
+                fingerprinter,
+                changes.clone(),
+                cancel.clone(),
+            ));
+        }
         targets.push(target);
     }
     let karmada_clusters = match subscriptions.karmada_clusters {
