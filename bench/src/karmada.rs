@@ -48,7 +48,7 @@ struct Scheduling {
     seconds: f64,
     cpu: f64,
     /// The CPU of each process counted, in the order of their pids.
-    parts: [f64; 2],
+    parts: Vec<f64>,
 }
 
 pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
@@ -338,14 +338,10 @@ fn schedule_all(
         .collect();
     let cpu = used.iter().sum();
     eprintln!("{namespace}: {expected} Works after {seconds:.2} s, CPU {cpu:.2} s ({used:.2?})");
-    let mut parts = [0.0; 2];
-    for (part, used) in parts.iter_mut().zip(used) {
-        *part = used;
-    }
     Ok(Scheduling {
         seconds,
         cpu,
-        parts,
+        parts: used,
     })
 }
 
