@@ -32,13 +32,6 @@ const FOREIGN_FLAGS: &[(&str, &str, &str)] = &[
     ("docs/sync.md", "--engine-ready-url", "placement-webhook"),
 ];
 
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
 fn read(path: &Path) -> String {
     fs::read_to_string(path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
 }
@@ -263,7 +256,7 @@ fn slugs_are_githubs() {
 
 #[test]
 fn every_relative_link_resolves() {
-    let root = root();
+    let root = placement_tests::repo_root();
     let mut problems = Vec::new();
     let mut found = 0;
     for page in pages(&root) {
@@ -305,7 +298,7 @@ fn a_broken_link_is_found() {
 
 #[test]
 fn the_readme_links_every_reference_page() {
-    let root = root();
+    let root = placement_tests::repo_root();
     let readme = read(&root.join("README.md"));
     let linked: BTreeSet<String> = links(&readme)
         .into_iter()
@@ -321,7 +314,7 @@ fn the_readme_links_every_reference_page() {
 
 #[test]
 fn the_readme_keeps_the_two_commands() {
-    let root = root();
+    let root = placement_tests::repo_root();
     let readme = parse(&read(&root.join("README.md")));
     let sh_lines: Vec<&str> = readme
         .blocks
@@ -408,7 +401,7 @@ fn sh_commands(text: &str) -> Vec<(usize, Vec<String>)> {
 
 #[test]
 fn every_command_names_what_exists() {
-    let root = root();
+    let root = placement_tests::repo_root();
     let packages = workspace_packages(&root);
     // Paths into the repository start with one of its top-level folders
     // (target/ holds build output, not sources).
@@ -588,7 +581,7 @@ fn written_flags(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_flag_written_is_declared() {
-    let root = root();
+    let root = placement_tests::repo_root();
     let webhook = declared_flags(&root.join("webhook/src"));
     let sync = declared_flags(&root.join("sync-sidecar/src"));
     // The parser finds flags declared every way (plain, `long = "..."`,
