@@ -26,7 +26,7 @@ use placement_tests::karmada::{Karmada, scheduler_args};
 use placement_tests::{Identity, OpaServer, shipped_policy_modules};
 use serde_json::{Value, json};
 
-use crate::common::{Bins, Sidecar, cpu_seconds, poll, vm_kib};
+use crate::common::{Bins, Sidecar, cpu_seconds, median, poll, vm_kib};
 use crate::report::{Report, Status};
 
 const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
@@ -40,6 +40,12 @@ const SCHEDULER_NAME: &str = "placement-policy";
 pub(crate) struct Settings {
     pub(crate) deployments: usize,
     pub(crate) replicas: i32,
+    /// Runs of both contenders, each in namespaces of its own.
+    pub(crate) runs: usize,
+}
+
+fn run_namespace(contender: &str, run: usize) -> String {
+    format!("{contender}-{run}")
 }
 
 /// One contender's scheduling of every Deployment.
@@ -49,6 +55,21 @@ struct Scheduling {
     cpu: f64,
     /// The CPU of each process counted, in the order of their pids.
     parts: Vec<f64>,
+}
+
+impl Scheduling {
+    /// The median of each figure over runs.
+    fn median(runs: &[Scheduling]) -> Scheduling {
+        let of = |figure: &dyn Fn(&Scheduling) -> f64| {
+            median(&runs.iter().map(figure).collect::<Vec<_>>())
+        };
+        let parts = runs.first().map_or(0, |r| r.parts.len());
+        Scheduling {
+            seconds: of(&|r| r.seconds),
+            cpu: of(&|r| r.cpu),
+            parts: (0..parts).map(|i| of(&|r| r.parts[i])).collect(),
+        }
+    }
 }
 
 pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
@@ -97,35 +118,63 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
 
     let runtime = tokio::runtime::Runtime::new()?;
     let client = runtime.block_on(karmada.client(Identity::Admin));
-    let native = schedule_all(
-        &runtime,
-        &client,
-        &karmada,
-        NATIVE,
-        native_policy(),
-        settings,
-        &[scheduler_pid],
-    )?;
     let counted = |sync: &Sidecar| -> Result<[f64; 2]> {
         Ok([
             sync.metric("placement_sync_remediation_queries_total")?,
             sync.metric("placement_sync_remediation_passes_total")?,
         ])
     };
-    let before = counted(&sync)?;
-    let ours = schedule_all(
-        &runtime,
+    // Each run creates its Deployments beside those of the runs before it
+    // (this bed has no garbage collector to delete them), so the contender
+    // second in a run works in a fuller plane: the order alternates.
+    let (mut natives, mut ourses) = (Vec::new(), Vec::new());
+    let (mut queries, mut passes) = (0.0, 0.0);
+    for run in 0..settings.runs {
+        let native_first = run % 2 == 0;
+        for native in [native_first, !native_first] {
+            if native {
+                natives.push(schedule_all(
+                    &runtime,
+                    &client,
+                    &karmada,
+                    &run_namespace(NATIVE, run),
+                    native_policy(),
+                    settings,
+                    &[scheduler_pid],
+                )?);
+            } else {
+                let before = counted(&sync)?;
+                ourses.push(schedule_all(
+                    &runtime,
+                    &client,
+                    &karmada,
+                    &run_namespace(OURS, run),
+                    handed_policy(),
+                    settings,
+                    &ours_pids,
+                )?);
+                let after = counted(&sync)?;
+                queries += after[0] - before[0];
+                passes += after[1] - before[1];
+            }
+        }
+    }
+    let runs = settings.runs as f64;
+    let (queries, passes) = (queries / runs, passes / runs);
+    let native = Scheduling::median(&natives);
+    let ours = Scheduling::median(&ourses);
+    let memory = bed_memory(&[std::process::id()]);
+    let namespaces = |contender: &str| -> Vec<String> {
+        (0..settings.runs)
+            .map(|run| run_namespace(contender, run))
+            .collect()
+    };
+    let failover = runtime.block_on(failover(
         &client,
         &karmada,
-        OURS,
-        handed_policy(),
         settings,
-        &ours_pids,
-    )?;
-    let after = counted(&sync)?;
-    let (queries, passes) = (after[0] - before[0], after[1] - before[1]);
-    let memory = bed_memory(&[std::process::id()]);
-    let failover = runtime.block_on(failover(&client, &karmada, settings))?;
+        [namespaces(NATIVE), namespaces(OURS)],
+    ))?;
     sync.check_alive()?;
 
     let n = settings.deployments;
@@ -136,10 +185,18 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
          PropagationPolicy (static weights 1:1 over {LEFT} and {DEAD}); placement-policy by a PropagationPolicy with \
          `schedulerName: placement-policy` and the shipped policy (which selects the same two members, evenly). \
          Time: from the first create until every Work exists ({} Works). CPU: the scheduler's processes meanwhile \
-         (karmada-scheduler; placement-sync and its OPA), from `/proc/<pid>/stat`.\n\n\
+         (karmada-scheduler; placement-sync and its OPA), from `/proc/<pid>/stat`. Medians of {runs} runs, each contender \
+         in namespaces of its own per run; a run's Deployments stay (the bed has no garbage collector), so the order \
+         alternates (karmada-scheduler first in even runs). karmada-controller-manager and karmada-scheduler run with \
+         `--kube-api-qps={qps} --kube-api-burst={burst}`: at Karmada's default 40 the controller manager's client throttle \
+         paces every run at about four Deployments a second whichever scheduler places them (both took about 250 s \
+         for 1,000 then); placement-sync's client has no throttle, its writes are paced by `--remediation-rate` (200 a second).\n\n\
          | scheduler | time to every Work | CPU | time ratio | CPU ratio |\n|---|---|---|---|---|\n",
         settings.replicas,
-        2 * n
+        2 * n,
+        runs = settings.runs,
+        qps = placement_tests::karmada::COMPONENT_QPS,
+        burst = 2 * placement_tests::karmada::COMPONENT_QPS,
     );
     section.push_str(&format!(
         "| karmada-scheduler | {:.2} s | {:.2} s | 1.00 | 1.00 |\n",
@@ -153,17 +210,18 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     ));
     section.push_str(&format!(
         "\nplacement-policy's CPU: placement-sync {:.2} s, OPA {:.2} s; {queries:.0} decision queries and {passes:.0} \
-         reconciler passes for {n} bindings.\n",
+         reconciler passes for {n} bindings (means over runs).\n",
         ours.parts[0], ours.parts[1]
     ));
     section.push_str(&format!(
         "\nFailover: a NoExecute ClusterTaintPolicy on {DEAD} while not Ready, and its API server killed. Karmada marked it \
          not Ready (and tainted it `cluster.karmada.io/not-ready:NoSchedule`, then the policy's NoExecute) {:.1} s after the kill. \
-         From the kill until the last of the {n} bindings of each scheduler is on {LEFT} alone: karmada-scheduler {} \
+         From the kill until the last of the {} bindings of each scheduler (every run's) is on {LEFT} alone: karmada-scheduler {} \
          (the taint manager evicts, then it re-schedules), placement-policy {} (it re-places on the member's \
          health, its Ready condition and taints, without waiting for an eviction).\n\n\
          Memory of the whole bed at the end (RSS of every process of this run, members and both schedulers included): {:.0} MiB.\n",
         failover.taint_after_kill,
+        n * settings.runs,
         shown(failover.native),
         shown(failover.ours),
         memory as f64 / 1024.0,
@@ -427,37 +485,50 @@ fn shown(seconds: Option<f64>) -> String {
     }
 }
 
-/// Whether every binding of `namespace` is on [`LEFT`] alone with its replicas.
-async fn all_left(client: &kube::Client, namespace: &str, replicas: i32, n: usize) -> Result<bool> {
+/// Whether every binding in `namespaces` is on [`LEFT`] alone with its
+/// replicas.
+async fn all_left(
+    client: &kube::Client,
+    namespaces: &[String],
+    settings: &Settings,
+) -> Result<bool> {
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "work.karmada.io",
         "v1alpha2",
         "ResourceBinding",
     ));
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
-    let bindings = api.list(&ListParams::default()).await?;
-    let placed = bindings
-        .items
-        .iter()
-        .filter(|b| {
-            let clusters: BTreeMap<&str, i64> = b
-                .data
-                .pointer("/spec/clusters")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|c| Some((c.get("name")?.as_str()?, c.get("replicas")?.as_i64()?)))
-                .collect();
-            clusters == BTreeMap::from([(LEFT, i64::from(replicas))])
-        })
-        .count();
-    Ok(placed == n)
+    for namespace in namespaces {
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
+        let bindings = api.list(&ListParams::default()).await?;
+        let placed = bindings
+            .items
+            .iter()
+            .filter(|b| {
+                let clusters: BTreeMap<&str, i64> = b
+                    .data
+                    .pointer("/spec/clusters")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| Some((c.get("name")?.as_str()?, c.get("replicas")?.as_i64()?)))
+                    .collect();
+                clusters == BTreeMap::from([(LEFT, i64::from(settings.replicas))])
+            })
+            .count();
+        if placed != settings.deployments {
+            return Ok(false);
+        }
+    }
+    Ok(true)
 }
 
+/// `namespaces`: those of karmada-scheduler's and of placement-policy's
+/// Deployments.
 async fn failover(
     client: &kube::Client,
     karmada: &Karmada,
     settings: &Settings,
+    [native_namespaces, ours_namespaces]: [Vec<String>; 2],
 ) -> Result<Failover> {
     let taint_key = "bench/not-ready";
     let policy = json!({
@@ -509,14 +580,10 @@ async fn failover(
             if killed.elapsed() > FAILOVER_LIMIT {
                 break;
             }
-            if native.is_none()
-                && all_left(client, NATIVE, settings.replicas, settings.deployments).await?
-            {
+            if native.is_none() && all_left(client, &native_namespaces, settings).await? {
                 native = Some(killed.elapsed().as_secs_f64());
             }
-            if ours.is_none()
-                && all_left(client, OURS, settings.replicas, settings.deployments).await?
-            {
+            if ours.is_none() && all_left(client, &ours_namespaces, settings).await? {
                 ours = Some(killed.elapsed().as_secs_f64());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;

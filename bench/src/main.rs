@@ -213,6 +213,7 @@ fn main() -> Result<()> {
                     &karmada::Settings {
                         deployments: args.karmada_deployments,
                         replicas: 2,
+                        runs: args.runs.max(1),
                     },
                     &mut report,
                 )?,

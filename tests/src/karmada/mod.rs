@@ -30,6 +30,7 @@ use std::time::Duration;
 
 use crate::{ControlPlane, Identity, OpaServer, SidecarProcess, repo_root, wait_for};
 
+pub use control_plane::COMPONENT_QPS;
 pub use members::{Member, MemberKind, MemberSpec, PCI_LABEL, WORKLOAD_IMAGE, cluster_ready};
 
 use control_plane::Components;
