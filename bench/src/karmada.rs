@@ -219,11 +219,13 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
          From the kill until the last of the {} bindings of each scheduler (every run's) is on {LEFT} alone: karmada-scheduler {} \
          (the taint manager evicts, then it re-schedules), placement-policy {} (it re-places on the member's \
          health, its Ready condition and taints, without waiting for an eviction).\n\n\
-         Memory of the whole bed at the end (RSS of every process of this run, members and both schedulers included): {:.0} MiB.\n",
+         Memory of the whole bed at the end (RSS of every process of this run, members and both schedulers included; \
+         {} Deployments in the plane): {:.0} MiB.\n",
         failover.taint_after_kill,
         n * settings.runs,
         shown(failover.native),
         shown(failover.ours),
+        2 * n * settings.runs,
         memory as f64 / 1024.0,
     ));
     report.section(section);
@@ -244,7 +246,8 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     );
     report.target(
         format!(
-            "Karmada failover: taint to the last of {n} bindings re-placed, at most karmada's own"
+            "Karmada failover: taint to the last of {} bindings re-placed, at most karmada's own",
+            n * settings.runs
         ),
         format!("{} vs {}", shown(failover.ours), shown(failover.native)),
         Status::from_bool(match (failover.ours, failover.native) {
