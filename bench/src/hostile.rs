@@ -8,11 +8,12 @@
 //! the connections the webhook holds (its `connections_open` gauge) during the
 //! attack and after the idle timeout, and ten normal reviews (the 4 KB EU/PCI
 //! ReplicaSet, each over a new HTTP/2 connection) sent during the attack. The
-//! attacks are the ones of `tests/e2e/hostile.rs` (`placement_tests::hostile`),
-//! bigger.
+//! attacker connects from other loopback addresses (127.0.0.2 and up) than
+//! the well-behaved client (127.0.0.1), as another pod would. The attacks are
+//! the ones of `tests/e2e/hostile.rs` (`placement_tests::hostile`), bigger.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::time::Duration;
 
@@ -27,10 +28,20 @@ const MIB: usize = 1024 * 1024;
 /// Shorter than the default 30 s so the "held after" column is quick to read.
 const IDLE_TIMEOUT: &str = "5s";
 const NORMAL_REVIEWS: usize = 10;
+/// Where the attacker connects from; the peers of a many-peer attack follow.
+const HOSTILE: [u8; 4] = [127, 0, 0, 2];
+/// The peers and connections of each of the many-peer attack.
+const MANY_PEERS: u8 = 8;
+const PER_PEER: usize = 200;
+
+fn hostile_peer(index: u8) -> IpAddr {
+    IpAddr::from([HOSTILE[0], HOSTILE[1], HOSTILE[2], HOSTILE[3] + index])
+}
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
     Idle,
+    ManyPeers,
     SlowBodies,
     StalledBodies,
     StalledStreams,
@@ -41,7 +52,8 @@ enum Kind {
 impl Kind {
     fn label(self) -> &'static str {
         match self {
-            Kind::Idle => "1,000 idle TLS connections",
+            Kind::Idle => "1,000 idle TLS connections from one peer",
+            Kind::ManyPeers => "1,600 idle TLS connections from 8 peers (200 each)",
             Kind::SlowBodies => "100 bodies at 1 byte/s (slowloris)",
             Kind::StalledBodies => "40 bodies declaring 6 MiB, stalled after 5 MiB (HTTP/1.1)",
             Kind::StalledStreams => {
@@ -81,6 +93,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, report: &mut Report) -> Result<()> {
     let mut rows = Vec::new();
     for kind in [
         Kind::Idle,
+        Kind::ManyPeers,
         Kind::SlowBodies,
         Kind::StalledBodies,
         Kind::StalledStreams,
@@ -115,10 +128,14 @@ async fn attack(
     metrics: SocketAddr,
     ca: &str,
 ) -> Result<Row> {
-    let h1 = Target::new(admission, ca, &[b"http/1.1"]);
-    let h2 = Target::new(admission, ca, &[b"h2"]);
+    let good = Target::new(admission, ca, &[b"h2"]);
+    let h1 = Target::new(admission, ca, &[b"http/1.1"]).from_address(hostile_peer(0));
+    let h2 = good.from_address(hostile_peer(0));
     let review = admission_review()?;
-    let (status, allowed, _) = h2.normal_review(&review).await.context("warm-up review")?;
+    let (status, allowed, _) = good
+        .normal_review(&review)
+        .await
+        .context("warm-up review")?;
     ensure!(status == 200 && allowed, "warm-up review: HTTP {status}");
     let pid = server.pid();
     let rest = vm_kib(pid, "VmRSS")?;
@@ -128,6 +145,14 @@ async fn attack(
     let mut idle = Vec::new();
     match kind {
         Kind::Idle => idle = h1.idle_connections(1000, Duration::from_secs(120)),
+        Kind::ManyPeers => {
+            for peer in 0..MANY_PEERS {
+                idle.extend(
+                    h1.from_address(hostile_peer(peer))
+                        .idle_connections(PER_PEER, Duration::from_secs(120)),
+                );
+            }
+        }
         Kind::SlowBodies => {
             for _ in 0..100 {
                 let target = h1.clone();
@@ -152,7 +177,7 @@ async fn attack(
     let open_during = open_connections(metrics);
     let mut latencies_ms = Vec::new();
     for _ in 0..NORMAL_REVIEWS {
-        if let Some((200, true, latency)) = h2.normal_review(&review).await {
+        if let Some((200, true, latency)) = good.normal_review(&review).await {
             latencies_ms.push(latency.as_secs_f64() * 1000.0);
         }
     }
@@ -203,13 +228,18 @@ fn refusals(page: &str) -> String {
             out.push(format!("{reason} {n}"));
         }
     }
-    for reason in ["limit", "tls_handshake_timeout"] {
+    for reason in ["limit", "peer_limit", "tls_handshake_timeout"] {
         let sample = format!(
             r#"placement_webhook_connections_refused_total{{listener="admission",reason="{reason}"}}"#
         );
         if let Some(n) = metric(page, &sample).filter(|n| *n > 0.0) {
             out.push(format!("connection {reason} {n}"));
         }
+    }
+    let evicted =
+        r#"placement_webhook_connections_closed_total{listener="admission",reason="evicted"}"#;
+    if let Some(n) = metric(page, evicted).filter(|n| *n > 0.0) {
+        out.push(format!("connections evicted {n}"));
     }
     if out.is_empty() {
         "none".to_owned()
@@ -225,12 +255,14 @@ fn write_section(rows: &[Row], report: &mut Report) {
         md,
         "The release `placement-webhook` (embedded engine, shipped policies) with its default limits — \
          `--memory-budget=256Mi`, `--max-request-memory=64Mi`, `--max-request-bytes=6Mi`, `--max-connections` 1,024, \
-         `--max-http2-streams=32`, `--header-timeout=10s`, `--body-timeout=10s`, `--tls-handshake-timeout=5s` — except \
+         `--max-connections-per-peer` 256, `--max-http2-streams=32`, `--header-timeout=10s`, `--body-timeout=10s`, `--tls-handshake-timeout=5s` — except \
          `--idle-timeout={IDLE_TIMEOUT}` (default 120 s), a fresh process per attack. RSS is `VmRSS` at rest after one review, \
          its peak during the first 15 s of the attack (sampled every 20 ms), and 2 s after the attacker left. Connections are the webhook's \
          `connections_open` gauge 3 s into the attack and 15 s into it (after the idle and body timeouts); refusals are its \
-         counters at 15 s. Normal reviews: {NORMAL_REVIEWS} reviews of the 4 KB \
-         EU/PCI ReplicaSet sent one after another during the attack, each on a new HTTP/2 connection (TLS handshake included). \
+         counters at 15 s. The attacker connects from 127.0.0.2 (the many-peer attack from 127.0.0.2 to 127.0.0.9). \
+         Normal reviews: {NORMAL_REVIEWS} reviews of the 4 KB \
+         EU/PCI ReplicaSet sent one after another during the attack from 127.0.0.1, each on a new HTTP/2 connection (TLS handshake included): \
+         their answered share and latency are those of a well-behaved peer while the attacker holds all it can. \
          The same attacks, smaller, are the regression test `tests/e2e/hostile.rs`.\n"
     );
     md.push_str(
@@ -258,7 +290,9 @@ fn write_section(rows: &[Row], report: &mut Report) {
         "\nAn HTTP/2 client respects the webhook's stream limit: of its 100 stalled streams 32 are open at a time (as many as \
          the budget's share for large reviews holds: 32 x 6 MiB), each cut at the body timeout, after which the next ones open; \
          the one connection stays busy, the memory it can hold stays bounded.\n\n\
-         Before these limits (issue 11): 200 idle TLS connections were held 35 s and more (never closed), a body at \
+         Before connection slots were shared per peer (issue 22), one peer opening idle TLS connections took every slot \
+         (832 under an open-files limit of 1,024), and every other request, the API server's included, was refused at once \
+         until they timed out. Before these limits (issue 11): 200 idle TLS connections were held 35 s and more (never closed), a body at \
          1 byte/s was waited for, 40 stalled 6 MiB bodies took the process from 50 MB to 346 MB, one HTTP/2 connection with \
          100 stalled streams to 830 MB (still held after the client left), 16 bodies of empty arrays to 1.27 GB.\n",
     );

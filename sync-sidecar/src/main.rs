@@ -23,33 +23,11 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn({
         let cancel = cancel.clone();
         async move {
-            shutdown_signal().await;
+            placement_endpoint::shutdown_signal().await;
             tracing::info!("shutting down");
             cancel.cancel();
         }
     });
     placement_sync::run(settings, cancel).await?;
     Ok(())
-}
-
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = tokio::signal::ctrl_c() => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::atomic::AtomicU64;
 
+use placement_endpoint::ListenerMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -78,6 +79,8 @@ pub struct Metrics {
     pub binding_schedules: Family<ResultLabels, Counter>,
     /// `placement_sync_leader`: 1 while this replica holds the remediation Lease.
     pub leader: Gauge,
+    /// `placement_sync_connections_*`: the HTTP listener's connections.
+    listeners: ListenerMetrics,
 }
 
 impl fmt::Debug for Metrics {
@@ -115,6 +118,7 @@ impl Metrics {
             remediation_queries: Counter::default(),
             binding_schedules: Family::default(),
             leader: Gauge::default(),
+            listeners: ListenerMetrics::default(),
         };
         registry.register(
             "replicated_objects",
@@ -206,7 +210,17 @@ impl Metrics {
             "1 while this replica holds the remediation Lease",
             m.leader.clone(),
         );
-        Metrics { registry, ..m }
+        let listeners = ListenerMetrics::register(&mut registry);
+        Metrics {
+            registry,
+            listeners,
+            ..m
+        }
+    }
+
+    /// The listener's connection metrics.
+    pub(crate) fn listeners(&self) -> &ListenerMetrics {
+        &self.listeners
     }
 
     /// The OpenMetrics text exposition.

@@ -1,12 +1,16 @@
-//! Plain-HTTP endpoints: `/metrics`, `/healthz`, `/readyz`.
+//! Plain-HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, served with the
+//! same connection limits as the webhook's listeners (probes and the
+//! webhook's engine-ready checks come here; no client may hold the port).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use placement_endpoint::{ConnectionLimits, Listener, Stopping};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -55,6 +59,9 @@ async fn ready_handler(State(app): State<AppState>) -> Response {
     (code, axum::Json(status)).into_response()
 }
 
+/// Open connections: scrapes, probes, the webhook's engine-ready checks.
+const MAX_CONNECTIONS: usize = 64;
+
 /// Serve until `cancel`.
 pub async fn serve(
     listener: TcpListener,
@@ -62,7 +69,25 @@ pub async fn serve(
     sync: Arc<SyncState>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(metrics, sync))
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
+    let listener = Listener {
+        name: "metrics",
+        socket: listener.into_std()?,
+        tls: None,
+        app: router(Arc::clone(&metrics), sync),
+        limits: ConnectionLimits {
+            max_connections: MAX_CONNECTIONS,
+            max_per_peer: ConnectionLimits::default_per_peer(MAX_CONNECTIONS),
+            max_streams: 32,
+            handshake_timeout: Duration::from_secs(5),
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(120),
+            max_age: Duration::from_secs(600),
+        },
+        drain: Duration::from_secs(1),
+    };
+    let stopping = Stopping {
+        draining: cancel.clone(),
+        stop: cancel,
+    };
+    placement_endpoint::serve(listener, metrics.listeners().clone(), stopping).await
 }

@@ -11,6 +11,7 @@
 use std::time::Duration;
 
 use placement_tests::WebhookProcess;
+use placement_tests::cgroup::MemoryCgroup;
 use placement_tests::hostile::{
     Outcome, RssSampler, Target, limit_open_files, open_fds, placement_review, proc_status_kib,
 };
@@ -307,4 +308,208 @@ async fn http2_requests_per_connection_are_capped() {
         "reviews in progress on one HTTP/2 connection, in bytes of 1,000 each"
     );
     drop(streams);
+}
+
+/// Another peer, as the webhook sees it: connections from this loopback
+/// address.
+const HOSTILE: [u8; 4] = [127, 0, 0, 2];
+
+/// Waits (at most 20 s) until `sample` on the webhook's metrics page is at
+/// least `value`; the page.
+async fn metric_reaches(webhook: &WebhookProcess, sample: &str, value: f64) -> String {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = webhook.metrics().await;
+        if placement_tests::webhook::metric_value(&page, sample) >= value {
+            return page;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{sample} stayed below {value}:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Stops the tasks of an attack (their connections close).
+fn end(tasks: Vec<tokio::task::JoinHandle<Outcome>>) {
+    for task in tasks {
+        task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_holds_at_most_its_share_of_the_connections() {
+    // A quarter of 40 per peer by default.
+    let webhook = webhook(&["--max-connections=40", "--idle-timeout=60s"]);
+    let ours = target(&webhook, &[b"h2"]);
+    let hostile = ours.from_address(HOSTILE.into());
+
+    let held = hostile.idle_connections(40, Duration::from_secs(30));
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_refused_total{listener="admission",reason="peer_limit"}"#,
+        30.0,
+    )
+    .await;
+    let page = webhook.metrics().await;
+    let open = placement_tests::webhook::metric_value(
+        &page,
+        r#"placement_webhook_connections_open{listener="admission"}"#,
+    );
+    assert_eq!(
+        open, 10.0,
+        "the hostile peer holds more than its share:\n{page}"
+    );
+    for i in 0..20 {
+        review_passes(&ours, &format!("beside-one-peer-{i}")).await;
+    }
+    assert_eq!(target(&webhook, &[b"h2"]).get("/readyz").await, Some(200));
+    end(held);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_holding_every_slot_make_room_for_another() {
+    let webhook = webhook(&[
+        "--max-connections=40",
+        "--max-connections-per-peer=10",
+        "--idle-timeout=60s",
+    ]);
+    let ours = target(&webhook, &[b"h2"]);
+    let attackers: Vec<Target> = (2..=5)
+        .map(|last| ours.from_address([127, 0, 0, last].into()))
+        .collect();
+    let mut held = Vec::new();
+    for attacker in &attackers {
+        held.extend(attacker.idle_connections(10, Duration::from_secs(30)));
+    }
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_open{listener="admission"}"#,
+        40.0,
+    )
+    .await;
+
+    // Every slot is taken: another peer's connection takes an idle one of
+    // the largest holder.
+    let mine = ours.idle_connections(1, Duration::from_secs(30));
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_closed_total{listener="admission",reason="evicted"}"#,
+        1.0,
+    )
+    .await;
+    // The attackers cannot win their slots back by reconnecting: refused at
+    // once (an accepted idle connection would stay open for the 60 s idle
+    // timeout).
+    let again = outcomes(attackers[0].idle_connections(3, Duration::from_secs(5))).await;
+    assert!(
+        again.iter().all(|o| o.closed_after.is_some()),
+        "an attacker won a slot back: {again:?}"
+    );
+    // And the other peer's reviews are answered, each on a connection of its
+    // own while the attackers hold the rest.
+    for i in 0..10 {
+        review_passes(&ours, &format!("beside-many-peers-{i}")).await;
+    }
+    let page = webhook.metrics().await;
+    let evicted = placement_tests::webhook::metric_value(
+        &page,
+        r#"placement_webhook_connections_closed_total{listener="admission",reason="evicted"}"#,
+    );
+    assert!(evicted >= 2.0, "{page}");
+    end(held);
+    end(mine);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_is_retired_after_its_maximum_age() {
+    let webhook = webhook(&["--max-connection-age=2s"]);
+    let target = target(&webhook, &[b"http/1.1"]);
+    // A client that sends a review every 250 ms never lets the connection
+    // idle; at 2 s its next answer says `Connection: close`, and it ends.
+    let answers = target
+        .reviews_on_one_connection(&placement_review("aged"), 60, Duration::from_millis(250))
+        .await;
+    assert!(
+        answers.iter().all(|(status, _)| *status == 200),
+        "{answers:?}"
+    );
+    let (last, before) = answers.split_last().expect("an answer");
+    assert!(last.1, "the connection outlived its age: {answers:?}");
+    assert!(
+        before.len() >= 4 && before.iter().all(|(_, close)| !close),
+        "retired before its age: {answers:?}"
+    );
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_closed_total{listener="admission",reason="max_age"}"#,
+        1.0,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worst_mix_stays_under_the_containers_memory_limit() {
+    // The chart's container limit; every memory limit of the webhook is left
+    // to its defaults, which it derives from the cgroup's.
+    let limit: u64 = 256 * MIB as u64;
+    let cgroup = MemoryCgroup::create("webhook-memory", limit)
+        .unwrap_or_else(|e| panic!("a memory cgroup for the webhook (the tests run as root): {e}"));
+    let mut webhook = WebhookProcess::start_in(
+        &[
+            format!("--policy-dir={}", repo_root().join("policies").display()),
+            "--idle-timeout=60s".to_owned(),
+        ],
+        &cgroup,
+    );
+    let ours = target(&webhook, &[b"h2"]);
+    review_passes(&ours, "before").await;
+    let log = webhook.log();
+    assert!(
+        log.contains(&format!("container_memory_limit={limit}"))
+            && log.contains(&format!("memory_budget={}", 96 * MIB))
+            && log.contains("max_connections=341"),
+        "the limits in force are not derived from the cgroup's:\n{log}"
+    );
+
+    let h1 = Target::new(webhook.admission_addr, &webhook.ca_pem, &[b"http/1.1"])
+        .from_address(HOSTILE.into());
+    let h2 = ours.from_address(HOSTILE.into());
+    let attacks = vec![
+        h1.stalled_bodies(40, 6 * MIB, 5 * MIB),
+        h2.stalled_streams(100, 6 * MIB, MIB).await,
+        h1.expanding_bodies(16, 6 * MIB),
+    ];
+    // And every connection slot the other peers can take.
+    let mut idle = Vec::new();
+    for last in 3..=6 {
+        idle.extend(
+            ours.from_address([127, 0, 0, last].into())
+                .idle_connections(85, Duration::from_secs(60)),
+        );
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for i in 0..10 {
+        review_passes(&ours, &format!("under-the-worst-mix-{i}")).await;
+    }
+    // Past the body timeout (10 s): every stalled body was held as long as
+    // it can be.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let rss_peak = proc_status_kib(webhook.pid(), "VmHWM") * 1024;
+    let peak = cgroup.peak();
+    eprintln!(
+        "under a {limit}-byte limit: peak RSS {rss_peak}, cgroup peak {peak:?} (page cache included)"
+    );
+    assert!(webhook.is_running(), "the webhook died:\n{}", webhook.log());
+    assert_eq!(
+        cgroup.oom_kills(),
+        0,
+        "the kernel killed the webhook for memory"
+    );
+    assert!(rss_peak < limit, "peak RSS {rss_peak} reached the limit");
+    review_passes(&ours, "after").await;
+    drop(attacks);
+    end(idle);
+    drop(webhook);
 }

@@ -5,7 +5,7 @@
 //! of the process under attack.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::{CertificateDer, ServerName, pem::PemObject};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -29,6 +29,9 @@ const REVIEW_PREFIX: &str = r#"{"apiVersion":"admission.k8s.io/v1","kind":"Admis
 #[derive(Clone)]
 pub struct Target {
     pub addr: SocketAddr,
+    /// The local address connections come from (another loopback address
+    /// stands for another peer); any by default.
+    source: Option<IpAddr>,
     connector: TlsConnector,
 }
 
@@ -63,13 +66,35 @@ impl Target {
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Target {
             addr,
+            source: None,
             connector: TlsConnector::from(Arc::new(config)),
         }
     }
 
+    /// The same endpoint, reached from `source` (such as `127.0.0.2`: another
+    /// peer as the server sees it).
+    pub fn from_address(&self, source: IpAddr) -> Target {
+        Target {
+            source: Some(source),
+            ..self.clone()
+        }
+    }
+
+    async fn tcp(&self) -> std::io::Result<TcpStream> {
+        let Some(source) = self.source else {
+            return TcpStream::connect(self.addr).await;
+        };
+        let socket = match source {
+            IpAddr::V4(_) => TcpSocket::new_v4()?,
+            IpAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        socket.bind(SocketAddr::new(source, 0))?;
+        socket.connect(self.addr).await
+    }
+
     /// A TLS connection, handshake done.
     pub async fn connect(&self) -> std::io::Result<TlsStream<TcpStream>> {
-        let tcp = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(self.addr))
+        let tcp = tokio::time::timeout(Duration::from_secs(5), self.tcp())
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
         // Small requests go out at once (no Nagle/delayed-ACK stalls).
@@ -104,7 +129,7 @@ impl Target {
     /// A TCP connection that never starts the TLS handshake.
     pub async fn no_handshake(&self, give_up: Duration) -> Outcome {
         let started = Instant::now();
-        let mut tcp = TcpStream::connect(self.addr).await.expect("TCP connect");
+        let mut tcp = self.tcp().await.expect("TCP connect");
         let mut buf = [0u8; 64];
         let closed = tokio::time::timeout(give_up, tcp.read(&mut buf))
             .await
@@ -324,6 +349,56 @@ impl Target {
         driver.abort();
         let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
         Some((status, answer["response"]["allowed"] == true, elapsed))
+    }
+
+    /// Up to `count` reviews on one HTTP/1.1 connection, one per `interval`,
+    /// until the server closes it: each answer's status and whether it said
+    /// `Connection: close`. Ends early when the connection cannot be opened or
+    /// a request fails.
+    pub async fn reviews_on_one_connection(
+        &self,
+        review: &serde_json::Value,
+        count: usize,
+        interval: Duration,
+    ) -> Vec<(u16, bool)> {
+        let mut answers = Vec::new();
+        let Ok(stream) = self.connect().await else {
+            return answers;
+        };
+        let Ok((mut sender, connection)) =
+            hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+        else {
+            return answers;
+        };
+        let driver = tokio::spawn(connection);
+        let body = Bytes::from(serde_json::to_vec(review).expect("review JSON"));
+        for _ in 0..count {
+            if sender.ready().await.is_err() {
+                break;
+            }
+            let request = hyper::Request::post("/mutate")
+                .header("content-type", "application/json")
+                .body(http_body_util::Full::new(body.clone()))
+                .expect("request");
+            let Ok(Ok(response)) =
+                tokio::time::timeout(Duration::from_secs(20), sender.send_request(request)).await
+            else {
+                break;
+            };
+            let status = response.status().as_u16();
+            let close = response
+                .headers()
+                .get(hyper::header::CONNECTION)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+            let _ = response.into_body().collect().await;
+            answers.push((status, close));
+            if close {
+                break;
+            }
+            tokio::time::sleep(interval).await;
+        }
+        driver.abort();
+        answers
     }
 
     /// A GET of `path` over a fresh HTTP/2 connection; the status.

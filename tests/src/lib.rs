@@ -9,6 +9,7 @@
 //! Every peer is a [`Process`]: killed on drop and, through `PR_SET_PDEATHSIG`,
 //! when the test process dies, so nothing outlives a failed test.
 
+pub mod cgroup;
 pub mod cluster;
 pub mod control_plane;
 pub mod fault_proxy;

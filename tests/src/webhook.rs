@@ -20,6 +20,16 @@ impl WebhookProcess {
     /// `placement-webhook serve ARGS` on free loopback ports, with a CA and
     /// serving certificate generated for it (passed as `--tls-cert/--tls-key`).
     pub fn start(args: &[String]) -> WebhookProcess {
+        Self::start_with(args, None)
+    }
+
+    /// [`WebhookProcess::start`] inside `cgroup` from its first instruction
+    /// (so it sees the cgroup's memory limit as a container's).
+    pub fn start_in(args: &[String], cgroup: &crate::cgroup::MemoryCgroup) -> WebhookProcess {
+        Self::start_with(args, Some(cgroup))
+    }
+
+    fn start_with(args: &[String], cgroup: Option<&crate::cgroup::MemoryCgroup>) -> WebhookProcess {
         let dir = scratch_dir("webhook");
         let paths = placement_certs::generate_to_dir(
             &dir.join("certs"),
@@ -44,9 +54,26 @@ impl WebhookProcess {
             "RUST_LOG".to_owned(),
             "info,placement_webhook=debug,policy_client=debug".to_owned(),
         )];
+        let binary = project_bin("placement-webhook");
+        let (program, full) = match cgroup {
+            None => (binary, full),
+            Some(cgroup) => {
+                // The shell joins the cgroup, then becomes the webhook.
+                let mut wrapped = vec![
+                    "-c".to_owned(),
+                    format!(
+                        "echo $$ > '{}' && exec \"$0\" \"$@\"",
+                        cgroup.procs().display()
+                    ),
+                    binary.display().to_string(),
+                ];
+                wrapped.extend(full);
+                (PathBuf::from("/bin/sh"), wrapped)
+            }
+        };
         let mut process = Process::spawn_with_env(
             "placement-webhook",
-            &project_bin("placement-webhook"),
+            &program,
             &full,
             &env,
             &dir.join("webhook.log"),
@@ -80,6 +107,11 @@ impl WebhookProcess {
 
     pub fn log(&self) -> String {
         self.process.log()
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        !self.process.has_exited()
     }
 
     /// The process id (for `/proc/<pid>/status` and resource limits).

@@ -150,21 +150,37 @@ pub struct ServeArgs {
     pub max_request_bytes: usize,
     /// Memory all reviews in progress may hold: their bodies and what parsing
     /// and converting them builds. Reviews beyond it get a 503 at once; a
-    /// quarter is kept for reviews under 1 MiB.
-    #[arg(long, env = "PLACEMENT_MEMORY_BUDGET", value_parser = parse_bytes, default_value = "256Mi")]
-    pub memory_budget: usize,
+    /// quarter is kept for reviews under 1 MiB. [default: 256Mi; under a
+    /// container memory limit L, (L - 64Mi) / 2 when that is less]
+    #[arg(long, env = "PLACEMENT_MEMORY_BUDGET", value_parser = parse_bytes)]
+    pub memory_budget: Option<usize>,
     /// Memory one review may need (body, parsed review, policy input); more
-    /// gets a 413 naming the estimate.
-    #[arg(long, env = "PLACEMENT_MAX_REQUEST_MEMORY", value_parser = parse_bytes, default_value = "64Mi")]
-    pub max_request_memory: usize,
+    /// gets a 413 naming the estimate. [default: 64Mi, or three quarters of
+    /// the memory budget when that is less]
+    #[arg(long, env = "PLACEMENT_MAX_REQUEST_MEMORY", value_parser = parse_bytes)]
+    pub max_request_memory: Option<usize>,
     /// Embedded engine: an evaluation stops when the process's heap exceeds
-    /// this (0: no limit).
-    #[arg(long, env = "PLACEMENT_ENGINE_MEMORY_LIMIT", value_parser = parse_bytes, default_value = "1Gi")]
-    pub engine_memory_limit: usize,
+    /// this (0: no limit). [default: 1Gi; under a container memory limit L,
+    /// seven eighths of L when that is less]
+    #[arg(long, env = "PLACEMENT_ENGINE_MEMORY_LIMIT", value_parser = parse_bytes)]
+    pub engine_memory_limit: Option<usize>,
     /// Open connections on the admission port [default: 1024, lowered to fit
-    /// the open-files limit]. More are closed as soon as they are accepted.
+    /// the open-files limit, and under a container memory limit to what an
+    /// eighth of it holds at 96 KiB each]. When all are taken, a new connection from a peer
+    /// holding at least two fewer than the largest holder closes the oldest
+    /// idle connection of that holder; otherwise it is closed at once.
     #[arg(long, env = "PLACEMENT_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
+    /// Open connections on the admission port from one peer address
+    /// [default: a quarter of --max-connections]. The API server comes from
+    /// few addresses; keep it above the connections each opens.
+    #[arg(long, env = "PLACEMENT_MAX_CONNECTIONS_PER_PEER", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_connections_per_peer: Option<usize>,
+    /// A connection this old is closed after its next response (HTTP/1 with
+    /// `Connection: close`, HTTP/2 with GOAWAY), so that no client holds one
+    /// for ever and clients spread over replicas.
+    #[arg(long, env = "PLACEMENT_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration, default_value = "10m")]
+    pub max_connection_age: Duration,
     /// Concurrent HTTP/2 streams (reviews) per connection.
     #[arg(long, env = "PLACEMENT_MAX_HTTP2_STREAMS", default_value_t = 32)]
     pub max_http2_streams: u32,

@@ -20,7 +20,7 @@ use tokio::sync::{Semaphore, mpsc};
 
 use crate::metrics::Metrics;
 use crate::review::AdmissionRequest;
-use crate::throttle::Throttle;
+use placement_endpoint::Throttle;
 
 /// The Events API caps notes at 1 kB.
 const MAX_NOTE_BYTES: usize = 1000;

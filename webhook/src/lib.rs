@@ -5,7 +5,6 @@
 pub mod admission;
 mod budget;
 pub mod config;
-pub mod connections;
 pub mod events;
 pub mod metrics;
 pub mod presence;
@@ -14,7 +13,7 @@ pub mod review;
 pub mod run;
 pub mod self_managed;
 pub mod server;
-mod throttle;
+mod sizing;
 
 pub use admission::{Admission, AdmissionSettings, Mode, PlacementFailure};
 pub use config::Cli;

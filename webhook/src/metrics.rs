@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use placement_endpoint::ListenerMetrics;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -64,17 +65,6 @@ struct KindLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ListenerLabels {
-    listener: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct ListenerReasonLabels {
-    listener: &'static str,
-    reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabels {
     reason: &'static str,
 }
@@ -87,25 +77,10 @@ pub struct Metrics {
     events_failed: Counter,
     events_published: Counter,
     events_dropped: Family<ReasonLabels, Counter>,
-    connections_open: Family<ListenerLabels, Gauge>,
-    connections_refused: Family<ListenerReasonLabels, Counter>,
-    connections_closed: Family<ListenerReasonLabels, Counter>,
-    accept_errors: Family<ListenerReasonLabels, Counter>,
+    listeners: ListenerMetrics,
     requests_rejected: Family<ReasonLabels, Counter>,
     memory_budget_used: Gauge,
     memory_budget_total: Gauge,
-}
-
-/// Keeps a listener's open-connections gauge up while it lives.
-#[derive(Debug)]
-pub(crate) struct OpenConnection {
-    gauge: Gauge,
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.gauge.dec();
-    }
 }
 
 impl fmt::Debug for Metrics {
@@ -164,30 +139,7 @@ impl Metrics {
             "Events not published: duplicate (same object and reason within the dedupe window), rate_limited, queue_full",
             events_dropped.clone(),
         );
-        let connections_open = Family::<ListenerLabels, Gauge>::default();
-        registry.register(
-            "connections_open",
-            "Open connections, by listener (admission, metrics)",
-            connections_open.clone(),
-        );
-        let connections_refused = Family::<ListenerReasonLabels, Counter>::default();
-        registry.register(
-            "connections_refused",
-            "Connections closed before serving a request: limit (--max-connections reached), tls_handshake_timeout, tls_handshake_error",
-            connections_refused.clone(),
-        );
-        let connections_closed = Family::<ListenerReasonLabels, Counter>::default();
-        registry.register(
-            "connections_closed",
-            "Connections the webhook closed: idle (no request for --idle-timeout), shutdown",
-            connections_closed.clone(),
-        );
-        let accept_errors = Family::<ListenerReasonLabels, Counter>::default();
-        registry.register(
-            "accept_errors",
-            "Failed accepts: fd_exhausted (EMFILE/ENFILE: the open-files limit is reached), out_of_memory, other",
-            accept_errors.clone(),
-        );
+        let listeners = ListenerMetrics::register(&mut registry);
         let requests_rejected = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "requests_rejected",
@@ -214,10 +166,7 @@ impl Metrics {
             events_failed,
             events_published,
             events_dropped,
-            connections_open,
-            connections_refused,
-            connections_closed,
-            accept_errors,
+            listeners,
             requests_rejected,
             memory_budget_used,
             memory_budget_total,
@@ -260,31 +209,9 @@ impl Metrics {
             .inc();
     }
 
-    pub(crate) fn connection_opened(&self, listener: &'static str) -> OpenConnection {
-        let gauge = self
-            .connections_open
-            .get_or_create(&ListenerLabels { listener })
-            .clone();
-        gauge.inc();
-        OpenConnection { gauge }
-    }
-
-    pub(crate) fn connection_refused(&self, listener: &'static str, reason: &'static str) {
-        self.connections_refused
-            .get_or_create(&ListenerReasonLabels { listener, reason })
-            .inc();
-    }
-
-    pub(crate) fn connection_closed(&self, listener: &'static str, reason: &'static str) {
-        self.connections_closed
-            .get_or_create(&ListenerReasonLabels { listener, reason })
-            .inc();
-    }
-
-    pub(crate) fn accept_error(&self, listener: &'static str, reason: &'static str) {
-        self.accept_errors
-            .get_or_create(&ListenerReasonLabels { listener, reason })
-            .inc();
+    /// The listeners' connection metrics.
+    pub(crate) fn listeners(&self) -> &ListenerMetrics {
+        &self.listeners
     }
 
     pub(crate) fn request_rejected(&self, reason: &'static str) {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
+use placement_endpoint::{ConnectionLimits, connection_cap};
 use policy_client::ownership_keys::KeyError;
 use policy_client::ownership_secret::KeySecret;
 use policy_client::{LoadingKeys, OwnershipKeys, SharedKeys};
@@ -14,7 +15,6 @@ use serde_json::{Value, json};
 
 use crate::admission::{Admission, AdmissionSettings, Mode};
 use crate::config::{CertsArgs, ConfigError, EngineKind, OutputFormat, ReviewArgs, ServeArgs};
-use crate::connections::{ConnectionLimits, connection_cap};
 use crate::events::{EventLimits, EventSink};
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
@@ -23,6 +23,7 @@ use crate::server::{
     Listeners, METRICS_MAX_CONNECTIONS, RequestLimits, ServeSettings, ServerError, client_verifier,
     reloading_tls, serve as serve_http,
 };
+use crate::sizing::{MemorySizing, Requested, container_memory_limit};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -88,38 +89,61 @@ async fn kube_client(explicit: Option<&Path>, infer: bool) -> Result<Option<Clie
 }
 
 /// The limits of `serve`, checked against each other.
-fn serve_settings(args: &ServeArgs) -> Result<ServeSettings, ConfigError> {
+fn serve_settings(args: &ServeArgs, memory: &MemorySizing) -> Result<ServeSettings, ConfigError> {
+    let derived = match memory.container_limit {
+        Some(limit) => {
+            format!(" (derived from the container's memory limit, {limit} bytes, where not given)")
+        }
+        None => String::new(),
+    };
     // A quarter of the budget is kept for small reviews (`budget.rs`).
-    let largest = args.memory_budget / 4 * 3;
-    if args.max_request_memory > largest {
+    let largest = memory.memory_budget / 4 * 3;
+    if memory.max_request_memory > largest {
         return Err(ConfigError::Limits(format!(
-            "--max-request-memory ({}) must be at most three quarters of --memory-budget ({}), or no review that large could ever be admitted",
-            args.max_request_memory, args.memory_budget
+            "--max-request-memory ({}) must be at most three quarters of --memory-budget ({}), or no review that large could ever be admitted{derived}",
+            memory.max_request_memory, memory.memory_budget
         )));
     }
-    if args.max_request_bytes > args.max_request_memory {
+    if args.max_request_bytes > memory.max_request_memory {
         return Err(ConfigError::Limits(format!(
-            "--max-request-bytes ({}) must be at most --max-request-memory ({})",
-            args.max_request_bytes, args.max_request_memory
+            "--max-request-bytes ({}) must be at most --max-request-memory ({}){derived}",
+            args.max_request_bytes, memory.max_request_memory
         )));
+    }
+    let mut max_connections = connection_cap(args.max_connections, METRICS_MAX_CONNECTIONS);
+    if args.max_connections.is_none()
+        && let Some(fits) = memory.max_connections
+        && fits < max_connections
+    {
+        tracing::info!(
+            max_connections = fits,
+            container_memory_limit = memory.container_limit,
+            "connection cap lowered to fit the container's memory limit"
+        );
+        max_connections = fits;
     }
     let admission = ConnectionLimits {
-        max_connections: connection_cap(args.max_connections, METRICS_MAX_CONNECTIONS),
+        max_connections,
+        max_per_peer: args
+            .max_connections_per_peer
+            .unwrap_or_else(|| ConnectionLimits::default_per_peer(max_connections)),
         max_streams: args.max_http2_streams.max(1),
         handshake_timeout: args.tls_handshake_timeout,
         header_timeout: args.header_timeout,
         idle_timeout: args.idle_timeout,
+        max_age: args.max_connection_age,
     };
     let metrics = ConnectionLimits {
         max_connections: METRICS_MAX_CONNECTIONS,
+        max_per_peer: ConnectionLimits::default_per_peer(METRICS_MAX_CONNECTIONS),
         ..admission.clone()
     };
     Ok(ServeSettings {
         requests: RequestLimits {
             max_body: args.max_request_bytes,
             body_timeout: args.body_timeout,
-            memory_budget: args.memory_budget,
-            max_request_memory: args.max_request_memory,
+            memory_budget: memory.memory_budget,
+            max_request_memory: memory.max_request_memory,
             require_client_certificate: args.client_ca_file.is_some(),
         },
         admission,
@@ -175,10 +199,18 @@ fn ownership_error(e: KeyError) -> RunError {
 
 /// `placement-webhook serve`.
 pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
-    let settings = serve_settings(&args)?;
+    let memory = MemorySizing::new(
+        container_memory_limit(),
+        Requested {
+            memory_budget: args.memory_budget,
+            max_request_memory: args.max_request_memory,
+            engine_memory_limit: args.engine_memory_limit,
+        },
+    );
+    let settings = serve_settings(&args, &memory)?;
     let resolved = args.engine.resolve()?;
     if matches!(resolved.kind, EngineKind::Embedded { .. }) {
-        let limit = u64::try_from(args.engine_memory_limit).unwrap_or(u64::MAX);
+        let limit = u64::try_from(memory.engine_memory_limit).unwrap_or(u64::MAX);
         policy_client::embedded::set_memory_limit((limit > 0).then_some(limit));
     }
     let metrics = Arc::new(Metrics::new());
@@ -285,7 +317,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         admission = %listeners.admission_addr(),
         metrics = %listeners.metrics_addr(),
         max_connections = settings.admission.max_connections,
+        max_connections_per_peer = settings.admission.max_per_peer,
         memory_budget = settings.requests.memory_budget,
+        max_request_memory = settings.requests.max_request_memory,
+        engine_memory_limit = memory.engine_memory_limit,
+        container_memory_limit = memory.container_limit,
         client_certificates = settings.requests.require_client_certificate,
         "serving"
     );
@@ -293,7 +329,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
     // kube-proxy: the server keeps answering for the shutdown delay, so no
     // write in flight to us fails (then stops accepting and finishes what is
     // running).
-    serve_http(admission, tls, listeners, settings, shutdown_signal()).await?;
+    serve_http(
+        admission,
+        tls,
+        listeners,
+        settings,
+        placement_endpoint::shutdown_signal(),
+    )
+    .await?;
     Ok(())
 }
 
@@ -301,28 +344,6 @@ fn tempfile_dir() -> Result<PathBuf, RunError> {
     let dir = std::env::temp_dir().join(format!("placement-webhook-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(RunError::CertDir)?;
     Ok(dir)
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {},
-                    _ = term.recv() => {},
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }
 
 /// What `review` found, for the exit status.

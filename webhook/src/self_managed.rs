@@ -24,7 +24,7 @@ use kube::{Api, Client};
 use placement_certs::rotation::{self, Lifetimes, Material, Plan};
 use serde_json::json;
 
-use crate::connections::TlsSettings;
+use placement_endpoint::TlsSettings;
 
 /// Flags of self-managed certificates.
 #[derive(Debug, Clone, Args)]

@@ -16,6 +16,9 @@ use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
+use placement_endpoint::{
+    ClientCertificate, ConnectionLimits, Listener, Stopping, Throttle, TlsSettings,
+};
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::CertificateDer;
@@ -24,12 +27,8 @@ use serde_json::json;
 
 use crate::admission::{Admission, Mode};
 use crate::budget::{Exhausted, JsonShape, MemoryBudget};
-use crate::connections::{
-    self, ClientCertificate, ConnectionLimits, Listener, Stopping, TlsSettings,
-};
 use crate::readiness::{Readiness, ReadyState};
 use crate::review::ReviewError;
-use crate::throttle::Throttle;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -434,8 +433,12 @@ pub async fn serve(
         drain: Duration::from_secs(1),
     };
     let (admission_result, metrics_result) = tokio::join!(
-        connections::serve(admission_listener, Arc::clone(&metrics), stopping.clone()),
-        connections::serve(metrics_listener, metrics, stopping),
+        placement_endpoint::serve(
+            admission_listener,
+            metrics.listeners().clone(),
+            stopping.clone()
+        ),
+        placement_endpoint::serve(metrics_listener, metrics.listeners().clone(), stopping),
     );
     admission_result.map_err(|source| ServerError::Serve {
         addr: admission_addr,

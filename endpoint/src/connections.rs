@@ -1,10 +1,11 @@
-//! Serving one listening socket so that no client can hold it: a cap on open
-//! connections, a clock on the TLS handshake, on request headers and on
-//! connections with no request in progress, a cap on HTTP/2 streams, and
-//! accept errors (the open-files limit reached) survived, logged and counted.
+//! Serving one listening socket so that no client can hold it: connection
+//! slots shared fairly between peers (`slots.rs`), a clock on the TLS
+//! handshake, on request headers, on connections with no request in progress
+//! and on a connection's age, a cap on HTTP/2 streams, and accept errors (the
+//! open-files limit reached) survived, logged and counted.
 //!
-//! Request bodies are timed and budgeted by the handlers (`server.rs`), which
-//! know their limits.
+//! Request bodies are timed and budgeted by the handlers, which know their
+//! limits.
 
 use std::io;
 use std::net::SocketAddr;
@@ -21,12 +22,13 @@ use hyper_util::server::conn::auto;
 use rustls::ServerConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
-use crate::metrics::Metrics;
+use crate::metrics::ListenerMetrics;
+use crate::slots::{Activity, Slot, Slots};
 use crate::throttle::Throttle;
 
 /// Largest HTTP/1 head (request line and headers) and HTTP/2 header list; an
@@ -51,8 +53,11 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 /// The limits of one listener.
 #[derive(Debug, Clone)]
 pub struct ConnectionLimits {
-    /// Open connections; more are closed as soon as they are accepted.
+    /// Open connections; more are closed as soon as they are accepted
+    /// (unless an idle connection of a peer holding more is closed instead).
     pub max_connections: usize,
+    /// Open connections of one peer address.
+    pub max_per_peer: usize,
     /// Concurrent HTTP/2 streams (requests) per connection.
     pub max_streams: u32,
     /// From accept to the end of the TLS handshake.
@@ -62,12 +67,23 @@ pub struct ConnectionLimits {
     pub header_timeout: Duration,
     /// A connection with no request in progress for this long is closed.
     pub idle_timeout: Duration,
+    /// A connection this old is closed after its next response (so that no
+    /// client keeps a connection, and its slot, for ever by sending a request
+    /// now and then, and so that long-lived clients spread over replicas).
+    pub max_age: Duration,
 }
 
-/// Whether the client presented a certificate the TLS layer verified (only
-/// asked for with `--client-ca-file`).
+impl ConnectionLimits {
+    /// The share of one peer by default: a quarter of the connections.
+    pub fn default_per_peer(max_connections: usize) -> usize {
+        (max_connections / 4).max(1)
+    }
+}
+
+/// Whether the client presented a certificate the TLS layer verified (a
+/// request extension; only asked for when the TLS settings verify clients).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ClientCertificate(pub(crate) bool);
+pub struct ClientCertificate(pub bool);
 
 /// The server certificate and client verification in force; replaced when
 /// the certificate files change.
@@ -96,36 +112,36 @@ impl TlsSettings {
 
 /// One listening socket and what it serves.
 #[derive(Debug)]
-pub(crate) struct Listener {
-    /// `admission` or `metrics`, for logs and metrics.
-    pub(crate) name: &'static str,
-    pub(crate) socket: std::net::TcpListener,
-    pub(crate) tls: Option<TlsSettings>,
-    pub(crate) app: Router,
-    pub(crate) limits: ConnectionLimits,
-    /// How long open connections get to finish after `shutdown`.
-    pub(crate) drain: Duration,
+pub struct Listener {
+    /// The listener's name in logs and metrics (`admission`, `metrics`).
+    pub name: &'static str,
+    pub socket: std::net::TcpListener,
+    pub tls: Option<TlsSettings>,
+    pub app: Router,
+    pub limits: ConnectionLimits,
+    /// How long open connections get to finish after `stop`.
+    pub drain: Duration,
 }
 
 /// How the listeners stop.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Stopping {
+pub struct Stopping {
     /// The process was asked to stop and its endpoint is leaving the
     /// Service: every connection closes after its next response (HTTP/1
     /// with `Connection: close`, HTTP/2 with GOAWAY), so that clients open
     /// new ones instead of reusing it. Closing an idle kept-alive HTTP/1
     /// connection unannounced races the client's next request on it, which
     /// then fails with EOF (and the API server retries no admission call).
-    pub(crate) draining: CancellationToken,
+    pub draining: CancellationToken,
     /// No new connections; open ones finish within the listener's drain time.
-    pub(crate) stop: CancellationToken,
+    pub stop: CancellationToken,
 }
 
 /// Serve `listener` until `stopping.stop`, then let open connections finish
 /// for up to its drain time.
-pub(crate) async fn serve(
+pub async fn serve(
     listener: Listener,
-    metrics: Arc<Metrics>,
+    metrics: ListenerMetrics,
     stopping: Stopping,
 ) -> io::Result<()> {
     let shutdown = stopping.stop.clone();
@@ -138,8 +154,7 @@ pub(crate) async fn serve(
         drain,
     } = listener;
     let socket = TcpListener::from_std(socket)?;
-    let permits = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
-    let slots = Arc::new(Semaphore::new(permits));
+    let slots = Slots::new(limits.max_connections, limits.max_per_peer);
     let builder = Arc::new(http_builder(&limits));
     let refused = Throttle::new(WARN_EVERY);
     let failed = Throttle::new(WARN_EVERY);
@@ -155,19 +170,24 @@ pub(crate) async fn serve(
                 continue;
             }
         };
-        let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-            metrics.connection_refused(name, "limit");
-            if let Some(held_back) = refused.admit() {
-                tracing::warn!(
-                    listener = name,
-                    %peer,
-                    max_connections = limits.max_connections,
-                    held_back,
-                    "connection limit reached: closing new connections until open ones end (--max-connections)"
-                );
+        let slot = match slots.acquire(peer.ip()) {
+            Ok(slot) => slot,
+            Err(refusal) => {
+                metrics.refused(name, refusal.reason());
+                if let Some(held_back) = refused.admit() {
+                    tracing::warn!(
+                        listener = name,
+                        %peer,
+                        reason = refusal.reason(),
+                        max_connections = limits.max_connections,
+                        max_per_peer = limits.max_per_peer,
+                        held_back,
+                        "connection refused: every slot of this listener is taken and no peer holds two more than this one, or this peer holds its share (the webhook's --max-connections, --max-connections-per-peer)"
+                    );
+                }
+                drop(tcp);
+                continue;
             }
-            drop(tcp);
-            continue;
         };
         let connection = Connection {
             name,
@@ -176,22 +196,31 @@ pub(crate) async fn serve(
             app: app.clone(),
             builder: Arc::clone(&builder),
             limits: limits.clone(),
-            metrics: Arc::clone(&metrics),
+            metrics: metrics.clone(),
             stopping: stopping.clone(),
-            _slot: slot,
+            slot,
         };
         tokio::spawn(connection.run(tcp));
     }
     // New connections are refused from here on.
     drop(socket);
     // Every connection holds a slot until it ends.
-    let all = u32::try_from(permits).unwrap_or(u32::MAX);
-    let _ = tokio::time::timeout(drain, slots.acquire_many(all)).await;
+    let _ = tokio::time::timeout(drain, async {
+        while slots.held() > 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
     Ok(())
 }
 
 /// Log (rate-limited), count, and back off when descriptors are exhausted.
-async fn accept_failed(name: &'static str, e: &io::Error, metrics: &Metrics, throttle: &Throttle) {
+async fn accept_failed(
+    name: &'static str,
+    e: &io::Error,
+    metrics: &ListenerMetrics,
+    throttle: &Throttle,
+) {
     let reason = accept_error_reason(e);
     metrics.accept_error(name, reason);
     if let Some(held_back) = throttle.admit() {
@@ -241,15 +270,15 @@ struct Connection {
     app: Router,
     builder: Arc<auto::Builder<TokioExecutor>>,
     limits: ConnectionLimits,
-    metrics: Arc<Metrics>,
+    metrics: ListenerMetrics,
     stopping: Stopping,
     /// Held for as long as the connection is open.
-    _slot: OwnedSemaphorePermit,
+    slot: Slot,
 }
 
 impl Connection {
     async fn run(self, tcp: TcpStream) {
-        let _open = self.metrics.connection_opened(self.name);
+        let _open = self.metrics.opened(self.name);
         let _ = tcp.set_nodelay(true);
         let Some(acceptor) = self.tls.clone() else {
             return self.serve(tcp, ClientCertificate(false)).await;
@@ -257,15 +286,19 @@ impl Connection {
         let handshake = tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp));
         let stream = tokio::select! {
             () = self.stopping.stop.cancelled() => return,
+            () = self.slot.activity.evicted.cancelled() => {
+                self.metrics.closed(self.name, "evicted");
+                return;
+            }
             handshake = handshake => match handshake {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
-                    self.metrics.connection_refused(self.name, "tls_handshake_error");
+                    self.metrics.refused(self.name, "tls_handshake_error");
                     tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "TLS handshake failed");
                     return;
                 }
                 Err(_) => {
-                    self.metrics.connection_refused(self.name, "tls_handshake_timeout");
+                    self.metrics.refused(self.name, "tls_handshake_timeout");
                     tracing::debug!(listener = self.name, peer = %self.peer, "TLS handshake timed out");
                     return;
                 }
@@ -283,33 +316,38 @@ impl Connection {
     where
         I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let (in_flight, idle) = watch::channel(0usize);
-        let in_flight = Arc::new(in_flight);
+        let activity = Arc::clone(&self.slot.activity);
+        let idle = activity.in_flight.subscribe();
         let peer = self.peer;
         let app = self.app.clone();
-        let draining = self.stopping.draining.clone();
-        let service = hyper::service::service_fn(move |mut request: Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(peer));
-            request.extensions_mut().insert(certificate);
-            let busy = Busy::start(&in_flight);
-            let app = app.clone();
-            let draining = draining.clone();
-            async move {
-                let mut response = app.oneshot(request).await;
-                if draining.is_cancelled() {
-                    // Said in the response, so that an HTTP/1 client never
-                    // reuses the connection we close next (HTTP/2 drops the
-                    // header and gets a GOAWAY instead).
-                    if let Ok(response) = &mut response {
-                        response
-                            .headers_mut()
-                            .insert(CONNECTION, HeaderValue::from_static("close"));
+        // Every response says `Connection: close` once this is cancelled:
+        // when the listener drains, or the connection reached its age.
+        let closing = self.stopping.draining.child_token();
+        let service = {
+            let (activity, closing) = (Arc::clone(&activity), closing.clone());
+            hyper::service::service_fn(move |mut request: Request<Incoming>| {
+                request.extensions_mut().insert(ConnectInfo(peer));
+                request.extensions_mut().insert(certificate);
+                let busy = Busy::start(&activity);
+                let app = app.clone();
+                let closing = closing.clone();
+                async move {
+                    let mut response = app.oneshot(request).await;
+                    if closing.is_cancelled() {
+                        // Said in the response, so that an HTTP/1 client never
+                        // reuses the connection we close next (HTTP/2 drops the
+                        // header and gets a GOAWAY instead).
+                        if let Ok(response) = &mut response {
+                            response
+                                .headers_mut()
+                                .insert(CONNECTION, HeaderValue::from_static("close"));
+                        }
                     }
+                    drop(busy);
+                    response
                 }
-                drop(busy);
-                response
-            }
-        });
+            })
+        };
         let connection = self.builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let reason = tokio::select! {
@@ -320,15 +358,19 @@ impl Connection {
                 return;
             }
             () = idle_for(idle.clone(), self.limits.idle_timeout) => "idle",
-            () = busy_while_draining(&self.stopping.draining, idle) => "draining",
+            () = self.slot.activity.evicted.cancelled() => "evicted",
+            () = busy_while_closing(&closing, idle) => {
+                if self.stopping.draining.is_cancelled() { "draining" } else { "max_age" }
+            }
+            () = retire_after(&closing, self.limits.max_age) => unreachable!("retire_after never ends"),
             () = self.stopping.stop.cancelled() => "shutdown",
         };
-        self.metrics.connection_closed(self.name, reason);
+        self.metrics.closed(self.name, reason);
         tracing::debug!(listener = self.name, peer = %self.peer, reason, "closing connection");
         // A request in progress is answered first: HTTP/1 with
         // `Connection: close`, HTTP/2 after a GOAWAY.
         connection.as_mut().graceful_shutdown();
-        if reason == "idle" {
+        if matches!(reason, "idle" | "evicted") {
             let _ = tokio::time::timeout(IDLE_CLOSE_GRACE, connection).await;
         } else {
             // The listener's drain time bounds a shutdown.
@@ -338,25 +380,32 @@ impl Connection {
 }
 
 /// A request in progress on a connection.
-struct Busy(Arc<watch::Sender<usize>>);
+struct Busy(Arc<Activity>);
 
 impl Busy {
-    fn start(in_flight: &Arc<watch::Sender<usize>>) -> Busy {
-        in_flight.send_modify(|n| *n += 1);
-        Busy(Arc::clone(in_flight))
+    fn start(activity: &Arc<Activity>) -> Busy {
+        activity.in_flight.send_modify(|n| *n += 1);
+        Busy(Arc::clone(activity))
     }
 }
 
 impl Drop for Busy {
     fn drop(&mut self) {
-        self.0.send_modify(|n| *n -= 1);
+        self.0.in_flight.send_modify(|n| *n -= 1);
     }
 }
 
-/// Resolves once the listener drains and a request is in progress (its
+/// Cancels `closing` once the connection is `age` old; never resolves.
+async fn retire_after(closing: &CancellationToken, age: Duration) {
+    tokio::time::sleep(age).await;
+    closing.cancel();
+    std::future::pending().await
+}
+
+/// Resolves once the connection is closing and a request is in progress (its
 /// response is the connection's last).
-async fn busy_while_draining(draining: &CancellationToken, mut in_flight: watch::Receiver<usize>) {
-    draining.cancelled().await;
+async fn busy_while_closing(closing: &CancellationToken, mut in_flight: watch::Receiver<usize>) {
+    closing.cancelled().await;
     if in_flight.wait_for(|n| *n > 0).await.is_err() {
         std::future::pending::<()>().await;
     }
@@ -385,7 +434,7 @@ async fn idle_for(mut in_flight: watch::Receiver<usize>, idle: Duration) {
 /// The connection cap to use: `requested`, or by default the largest that
 /// fits the open-files limit (raised to its hard limit first) with
 /// `other_connections` and a reserve left over.
-pub(crate) fn connection_cap(requested: Option<usize>, other_connections: usize) -> usize {
+pub fn connection_cap(requested: Option<usize>, other_connections: usize) -> usize {
     use rustix::process::{Resource, getrlimit, setrlimit};
     const DEFAULT: usize = 1024;
     let mut limit = getrlimit(Resource::Nofile);
@@ -442,10 +491,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_only_counts_time_without_requests() {
-        let (tx, rx) = watch::channel(0usize);
-        let tx = Arc::new(tx);
-        let busy = Busy::start(&tx);
-        let idle = tokio::spawn(idle_for(rx, Duration::from_secs(10)));
+        let slot = Slots::new(1, 1).acquire([127, 0, 0, 1].into()).unwrap();
+        let busy = Busy::start(&slot.activity);
+        let idle = tokio::spawn(idle_for(
+            slot.activity.in_flight.subscribe(),
+            Duration::from_secs(10),
+        ));
         tokio::time::sleep(Duration::from_secs(60)).await;
         assert!(!idle.is_finished(), "a request is in progress");
         drop(busy);

@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 #[derive(Debug)]
-pub(crate) struct Throttle {
+pub struct Throttle {
     every: Duration,
     state: Mutex<State>,
 }
@@ -18,7 +18,7 @@ struct State {
 }
 
 impl Throttle {
-    pub(crate) fn new(every: Duration) -> Self {
+    pub fn new(every: Duration) -> Self {
         Throttle {
             every,
             state: Mutex::new(State {
@@ -30,7 +30,7 @@ impl Throttle {
 
     /// `Some(n)` when this occurrence may be logged, `n` being how many were
     /// held back since the last one logged.
-    pub(crate) fn admit(&self) -> Option<u64> {
+    pub fn admit(&self) -> Option<u64> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         if state.last.is_some_and(|last| now < last + self.every) {

@@ -1,0 +1,20 @@
+//! Listeners that no client can hold: open connections are capped in total
+//! and per peer address, and shared fairly (a peer holding fewer connections
+//! takes an idle one of the largest holder when every slot is taken); the TLS
+//! handshake, request heads and idle time are clocked; connections are
+//! retired after a maximum age; HTTP/2 streams are capped; accept errors are
+//! survived, logged and counted. Both binaries serve every listener of
+//! theirs through [`serve`].
+
+mod connections;
+mod metrics;
+mod signal;
+mod slots;
+mod throttle;
+
+pub use connections::{
+    ClientCertificate, ConnectionLimits, Listener, Stopping, TlsSettings, connection_cap, serve,
+};
+pub use metrics::ListenerMetrics;
+pub use signal::shutdown_signal;
+pub use throttle::Throttle;
