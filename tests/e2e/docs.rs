@@ -28,6 +28,12 @@ const FOREIGN_FLAGS: &[(&str, &str, &str)] = &[
         "--unhealthy-zone-threshold",
         "kube-controller-manager",
     ),
+    // Karmada's page names the client throttle of Karmada's own components.
+    (
+        "docs/karmada.md",
+        "--kube-api-qps",
+        "karmada-controller-manager",
+    ),
     // The sidecar's page names the webhook flag that reads the sidecar's /readyz.
     ("docs/sync.md", "--engine-ready-url", "placement-webhook"),
 ];
