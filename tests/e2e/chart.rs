@@ -627,3 +627,97 @@ fn webhook_and_remediator_act_on_the_same_set() {
         "the remediator may see the namespaces the selector admits"
     );
 }
+
+/// Who may talk to the webhook: with `webhook.clientCA` it requires a client
+/// certificate of that CA (mounted from the ConfigMap); with `networkPolicy`
+/// only the named sources reach its ports; both are off by default, and a
+/// NetworkPolicy naming no source of the API server's calls is refused.
+#[test]
+fn who_may_reach_the_webhook_is_a_value() {
+    let webhook = |docs: &[Value]| named(docs, "Deployment", "placement-policy-webhook").clone();
+    let defaults = render(&[]);
+    assert!(of_kind(&defaults, "NetworkPolicy").is_empty());
+    let container = containers(&webhook(&defaults))[0].clone();
+    assert!(
+        !args(&container)
+            .iter()
+            .any(|a| a.starts_with("--client-ca-file")),
+        "{container}"
+    );
+
+    let docs = render(&[
+        "webhook.clientCA.configMap=apiserver-client-ca",
+        "networkPolicy.enabled=true",
+        "networkPolicy.admissionFrom[0].ipBlock.cidr=10.0.0.0/24",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+    ]);
+    let deployment = webhook(&docs);
+    let container = containers(&deployment)[0].clone();
+    assert!(
+        args(&container).contains(&"--client-ca-file=/etc/placement/client-ca/ca.crt".to_owned()),
+        "{container}"
+    );
+    let mounted = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["name"] == "client-ca" && m["mountPath"] == "/etc/placement/client-ca");
+    assert!(mounted, "{container}");
+    let volume = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "client-ca")
+        .cloned();
+    assert_eq!(
+        volume.map(|v| v["configMap"]["name"].clone()),
+        Some(json!("apiserver-client-ca"))
+    );
+
+    let policy = named(&docs, "NetworkPolicy", "placement-policy-webhook");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "the NetworkPolicy selects exactly the webhook's pods"
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([
+            {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}], "ports": [{"port": 8443, "protocol": "TCP"}]},
+            {"from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}], "ports": [{"port": 9090, "protocol": "TCP"}]}
+        ])
+    );
+
+    // A NetworkPolicy the API server accepts (in a namespace of its own).
+    let plane = ControlPlane::shared();
+    // Another test may have made it already.
+    let _ = plane.kubectl(&["create", "namespace", "placement-system"]);
+    let accepted = plane.kubectl_stdin(
+        &["apply", "--dry-run=server", "-f", "-"],
+        &policy.to_string(),
+    );
+    assert!(
+        accepted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+
+    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
+        .args([
+            "template",
+            "x",
+            "charts/placement-policy",
+            "--set",
+            "networkPolicy.enabled=true",
+        ])
+        .current_dir(repo_root())
+        .output()
+        .expect("run helm template");
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("networkPolicy.enabled needs networkPolicy.admissionFrom"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
