@@ -35,6 +35,18 @@ fn render(values: &[&str]) -> Vec<Value> {
         .collect()
 }
 
+/// `helm template` with `value` set fails, naming the problem with `message`.
+fn refused(value: &str, message: &str) {
+    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
+        .args(["template", "x", "charts/placement-policy", "--set", value])
+        .current_dir(repo_root())
+        .output()
+        .expect("run helm template");
+    assert!(!out.status.success(), "{value} rendered");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(message), "{value}: {stderr}");
+}
+
 fn of_kind<'a>(docs: &'a [Value], kind: &str) -> Vec<&'a Value> {
     docs.iter().filter(|d| d["kind"] == kind).collect()
 }
@@ -227,23 +239,9 @@ fn the_shipped_policys_weighting_is_a_value() {
     };
     assert!(settings(&[]).contains("weighting := \"even\""));
     assert!(settings(&["policy.weighting=least-loaded"]).contains("weighting := \"least-loaded\""));
-    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
-        .args([
-            "template",
-            "x",
-            "charts/placement-policy",
-            "--set",
-            "policy.weighting=cheapest",
-        ])
-        .current_dir(repo_root())
-        .output()
-        .expect("run helm template");
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains("policy.weighting must be even or least-loaded"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    refused(
+        "policy.weighting=cheapest",
+        "policy.weighting must be even or least-loaded",
     );
 }
 
@@ -520,23 +518,7 @@ fn embedded_engine_mode_runs_the_webhook_alone_on_the_shipped_policy() {
 
 #[test]
 fn bad_values_are_named_errors() {
-    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
-        .args([
-            "template",
-            "x",
-            "charts/placement-policy",
-            "--set",
-            "engine.type=wasm",
-        ])
-        .current_dir(repo_root())
-        .output()
-        .expect("run helm template");
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("engine.type must be opa or embedded"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    refused("engine.type=wasm", "engine.type must be opa or embedded");
 }
 
 /// What `kubectl apply -f deploy/` sends is accepted by a real API server
@@ -702,22 +684,8 @@ fn who_may_reach_the_webhook_is_a_value() {
         String::from_utf8_lossy(&accepted.stderr)
     );
 
-    let out = std::process::Command::new(cluster::cluster_assets().join("helm"))
-        .args([
-            "template",
-            "x",
-            "charts/placement-policy",
-            "--set",
-            "networkPolicy.enabled=true",
-        ])
-        .current_dir(repo_root())
-        .output()
-        .expect("run helm template");
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr)
-            .contains("networkPolicy.enabled needs networkPolicy.admissionFrom"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    refused(
+        "networkPolicy.enabled=true",
+        "networkPolicy.enabled needs networkPolicy.admissionFrom",
     );
 }
