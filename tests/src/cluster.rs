@@ -817,6 +817,20 @@ conntrack:
         for deployment in ["placement-policy-webhook", "placement-policy-remediator"] {
             self.wait_rollout("placement-system", deployment);
         }
+        // Ready pods are not yet reachable through their Service until
+        // kube-proxy has programmed it (a call before that is refused): wait
+        // until the API server gets an answer from the webhook, any answer.
+        let example = repo_root().join("examples/replicaset-eu-pci.yaml");
+        let example = example.display().to_string();
+        wait_for(
+            "the webhook to answer through its Service",
+            Duration::from_secs(60),
+            || {
+                let out = self.kubectl(&["create", "--dry-run=server", "-f", &example]);
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                (!stderr.contains("failed calling webhook")).then_some(())
+            },
+        );
     }
 
     /// Wait until a Deployment has rolled out (every replica updated and Ready).
