@@ -20,11 +20,20 @@ pub(crate) struct LoadStats {
     pub(crate) failed: u64,
 }
 
+/// What oha sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Body<'a> {
+    /// The file's content, every request.
+    File(&'a Path),
+    /// One line of the file per request.
+    Lines(&'a Path),
+}
+
 /// POST `body` to `url` for `duration` with `concurrency` connections.
 pub(crate) fn oha(
     oha: &Path,
     url: &str,
-    body: &Path,
+    body: Body<'_>,
     ca: &Path,
     concurrency: usize,
     duration: Duration,
@@ -42,9 +51,11 @@ pub(crate) fn oha(
             "POST",
             "-H",
             "content-type: application/json",
-            "-D",
         ])
-        .arg(body)
+        .args(match body {
+            Body::File(path) => ["-D".as_ref(), path.as_os_str()],
+            Body::Lines(path) => ["-Z".as_ref(), path.as_os_str()],
+        })
         .arg("--cacert")
         .arg(ca)
         .arg(url)

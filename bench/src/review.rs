@@ -76,7 +76,10 @@ pub(crate) fn replicaset(name: &str, namespace: &str) -> Result<Value> {
 
 /// The object as it arrives in an AdmissionReview (server-set fields added).
 fn admitted_object(name: &str, namespace: &str) -> Result<Value> {
-    let mut rs = replicaset(name, namespace)?;
+    admitted(replicaset(name, namespace)?)
+}
+
+fn admitted(mut rs: Value) -> Result<Value> {
     let meta = &mut rs["metadata"];
     meta["uid"] = json!("5d3f2a8e-1c4b-4e8f-9a7d-2b6c8e0f1a3d");
     meta["creationTimestamp"] = json!("2026-11-20T10:15:30Z");
@@ -99,13 +102,89 @@ fn admitted_object(name: &str, namespace: &str) -> Result<Value> {
 
 /// The AdmissionReview request body for a CREATE of the benchmark ReplicaSet.
 pub(crate) fn admission_review() -> Result<Value> {
+    review(
+        "0f9d6c1e-7b2a-4c3d-8e5f-6a7b8c9d0e1f",
+        admitted_object("nginx-eu", "payments")?,
+    )
+}
+
+/// Annotation values of the varied stream, cycled at co-prime periods so
+/// that the combinations spread over the whole set.
+const EU_VALUES: [Option<&str>; 3] = [None, Some("true"), Some("false")];
+const PCI_VALUES: [Option<&str>; 5] = [None, Some("0"), Some("1"), Some("2"), Some("3")];
+const PREFERENCES: [&str; 3] = [
+    r#"{"rebalance":true,"clusters":{"gce-europe-west1":{"weight":2},"gce-europe-west2":{"weight":1}}}"#,
+    r#"{"clusters":{"gce-us-central1":{"minReplicas":1,"weight":1},"gce-europe-north1":{"weight":3}}}"#,
+    r#"{"clusters":{"gce-europe-west1":{"weight":1,"maxReplicas":4}}}"#,
+];
+
+/// `count` CREATE reviews of distinct ReplicaSets and Deployments in 50
+/// namespaces: names, uids, images, replicas and labels all differ; the EU
+/// and PCI annotations take every combination; a third request clusters of
+/// their own (replica-set preferences).
+pub(crate) fn varied_reviews(count: usize) -> Result<Vec<Value>> {
+    let template = replicaset("app", "team")?;
+    (0..count)
+        .map(|i| {
+            let name = format!("app-{i}");
+            let namespace = format!("team-{}", i % 50);
+            let mut object = template.clone();
+            let deployment = i % 2 == 1;
+            if deployment {
+                object["kind"] = json!("Deployment");
+                object["spec"]["strategy"] =
+                    json!({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}});
+            }
+            let meta = &mut object["metadata"];
+            meta["name"] = json!(name);
+            meta["namespace"] = json!(namespace);
+            meta["labels"]["app"] = json!(name);
+            let annotations = meta["annotations"]
+                .as_object_mut()
+                .context("the example has annotations")?;
+            for (key, value) in [
+                ("policy.federation.alpha.kubernetes.io/eu-jurisdiction-required", EU_VALUES[i % 3]),
+                ("policy.federation.alpha.kubernetes.io/pci-compliance-level", PCI_VALUES[i % 5]),
+                (PREFS, (i % 3 == 0).then(|| PREFERENCES[i / 3 % 3])),
+            ] {
+                match value {
+                    Some(v) => annotations.insert(key.to_owned(), json!(v)),
+                    None => annotations.remove(key),
+                };
+            }
+            object["spec"]["replicas"] = json!(1 + i % 9);
+            object["spec"]["selector"] = json!({"matchLabels": {"app": name}});
+            object["spec"]["template"]["metadata"]["labels"]["app"] = json!(name);
+            object["spec"]["template"]["spec"]["containers"][0]["image"] =
+                json!(format!("registry.example/{namespace}/app:1.{}.{}", i % 17, i % 5));
+            let mut object = admitted(object)?;
+            object["metadata"]["uid"] = json!(format!("5d3f2a8e-1c4b-4e8f-9a7d-{i:012x}"));
+            let mut review = review(&format!("0f9d6c1e-7b2a-4c3d-8e5f-{i:012x}"), object)?;
+            if deployment {
+                let gvk = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
+                let gvr = json!({"group": "apps", "version": "v1", "resource": "deployments"});
+                let request = &mut review["request"];
+                request["kind"] = gvk.clone();
+                request["requestKind"] = gvk;
+                request["resource"] = gvr.clone();
+                request["requestResource"] = gvr;
+            }
+            review["request"]["name"] = json!(name);
+            review["request"]["namespace"] = json!(namespace);
+            Ok(review)
+        })
+        .collect()
+}
+
+/// A CREATE review of `object` (a ReplicaSet until the caller says otherwise).
+fn review(uid: &str, object: Value) -> Result<Value> {
     let gvk = json!({"group": "apps", "version": "v1", "kind": "ReplicaSet"});
     let gvr = json!({"group": "apps", "version": "v1", "resource": "replicasets"});
     Ok(json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
-            "uid": "0f9d6c1e-7b2a-4c3d-8e5f-6a7b8c9d0e1f",
+            "uid": uid,
             "kind": gvk,
             "resource": gvr,
             "requestKind": gvk,
@@ -118,7 +197,7 @@ pub(crate) fn admission_review() -> Result<Value> {
                 "uid": "2b1d9f0e-3c4a-4b5c-8d6e-7f8091a2b3c4",
                 "groups": ["system:authenticated", "payments-developers"]
             },
-            "object": admitted_object("nginx-eu", "payments")?,
+            "object": object,
             "oldObject": null,
             "dryRun": false,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions", "fieldManager": "kubectl-create"}

@@ -7,6 +7,11 @@
 //! in order. Each blocking thread keeps its own copy of the prepared engine and
 //! reuses it until policies or data change, so concurrent reviews do not contend
 //! on a lock or re-prepare the policy.
+//!
+//! Answers are remembered ([`crate::memo`]) by the values at the input paths
+//! the modules read ([`crate::input_reads`]): a review that differs from an
+//! earlier one only in what the policy never reads (names, uids, images) is
+//! answered without evaluating.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -24,6 +29,11 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
+use crate::input_reads::{InputReads, Uncacheable};
+use crate::memo::{DecisionCacheStats, DecisionMemo};
+
+/// The decision cache's default size in bytes.
+pub const DEFAULT_DECISION_CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Distinguishes engines in the per-thread cache.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
@@ -39,6 +49,7 @@ pub struct Embedded {
     state: RwLock<State>,
     /// One permit per core: the evaluations allowed to run at once.
     evaluators: Arc<Semaphore>,
+    memo: DecisionMemo,
 }
 
 struct State {
@@ -47,6 +58,9 @@ struct State {
     /// Engine with every module and the data loaded; cloned per thread.
     template: Arc<regorus::Engine>,
     generation: u64,
+    /// What the modules read of the input, or why their answers are not
+    /// remembered.
+    reads: Result<Arc<InputReads>, Uncacheable>,
 }
 
 impl fmt::Debug for Embedded {
@@ -89,7 +103,9 @@ impl Embedded {
         Embedded {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             evaluators: evaluators(),
+            memo: DecisionMemo::new(DEFAULT_DECISION_CACHE_BYTES),
             state: RwLock::new(State {
+                reads: input_reads(&BTreeMap::new()),
                 modules: BTreeMap::new(),
                 data: Value::Object(Map::new()),
                 template: Arc::new(regorus::Engine::new()),
@@ -152,13 +168,21 @@ impl Embedded {
         Ok(Embedded {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             evaluators: evaluators(),
+            memo: DecisionMemo::new(DEFAULT_DECISION_CACHE_BYTES),
             state: RwLock::new(State {
+                reads: input_reads(&modules),
                 modules,
                 data,
                 template: Arc::new(template),
                 generation: 1,
             }),
         })
+    }
+
+    /// Remember at most about `bytes` of answers (0: none).
+    pub fn with_decision_cache(mut self, bytes: usize) -> Self {
+        self.memo = DecisionMemo::new(bytes);
+        self
     }
 
     /// Number of loaded policy modules.
@@ -192,7 +216,15 @@ impl Embedded {
                 .map_err(|e| EngineError::Evaluation(format!("loading data: {e}")))?;
             engine
         } else {
-            build_engine(&modules, &data)?
+            let template = build_engine(&modules, &data)?;
+            let reads = input_reads(&modules);
+            if reads.is_ok() != state.reads.is_ok() && reads.is_ok() {
+                tracing::info!(
+                    "decision cache on: the policy set reads input only at constant paths"
+                );
+            }
+            state.reads = reads;
+            template
         };
         state.modules = modules;
         state.data = data;
@@ -243,6 +275,19 @@ pub(crate) fn to_rego(value: &Value) -> regorus::Value {
                 .collect::<BTreeMap<_, _>>(),
         ),
     }
+}
+
+/// The input paths `modules` read; a refusal is logged, since it costs every
+/// review a full evaluation.
+fn input_reads(modules: &BTreeMap<String, String>) -> Result<Arc<InputReads>, Uncacheable> {
+    InputReads::of(modules)
+        .map(Arc::new)
+        .inspect_err(|refused| {
+            tracing::warn!(
+                %refused,
+                "decision cache off for this policy set: every review is evaluated"
+            );
+        })
 }
 
 fn evaluators() -> Arc<Semaphore> {
@@ -474,10 +519,20 @@ impl PolicyEngine for Embedded {
             timeout: budget,
         };
         let query = rego_query(path)?;
-        let (template, generation) = {
+        let (template, generation, reads) = {
             let state = self.read();
-            (Arc::clone(&state.template), state.generation)
+            let reads = state.reads.as_ref().ok().map(Arc::clone);
+            (Arc::clone(&state.template), state.generation, reads)
         };
+        let key = match reads {
+            Some(reads) if self.memo.enabled() => reads.key(path, input),
+            _ => None,
+        };
+        if let Some(key) = &key
+            && let Some(outcome) = self.memo.get(generation, key)
+        {
+            return Ok(outcome);
+        }
         let instance = self.instance;
         // Straight from the borrowed JSON: no copy of the input in between.
         let input = to_rego(input);
@@ -495,7 +550,12 @@ impl PolicyEngine for Embedded {
             outcome
         });
         match tokio::time::timeout_at(deadline, task).await {
-            Ok(Ok(outcome)) => outcome,
+            Ok(Ok(outcome)) => {
+                if let (Some(key), Ok(outcome)) = (&key, &outcome) {
+                    self.memo.put(generation, key, outcome);
+                }
+                outcome
+            }
             Ok(Err(join)) => Err(EngineError::Evaluation(format!(
                 "evaluation task failed: {join}"
             ))),
@@ -600,6 +660,11 @@ impl PolicyEngine for Embedded {
 
     async fn health(&self) -> Result<(), EngineError> {
         Ok(())
+    }
+
+    fn decision_cache(&self) -> Option<DecisionCacheStats> {
+        let refused = self.read().reads.as_ref().err().map(ToString::to_string);
+        Some(self.memo.stats(refused))
     }
 }
 
@@ -855,6 +920,177 @@ errors contains msg if {
             err.to_string().contains("data.json is not valid JSON"),
             "{err}"
         );
+    }
+
+    /// The shipped policies and example clusters of the repository.
+    fn shipped() -> Embedded {
+        Embedded::from_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies")).unwrap()
+    }
+
+    /// Workloads differing in every way a placement policy may care about,
+    /// and in ways it should not (names, images, replicas).
+    fn varied_inputs() -> Vec<Value> {
+        let mut inputs = Vec::new();
+        let kinds = ["ReplicaSet", "Deployment", "ConfigMap"];
+        let eu = [None, Some("true"), Some("false"), Some("yes")];
+        let pci = [None, Some("0"), Some("1"), Some("2"), Some("3"), Some("x")];
+        let preferences = [
+            None,
+            Some(
+                r#"{"rebalance": true, "clusters": {"gce-europe-west1": {"weight": 2}, "*": {"weight": 1}}}"#,
+            ),
+            Some(r#"{"clusters": {"gce-us-central1": {"weight": 1}}}"#),
+            Some("not json"),
+        ];
+        let mut n = 0;
+        for kind in kinds {
+            for eu in eu {
+                for pci in pci {
+                    for preference in preferences {
+                        for copy in 0..2 {
+                            n += 1;
+                            let mut annotations = Map::new();
+                            let mut put = |k: &str, v: Option<&str>| {
+                                if let Some(v) = v {
+                                    annotations.insert(k.to_owned(), json!(v));
+                                }
+                            };
+                            put(
+                                "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required",
+                                eu,
+                            );
+                            put(
+                                "policy.federation.alpha.kubernetes.io/pci-compliance-level",
+                                pci,
+                            );
+                            put(
+                                "federation.kubernetes.io/replica-set-preferences",
+                                preference,
+                            );
+                            put("team", Some(if copy == 0 { "a" } else { "b" }));
+                            inputs.push(json!({
+                                "apiVersion": "apps/v1",
+                                "kind": kind,
+                                "metadata": {"name": format!("w-{n}"), "namespace": format!("ns-{copy}"), "uid": format!("uid-{n}"), "annotations": annotations},
+                                "spec": {"replicas": n % 7, "template": {"spec": {"containers": [{"name": "app", "image": format!("registry.example/app:{n}")}]}}},
+                                "_admission": {"uid": format!("req-{n}"), "operation": "CREATE"},
+                            }));
+                        }
+                    }
+                }
+            }
+        }
+        inputs
+    }
+
+    async fn answers(engine: &Embedded, inputs: &[Value]) -> Vec<QueryOutcome> {
+        let mut out = Vec::new();
+        for input in inputs {
+            out.push(
+                engine
+                    .query(crate::DEFAULT_DECISION_PATH, input, soon())
+                    .await
+                    .unwrap(),
+            );
+        }
+        out
+    }
+
+    /// The cache's soundness on the shipped policy: cached answers equal
+    /// evaluated ones over inputs varying each path the policy reads (it fails
+    /// when the key leaves one out: the answer of a neighbour comes back).
+    #[tokio::test]
+    async fn cached_decisions_equal_evaluated_ones_on_the_shipped_policy() {
+        let cached = shipped();
+        let evaluated = shipped().with_decision_cache(0);
+        let stats = cached.decision_cache().unwrap();
+        assert_eq!(stats.refused, None, "the shipped policy must be cacheable");
+        let inputs = varied_inputs();
+        let truth = answers(&evaluated, &inputs).await;
+        assert!(
+            truth
+                .iter()
+                .map(|t| format!("{t:?}"))
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
+                > 10,
+            "the inputs must get many different answers for this to test anything"
+        );
+        // Twice over, so that the second round is answered from the cache.
+        assert_eq!(answers(&cached, &inputs).await, truth);
+        assert_eq!(answers(&cached, &inputs).await, truth);
+        let stats = cached.decision_cache().unwrap();
+        assert!(stats.hits >= inputs.len() as u64, "{stats:?}");
+        assert_eq!(evaluated.decision_cache().unwrap().hits, 0);
+    }
+
+    #[tokio::test]
+    async fn a_change_of_policy_data_or_a_read_path_changes_the_answer() {
+        let engine = Embedded::new();
+        engine.put_policy("p.rego", POLICY).await.unwrap();
+        engine
+            .put_data("regions", &json!({"web": "eu", "api": "us"}))
+            .await
+            .unwrap();
+        let web = json!({"metadata": {"name": "a", "labels": {"app": "web"}}});
+        let region = |outcome: QueryOutcome| match outcome {
+            QueryOutcome::Defined(v) => v["annotations"]["example.com/region"].clone(),
+            QueryOutcome::Undefined => Value::Null,
+        };
+        let ask = |input: Value| {
+            let engine = &engine;
+            async move {
+                region(
+                    engine
+                        .query("io/k8s/federation/admission", &input, soon())
+                        .await
+                        .unwrap(),
+                )
+            }
+        };
+        assert_eq!(ask(web.clone()).await, "eu");
+        // What the policy does not read: answered from the cache.
+        let renamed = json!({"metadata": {"name": "b", "labels": {"app": "web", "tier": "x"}}});
+        assert_eq!(ask(renamed).await, "eu");
+        assert_eq!(engine.decision_cache().unwrap().hits, 1);
+        // A read path.
+        assert_eq!(
+            ask(json!({"metadata": {"labels": {"app": "api"}}})).await,
+            "us"
+        );
+        // Data.
+        engine
+            .put_data("regions", &json!({"web": "ch"}))
+            .await
+            .unwrap();
+        assert_eq!(ask(web.clone()).await, "ch");
+        // Policy.
+        let policy = POLICY.replace(
+            "data.regions[input.metadata.labels.app]",
+            "concat(\"-\", [\"fixed\", data.regions[input.metadata.labels.app]])",
+        );
+        engine.put_policy("p.rego", &policy).await.unwrap();
+        assert_eq!(ask(web).await, "fixed-ch");
+    }
+
+    #[tokio::test]
+    async fn a_policy_set_reading_the_whole_input_is_evaluated_every_time() {
+        let engine = Embedded::new();
+        let policy =
+            "package io.k8s.federation.admission\n\nannotations[\"n\"] := count(walk(input))\n";
+        engine.put_policy("p.rego", policy).await.unwrap();
+        for _ in 0..3 {
+            engine
+                .query("io/k8s/federation/admission", &json!({"a": 1}), soon())
+                .await
+                .unwrap();
+        }
+        let stats = engine.decision_cache().unwrap();
+        assert_eq!(
+            stats.refused.as_deref(),
+            Some("p.rego:3: reads the whole input (`input` without a constant path after it)")
+        );
+        assert_eq!((stats.hits, stats.entries), (0, 0), "{stats:?}");
     }
 
     #[test]

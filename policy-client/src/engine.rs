@@ -11,6 +11,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::memo::DecisionCacheStats;
+
 /// What a query returned: a document, or nothing at all.
 ///
 /// `Undefined` is its own outcome on purpose: an engine that has not (yet) loaded
@@ -289,6 +291,11 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
     /// engine has none to offer (then a sentinel document tells).
     async fn instance_id(&self) -> Result<Option<String>, EngineError> {
         Ok(None)
+    }
+
+    /// What the engine's decision cache did; `None` when it has none.
+    fn decision_cache(&self) -> Option<DecisionCacheStats> {
+        None
     }
 }
 

@@ -93,6 +93,14 @@ pub struct EngineArgs {
     /// configuration's timeoutSeconds.
     #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = humantime::parse_duration, default_value = "8s")]
     pub engine_deadline: Duration,
+    /// Embedded engine: memory for remembered decisions (0: none). A review
+    /// that agrees with an earlier one at every input path the policies read
+    /// gets its answer; any policy or data change forgets them all. A policy
+    /// set that reads the whole input or calls time, random, network or
+    /// print builtins is never cached (said in the log and the
+    /// decision_cache_enabled metric).
+    #[arg(long, env = "PLACEMENT_DECISION_CACHE_MEMORY", value_parser = parse_bytes, default_value = "16Mi")]
+    pub decision_cache_memory: usize,
 }
 
 /// Shows `--opa-url` without its credentials.
@@ -107,6 +115,7 @@ impl std::fmt::Debug for EngineArgs {
             .field("decision", &self.decision)
             .field("engine_timeout", &self.engine_timeout)
             .field("engine_deadline", &self.engine_deadline)
+            .field("decision_cache_memory", &self.decision_cache_memory)
             .finish()
     }
 }
@@ -385,11 +394,12 @@ impl EngineArgs {
         };
         let url = self.opa_url.clone().or(seed_url);
         let Some(url) = url else {
-            let engine =
-                Embedded::from_dir(&self.policy_dir).map_err(|e| ConfigError::Policies {
+            let engine = Embedded::from_dir(&self.policy_dir)
+                .map_err(|e| ConfigError::Policies {
                     dir: self.policy_dir.clone(),
                     message: e.to_string(),
-                })?;
+                })?
+                .with_decision_cache(self.decision_cache_memory);
             let modules = engine.module_count();
             return Ok(ResolvedEngine {
                 engine: Arc::new(engine),

@@ -1,13 +1,16 @@
 //! Prometheus metrics of the webhook.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use placement_endpoint::ListenerMetrics;
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use policy_client::PolicyEngine;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -227,12 +230,50 @@ impl Metrics {
             .set(i64::try_from(total).unwrap_or(i64::MAX));
     }
 
+    /// Export what `engine`'s decision cache did, read at each scrape.
+    pub fn watch_decision_cache(&mut self, engine: Arc<dyn PolicyEngine>) {
+        self.registry
+            .register_collector(Box::new(DecisionCacheCollector(engine)));
+    }
+
     /// The registry in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+/// The embedded engine's decision cache, as its counters stand.
+#[derive(Debug)]
+struct DecisionCacheCollector(Arc<dyn PolicyEngine>);
+
+impl Collector for DecisionCacheCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let Some(stats) = self.0.decision_cache() else {
+            return Ok(());
+        };
+        let enabled = stats.refused.is_none() && stats.budget_bytes > 0;
+        let gauge = |value: u64| ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+        let counters = [
+            ("decision_cache_hits", "Decisions answered from the decision cache", stats.hits),
+            ("decision_cache_misses", "Decisions evaluated because the cache did not hold them", stats.misses),
+        ];
+        for (name, help, value) in counters {
+            let counter = ConstCounter::new(value);
+            counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+        }
+        let gauges = [
+            ("decision_cache_enabled", "1 when decisions are cached; 0 when the cache is off or the policy set cannot be cached (the log says why)", u64::from(enabled)),
+            ("decision_cache_entries", "Decisions held by the decision cache", stats.entries),
+            ("decision_cache_bytes", "Bytes held by the decision cache (estimate)", stats.bytes),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = gauge(value);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        Ok(())
     }
 }
 
@@ -257,5 +298,42 @@ mod tests {
             "{text}"
         );
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[tokio::test]
+    async fn exports_the_decision_cache_as_it_stands() {
+        let engine = Arc::new(policy_client::Embedded::new());
+        engine
+            .put_policy("p.rego", "package p\n\nx := input.kind\n")
+            .await
+            .unwrap();
+        let mut m = Metrics::new();
+        m.watch_decision_cache(engine.clone());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        for _ in 0..3 {
+            engine
+                .query("p", &serde_json::json!({"kind": "A"}), deadline)
+                .await
+                .unwrap();
+        }
+        let text = m.encode();
+        for line in [
+            "placement_webhook_decision_cache_hits_total 2",
+            "placement_webhook_decision_cache_misses_total 1",
+            "placement_webhook_decision_cache_enabled 1",
+            "placement_webhook_decision_cache_entries 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+        // A policy set that cannot be cached says so.
+        engine
+            .put_policy("p.rego", "package p\n\nx := count(walk(input))\n")
+            .await
+            .unwrap();
+        assert!(
+            m.encode()
+                .lines()
+                .any(|l| l == "placement_webhook_decision_cache_enabled 0")
+        );
     }
 }

@@ -213,7 +213,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         let limit = u64::try_from(memory.engine_memory_limit).unwrap_or(u64::MAX);
         policy_client::embedded::set_memory_limit((limit > 0).then_some(limit));
     }
-    let metrics = Arc::new(Metrics::new());
+    let mut metrics = Metrics::new();
+    metrics.watch_decision_cache(Arc::clone(&resolved.engine));
+    let metrics = Arc::new(metrics);
     // The embedded engine needs the API only for Events, so it uses a kubeconfig
     // only when given one (or in a cluster); with OPA the usual inference applies.
     let infer = matches!(resolved.kind, EngineKind::Opa { .. });

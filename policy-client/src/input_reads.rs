@@ -1,0 +1,553 @@
+//! Which parts of `input` a policy set can read, from its source: the ground
+//! the decision cache stands on. Two inputs that agree at every path found
+//! here get the same decision from the same modules and data.
+//!
+//! Sound by over-approximation. Every read of `input` in Rego is a reference
+//! that starts with the word `input` (an `import input.x as y` alias starts
+//! with it too); the constant prefix of that reference (`.name`, `["key"]`)
+//! covers everything the rest of it can reach, whatever the variables in it
+//! take. A reference with no constant prefix (`input`, `input[x]`, `walk(input)`,
+//! a function given the whole input) would cover the whole input, so the set
+//! is refused rather than cached on everything. `object.get(input.p, "k", d)`
+//! and `object.get(input.p, ["k1", "k2"], d)` read exactly `p.k` / `p.k1.k2`.
+//! Builtins whose answer is not a function of their arguments (time, random,
+//! network, printing) refuse the set too.
+//!
+//! A tokenizer, not a parser: comments and strings are read as what they are,
+//! so `"input"` in a string or `# input` in a comment is no read; a template
+//! string (`$"..."`, which can hold expressions) refuses the set.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+
+/// The input paths a policy set reads (none a prefix of another).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InputReads {
+    paths: Vec<Vec<String>>,
+}
+
+/// Why a policy set's decisions cannot be cached.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{module}:{line}: {reason}")]
+pub struct Uncacheable {
+    pub module: String,
+    pub line: usize,
+    pub reason: String,
+}
+
+/// Builtins whose result is not a function of their arguments, or that act.
+const IMPURE_CALLS: &[&str] = &[
+    "time.now_ns",
+    "rand.intn",
+    "uuid.rfc4122",
+    "http.send",
+    "net.lookup_ip_addr",
+    "opa.runtime",
+    "io.jwt.decode_verify",
+    "crypto.x509.parse_and_verify_certificates",
+    "crypto.x509.parse_and_verify_certificates_with_options",
+    "print",
+    "trace",
+];
+
+/// A key longer than this is not cached: the review is evaluated instead.
+pub(crate) const MAX_KEY_BYTES: usize = 64 * 1024;
+
+impl InputReads {
+    /// The paths `modules` (id -> source) read, or why they cannot be pinned.
+    pub(crate) fn of(modules: &BTreeMap<String, String>) -> Result<Self, Uncacheable> {
+        let mut tokenized = Vec::with_capacity(modules.len());
+        for (id, source) in modules {
+            let tokens = tokenize(source).map_err(|(line, reason)| Uncacheable {
+                module: id.clone(),
+                line,
+                reason,
+            })?;
+            tokenized.push((id, tokens));
+        }
+        // `object.get` is the builtin only when no module redefines `object`.
+        let object_is_builtin = !tokenized.iter().any(|(_, t)| names_object(t));
+        let mut paths = BTreeSet::new();
+        for (id, tokens) in &tokenized {
+            scan(tokens, object_is_builtin, &mut paths).map_err(|(line, reason)| Uncacheable {
+                module: (*id).clone(),
+                line,
+                reason,
+            })?;
+        }
+        // Sorted, a path's prefixes come before it.
+        let mut kept: Vec<Vec<String>> = Vec::new();
+        for path in paths {
+            if !kept.iter().any(|k| path.starts_with(k)) {
+                kept.push(path);
+            }
+        }
+        Ok(InputReads { paths: kept })
+    }
+
+    /// The cache key of `input` under these reads: the value at each path, or
+    /// where and how the path ends before it. `None` when it would exceed
+    /// [`MAX_KEY_BYTES`].
+    pub(crate) fn key(&self, query: &str, input: &Value) -> Option<Vec<u8>> {
+        let mut key = Vec::with_capacity(128);
+        key.extend_from_slice(query.as_bytes());
+        for path in &self.paths {
+            key.push(0);
+            let mut node = input;
+            let mut depth = 0;
+            for segment in path {
+                match node {
+                    Value::Object(map) => match map.get(segment) {
+                        Some(next) => {
+                            node = next;
+                            depth += 1;
+                        }
+                        None => break,
+                    },
+                    _ => break,
+                }
+            }
+            // The depth reached says which prefix the value belongs to; an
+            // object that lacks the next key is marked absent (its other keys
+            // are not read), anything else is written whole.
+            key.extend_from_slice(&(depth as u32).to_le_bytes());
+            if depth < path.len() && node.is_object() {
+                key.push(b'-');
+            } else {
+                key.push(b'=');
+                serde_json::to_writer(&mut key, node).ok()?;
+            }
+            if key.len() > MAX_KEY_BYTES {
+                return None;
+            }
+        }
+        Some(key)
+    }
+
+    #[cfg(test)]
+    fn paths(&self) -> Vec<String> {
+        self.paths.iter().map(|p| p.join(".")).collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Ident(String),
+    /// A string literal's value; `None` when it holds escapes this reader
+    /// does not decode (never a path segment then).
+    Str(Option<String>),
+    Number,
+    Punct(char),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Token {
+    kind: Kind,
+    line: usize,
+}
+
+fn tokenize(source: &str) -> Result<Vec<Token>, (usize, String)> {
+    let bytes = source.as_bytes();
+    let mut tokens = Vec::new();
+    let mut line = 1;
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        match c {
+            b'\n' => {
+                line += 1;
+                i += 1;
+            }
+            c if c.is_ascii_whitespace() => i += 1,
+            b'#' => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'$' if matches!(bytes.get(i + 1), Some(b'"' | b'`')) => {
+                return Err((
+                    line,
+                    "a template string can read input in ways this analysis does not follow"
+                        .to_owned(),
+                ));
+            }
+            b'"' => {
+                let start_line = line;
+                let start = i + 1;
+                let mut j = start;
+                let mut escaped = false;
+                while j < bytes.len() && bytes[j] != b'"' {
+                    if bytes[j] == b'\\' {
+                        escaped = true;
+                        j += 1;
+                    }
+                    if j < bytes.len() && bytes[j] == b'\n' {
+                        line += 1;
+                    }
+                    j += 1;
+                }
+                let text = &source[start..j.min(bytes.len())];
+                let value = if escaped {
+                    serde_json::from_str::<String>(&format!("\"{text}\"")).ok()
+                } else {
+                    Some(text.to_owned())
+                };
+                tokens.push(Token {
+                    kind: Kind::Str(value),
+                    line: start_line,
+                });
+                i = j + 1;
+            }
+            b'`' => {
+                let start_line = line;
+                let start = i + 1;
+                let mut j = start;
+                while j < bytes.len() && bytes[j] != b'`' {
+                    if bytes[j] == b'\n' {
+                        line += 1;
+                    }
+                    j += 1;
+                }
+                tokens.push(Token {
+                    kind: Kind::Str(Some(source[start..j.min(bytes.len())].to_owned())),
+                    line: start_line,
+                });
+                i = j + 1;
+            }
+            c if c.is_ascii_alphabetic() || c == b'_' => {
+                let start = i;
+                while i < bytes.len() && (bytes[i].is_ascii_alphanumeric() || bytes[i] == b'_') {
+                    i += 1;
+                }
+                tokens.push(Token {
+                    kind: Kind::Ident(source[start..i].to_owned()),
+                    line,
+                });
+            }
+            c if c.is_ascii_digit() => {
+                while i < bytes.len()
+                    && (bytes[i].is_ascii_alphanumeric()
+                        || bytes[i] == b'.' && { bytes.get(i + 1).is_some_and(u8::is_ascii_digit) })
+                {
+                    i += 1;
+                }
+                tokens.push(Token {
+                    kind: Kind::Number,
+                    line,
+                });
+            }
+            _ => {
+                // Multi-byte characters only appear in strings and comments
+                // of valid Rego; step over the whole character anyway.
+                let width = source[i..].chars().next().map_or(1, char::len_utf8);
+                tokens.push(Token {
+                    kind: Kind::Punct(c as char),
+                    line,
+                });
+                i += width;
+            }
+        }
+    }
+    Ok(tokens)
+}
+
+fn ident(tokens: &[Token], at: usize) -> Option<&str> {
+    match tokens.get(at).map(|t| &t.kind) {
+        Some(Kind::Ident(name)) => Some(name),
+        _ => None,
+    }
+}
+
+fn punct(tokens: &[Token], at: usize, c: char) -> bool {
+    matches!(tokens.get(at).map(|t| &t.kind), Some(Kind::Punct(p)) if *p == c)
+}
+
+fn string(tokens: &[Token], at: usize) -> Option<&str> {
+    match tokens.get(at).map(|t| &t.kind) {
+        Some(Kind::Str(Some(s))) => Some(s),
+        _ => None,
+    }
+}
+
+/// Whether a module may make `object` name something else than the
+/// builtins: any `object` on an `import` or `package` line, or heading a line
+/// or a `default` rule (a rule or function of that name).
+fn names_object(tokens: &[Token]) -> bool {
+    let line_start = |i: usize| i == 0 || tokens[i - 1].line != tokens[i].line;
+    tokens.iter().enumerate().any(|(i, t)| {
+        if t.kind != Kind::Ident("object".to_owned()) {
+            return false;
+        }
+        let first = (0..=i).rev().find(|&j| line_start(j)).unwrap_or(0);
+        matches!(ident(tokens, first), Some("import" | "package" | "default")) || first == i
+    })
+}
+
+/// The dotted name of a call starting at `at` (`time.now_ns(` -> `time.now_ns`).
+fn call_name(tokens: &[Token], at: usize) -> Option<(String, usize)> {
+    let mut name = ident(tokens, at)?.to_owned();
+    let mut j = at + 1;
+    while punct(tokens, j, '.') {
+        name.push('.');
+        name.push_str(ident(tokens, j + 1)?);
+        j += 2;
+    }
+    punct(tokens, j, '(').then_some((name, j))
+}
+
+type ScanError = (usize, String);
+
+fn scan(
+    tokens: &[Token],
+    object_is_builtin: bool,
+    paths: &mut BTreeSet<Vec<String>>,
+) -> Result<(), ScanError> {
+    for (i, token) in tokens.iter().enumerate() {
+        let Kind::Ident(word) = &token.kind else {
+            continue;
+        };
+        let after_dot = i > 0 && punct(tokens, i - 1, '.');
+        if after_dot {
+            continue;
+        }
+        if let Some((name, _)) = call_name(tokens, i)
+            && IMPURE_CALLS.contains(&name.as_str())
+        {
+            return Err((
+                token.line,
+                format!("`{name}` does not answer the same for the same input"),
+            ));
+        }
+        if word != "input" {
+            continue;
+        }
+        let (mut path, end) = constant_path(tokens, i + 1);
+        if object_is_builtin && is_object_get_argument(tokens, i) && punct(tokens, end, ',') {
+            path.extend(object_get_key(tokens, end + 1));
+        }
+        if path.is_empty() {
+            return Err((
+                token.line,
+                "reads the whole input (`input` without a constant path after it)".to_owned(),
+            ));
+        }
+        paths.insert(path);
+    }
+    Ok(())
+}
+
+/// The constant segments after a reference's head at `at`, and where they end.
+fn constant_path(tokens: &[Token], mut at: usize) -> (Vec<String>, usize) {
+    let mut path = Vec::new();
+    loop {
+        if punct(tokens, at, '.')
+            && let Some(name) = ident(tokens, at + 1)
+        {
+            path.push(name.to_owned());
+            at += 2;
+        } else if punct(tokens, at, '[')
+            && let Some(key) = string(tokens, at + 1)
+            && punct(tokens, at + 2, ']')
+        {
+            path.push(key.to_owned());
+            at += 3;
+        } else {
+            return (path, at);
+        }
+    }
+}
+
+/// Whether the reference at `at` is the first argument of `object.get(`.
+fn is_object_get_argument(tokens: &[Token], at: usize) -> bool {
+    at >= 4
+        && punct(tokens, at - 1, '(')
+        && ident(tokens, at - 2) == Some("get")
+        && punct(tokens, at - 3, '.')
+        && ident(tokens, at - 4) == Some("object")
+        && !(at >= 5 && punct(tokens, at - 5, '.'))
+}
+
+/// `object.get`'s key argument at `at` as path segments, when it is a string
+/// or an array of strings written out and followed by the default argument.
+fn object_get_key(tokens: &[Token], at: usize) -> Vec<String> {
+    if let Some(key) = string(tokens, at)
+        && punct(tokens, at + 1, ',')
+    {
+        return vec![key.to_owned()];
+    }
+    if !punct(tokens, at, '[') {
+        return Vec::new();
+    }
+    let mut keys = Vec::new();
+    let mut j = at + 1;
+    loop {
+        if punct(tokens, j, ']') {
+            break;
+        }
+        let Some(key) = string(tokens, j) else {
+            return Vec::new();
+        };
+        keys.push(key.to_owned());
+        j += 1;
+        if punct(tokens, j, ',') {
+            j += 1;
+        } else if !punct(tokens, j, ']') {
+            return Vec::new();
+        }
+    }
+    if punct(tokens, j + 1, ',') {
+        keys
+    } else {
+        Vec::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reads(sources: &[&str]) -> Result<InputReads, Uncacheable> {
+        let modules = sources
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (format!("m{i}.rego"), (*s).to_owned()))
+            .collect();
+        InputReads::of(&modules)
+    }
+
+    fn paths(sources: &[&str]) -> Vec<String> {
+        reads(sources).unwrap().paths()
+    }
+
+    fn refused(sources: &[&str]) -> String {
+        reads(sources).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn constant_references_are_read_up_to_their_first_variable() {
+        assert_eq!(
+            paths(&[r#"package p
+x if input.metadata.labels["app.kubernetes.io/name"] == "a"
+y contains k if some k, _ in input.spec.template.metadata.annotations
+z := input.spec.containers[i].image
+"#]),
+            [
+                "metadata.labels.app.kubernetes.io/name",
+                "spec.containers",
+                "spec.template.metadata.annotations"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_prefix_covers_the_longer_paths_under_it() {
+        assert_eq!(
+            paths(&["package p\na := input.metadata\nb := input.metadata.name\n"]),
+            ["metadata"]
+        );
+    }
+
+    #[test]
+    fn object_get_reads_exactly_its_constant_key() {
+        assert_eq!(
+            paths(&[r#"package p
+a := object.get(input, ["metadata", "annotations", "x/y"], "false")
+b := object.get(input.spec, "replicas", 1)
+c := object.get(input.status, [k], 1)
+"#]),
+            ["metadata.annotations.x/y", "spec.replicas", "status"]
+        );
+        // A module that names something `object` makes `object.get` its own.
+        assert!(
+            refused(&[r#"package p
+import data.lib.object
+a := object.get(input, ["metadata"], "false")
+"#])
+            .contains("whole input")
+        );
+    }
+
+    #[test]
+    fn comments_strings_and_fields_named_input_are_not_reads() {
+        assert_eq!(
+            paths(&[r#"package p
+# input is the object
+msg := "input"
+raw := `input`
+a := data.x.input
+b := input.kind
+"#]),
+            ["kind"]
+        );
+    }
+
+    #[test]
+    fn imports_of_input_read_their_path() {
+        assert_eq!(
+            paths(&["package p\nimport input.metadata as meta\na := meta.name\n"]),
+            ["metadata"]
+        );
+    }
+
+    #[test]
+    fn the_whole_input_and_impure_builtins_refuse_the_set() {
+        assert_eq!(
+            refused(&["package p\n\nx := walk(input)\n"]),
+            "m0.rego:3: reads the whole input (`input` without a constant path after it)"
+        );
+        assert!(refused(&["package p\nx := input[k]\n"]).contains("whole input"));
+        assert!(refused(&["package p\nimport input\n"]).contains("whole input"));
+        assert!(refused(&["package p\nx := f(input)\n"]).contains("whole input"));
+        assert!(refused(&["package p\nx := time.now_ns()\n"]).contains("`time.now_ns`"));
+        assert!(refused(&["package p\nx if print(input.a)\n"]).contains("`print`"));
+        assert!(refused(&["package p\nx := $\"{input.a}\"\n"]).contains("template string"));
+        // The second module refuses the set.
+        assert!(
+            refused(&[
+                "package p\na := input.a\n",
+                "package q\nb := rand.intn(\"x\", 2)\n"
+            ])
+            .starts_with("m1.rego:2")
+        );
+    }
+
+    #[test]
+    fn the_key_holds_the_value_at_each_path_and_where_it_ends() {
+        let reads =
+            reads(&["package p\na := input.metadata.labels.app\nb := input.kind\n"]).unwrap();
+        let key = |input: Value| reads.key("q", &input).unwrap();
+        let base = json!({"kind": "ReplicaSet", "metadata": {"name": "a", "labels": {"app": "x", "tier": "y"}}});
+        // What is not read does not change the key.
+        let mut renamed = base.clone();
+        renamed["metadata"]["name"] = json!("b");
+        renamed["metadata"]["labels"]["tier"] = json!("z");
+        assert_eq!(key(base.clone()), key(renamed));
+        // Every read path does.
+        let mut other_app = base.clone();
+        other_app["metadata"]["labels"]["app"] = json!("w");
+        assert_ne!(key(base.clone()), key(other_app));
+        let mut other_kind = base.clone();
+        other_kind["kind"] = json!("Deployment");
+        assert_ne!(key(base.clone()), key(other_kind));
+        // Absent, null and a non-object on the way are three different keys.
+        let absent = key(json!({"kind": "ReplicaSet", "metadata": {"labels": {}}}));
+        let null = key(json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": null}}}));
+        let scalar = key(json!({"kind": "ReplicaSet", "metadata": {"labels": "app"}}));
+        let no_labels = key(json!({"kind": "ReplicaSet", "metadata": {}}));
+        assert_ne!(absent, null);
+        assert_ne!(absent, scalar);
+        assert_ne!(null, scalar);
+        assert_ne!(absent, no_labels);
+        // The query is part of the key.
+        assert_ne!(reads.key("q", &base), reads.key("r", &base));
+    }
+
+    #[test]
+    fn a_key_too_large_is_not_made() {
+        let reads = reads(&["package p\na := input.spec\n"]).unwrap();
+        let big = json!({"spec": {"blob": "x".repeat(MAX_KEY_BYTES)}});
+        assert_eq!(reads.key("q", &big), None);
+    }
+}
