@@ -8,11 +8,11 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use policy_client::{DEFAULT_DECISION_PATH, Token};
 
-use crate::blast::BlastRadius;
 use crate::error::SyncError;
-use crate::gvr::Gvr;
-use crate::health::PartitionRule;
-use crate::scope::Scope;
+use crate::reconcile::blast::BlastRadius;
+use crate::reconcile::health::PartitionRule;
+use crate::reconcile::scope::Scope;
+use crate::replication::gvr::Gvr;
 use policy_client::OwnershipKeys;
 use policy_client::configmaps::{
     ConfigMapSelection, DEFAULT_DATA_LABEL, DEFAULT_DATA_VALUE, DEFAULT_POLICY_LABEL,
@@ -663,7 +663,7 @@ impl Settings {
                     // Matched here too when the watch is shared with a
                     // replicator: a selector that cannot be read fails now.
                     Some(selector) => {
-                        crate::scope::parse_label_selector(&selector)
+                        crate::reconcile::scope::parse_label_selector(&selector)
                             .map_err(|e| config(format!("--scope-object-selector: {e}")))?;
                         Some(selector)
                     }

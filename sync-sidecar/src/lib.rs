@@ -1,44 +1,28 @@
 //! `placement-sync`: the sidecar that runs beside the policy engine (OPA) and
 //!
 //! - replicates Kubernetes objects of configured types into the engine
-//!   ([`replicator`](crate::replicator));
+//!   ([`replication`]);
 //! - loads Rego modules from the ConfigMaps of the policy namespace, with hot
 //!   reload and a status annotation ([`policies`]);
 //! - notices engine restarts and reloads everything, tracking whether the engine
-//!   is in sync ([`state`]);
+//!   is in sync ([`engine_sync`]);
 //! - reconciles, on one elected replica: keeps existing workloads placed by
 //!   the current policy (remediation) and schedules Karmada bindings that name
-//!   it as their scheduler (`reconcile`);
+//!   it as their scheduler ([`reconcile`]);
 //! - serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
 //!
 //! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; tests build
 //! a [`Sidecar`] with their own client and engine.
 
-pub mod blast;
-mod cause;
-mod component;
 pub mod config;
-pub mod data;
-mod demand;
-pub mod document;
+pub mod engine_sync;
 pub mod error;
-pub mod gvr;
-pub mod health;
-mod karmada;
-mod last_good;
-mod leader;
 pub mod metrics;
-mod objects;
 pub mod policies;
 pub mod queue;
-mod reconcile;
-pub mod rego_refs;
-mod replicator;
-mod revision;
-pub mod scope;
+pub mod reconcile;
+pub mod replication;
 pub mod server;
-pub mod state;
-mod watched;
 
 use std::sync::Arc;
 
@@ -49,12 +33,15 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use reconcile::{blast, cause, health, leader, revision};
+use replication::{demand, watched};
+
 pub use config::{Args, RemediationMode, ReplicaScope, ReplicateSpec, Settings};
+pub use engine_sync::{SyncState, SyncStatus};
 pub use error::SyncError;
-pub use gvr::Gvr;
 pub use metrics::Metrics;
 pub use policies::{PolicyStatus, STATUS_ANNOTATION};
-pub use state::{SyncState, SyncStatus};
+pub use replication::gvr::Gvr;
 
 /// Build the Kubernetes client: `--kubeconfig` when given, else in-cluster config
 /// or `KUBECONFIG`/`~/.kube/config`.
@@ -162,12 +149,12 @@ impl Sidecar {
         let trigger = Arc::new(cause::Trigger::default());
         let health = Arc::new(health::ClusterHealth::default());
         let replicated = Arc::new(revision::ReplicatedTypes::default());
-        let reads = rego_refs::PolicyReads::default();
+        let reads = policies::rego_refs::PolicyReads::default();
         let demand = settings
             .replicate_only_read_types
             .then(|| Arc::new(demand::Demand::default()));
         for spec in &settings.replicate {
-            state.register(&replicator::component_name(spec));
+            state.register(&replication::component_name(spec));
         }
         state.register(policies::COMPONENT);
 
@@ -185,7 +172,7 @@ impl Sidecar {
             });
         }
         {
-            let monitor = state::monitor_engine(
+            let monitor = engine_sync::monitor_engine(
                 engine.clone(),
                 state.clone(),
                 settings.sentinel_path.clone(),
@@ -200,7 +187,7 @@ impl Sidecar {
 
         // One watch per type, shared by its replicator and the remediator.
         let watches = watched::TypeWatches::default();
-        let replicator_ctx = replicator::ReplicatorContext {
+        let replicator_ctx = replication::ReplicatorContext {
             engine: engine.clone(),
             metrics: metrics.clone(),
             state: state.clone(),
@@ -216,9 +203,9 @@ impl Sidecar {
         for spec in settings.replicate.clone() {
             let watch = watches.subscribe(
                 &spec.gvr,
-                replicator::need(&spec, &settings.ignore_namespaces),
+                replication::need(&spec, &settings.ignore_namespaces),
             );
-            tasks.spawn(replicator::run_type(
+            tasks.spawn(replication::run_type(
                 replicator_ctx.clone(),
                 spec,
                 watch,

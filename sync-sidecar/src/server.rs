@@ -14,8 +14,8 @@ use placement_endpoint::{ConnectionLimits, Listener, Stopping};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine_sync::SyncState;
 use crate::metrics::Metrics;
-use crate::state::SyncState;
 
 #[derive(Clone)]
 struct AppState {

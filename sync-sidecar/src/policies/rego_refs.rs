@@ -520,9 +520,9 @@ y := data.a.c.rule
     fn data_reads_pins_the_types_policies_read() {
         let root = ["kubernetes"];
         let shipped = [
-            include_str!("../../policies/placement.rego"),
-            include_str!("../../policies/placement_rules.rego"),
-            include_str!("../../policies/placement_settings.rego"),
+            include_str!("../../../policies/placement.rego"),
+            include_str!("../../../policies/placement_rules.rego"),
+            include_str!("../../../policies/placement_settings.rego"),
         ];
         assert_eq!(
             data_reads(shipped, &root),

@@ -4,7 +4,7 @@
 //! entry of [`CLUSTER_KINDS`].
 //!
 //! The remediator re-places workloads without confirmation when cluster health
-//! changes ([`crate::cause`]), unless a large share of the clusters turned
+//! changes ([`crate::reconcile::cause`]), unless a large share of the clusters turned
 //! unhealthy within a short window ([`ClusterHealth::partition`]): that looks
 //! like the control plane cut off from its clusters rather than an outage
 //! (kube-controller-manager's `--unhealthy-zone-threshold`, below).
@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::document::ObjectKey;
+use crate::replication::document::ObjectKey;
 
 /// A replicated type that is a cluster registry.
 #[derive(Debug)]

@@ -22,13 +22,13 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::component::discover_until_found;
 use crate::config::ReplicaScope;
-use crate::document::{ObjectKey, object_json};
+use crate::engine_sync::component::discover_until_found;
 use crate::error::SyncError;
-use crate::gvr::Gvr;
 use crate::metrics::Metrics;
-use crate::objects::TypeObjects;
+use crate::replication::document::{ObjectKey, object_json};
+use crate::replication::gvr::Gvr;
+use crate::replication::objects::TypeObjects;
 
 /// A discovered type and its objects.
 pub(crate) struct WatchedType {

@@ -13,12 +13,16 @@
 //! added before what it imports), or that removes the decision's module while
 //! others stay, or one of several files of a package while leaving the others
 //! as they are, is refused the same way, with an error saying why, and the
-//! last good set stays. That set is kept in the cluster ([`crate::last_good`])
+//! last good set stays. That set is kept in the cluster ([`crate::policies::last_good`])
 //! and read back before the first load, so a restart while a ConfigMap is in
 //! error loads it, not nothing. The modules of one change
 //! are put dependencies first (the decision last), and so are all modules on a
 //! reload after an engine restart, so that no query sees a module before the
-//! modules it needs ([`crate::rego_refs`]).
+//! modules it needs ([`crate::policies::rego_refs`]).
+
+pub mod data;
+pub(crate) mod last_good;
+pub mod rego_refs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -34,19 +38,19 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::cause::{Cause, Trigger};
+use crate::reconcile::cause::{Cause, Trigger};
 use tokio_util::sync::CancellationToken;
 
-use crate::component::{Gate, full_sync_loop};
-use crate::data::DataSet;
-use crate::demand::Demand;
+use crate::engine_sync::SyncState;
+use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
-use crate::last_good::LastGood;
 use crate::metrics::Metrics;
+use crate::policies::data::DataSet;
+use crate::policies::last_good::LastGood;
 use crate::queue::{Backoff, KeyedQueue};
-use crate::rego_refs::{self, DataReads, PolicyReads, data_reads};
-use crate::state::SyncState;
+use crate::replication::demand::Demand;
 use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
+use rego_refs::{DataReads, PolicyReads, data_reads};
 
 /// Annotation on a policy ConfigMap with the load outcome of its modules.
 pub const STATUS_ANNOTATION: &str = "placement-policy.io/policy-status";
@@ -213,7 +217,7 @@ impl ModuleSet {
                 context.update(part);
             }
         }
-        crate::cause::hex(context.finish().as_ref(), 8)
+        crate::reconcile::cause::hex(context.finish().as_ref(), 8)
     }
 
     /// The modules in force: each one's accepted source.
@@ -596,7 +600,7 @@ impl ConfigMapLoader {
                 self.modules.seed(kept.modules);
             }
             Ok(None) => {}
-            Err(e @ crate::last_good::LastGoodError::Format(..)) => {
+            Err(e @ crate::policies::last_good::LastGoodError::Format(..)) => {
                 tracing::error!(error = %e, "the last good policy set kept in the cluster does not load; starting without it");
             }
             Err(e) => return Err(SyncError::Config(e.to_string())),
@@ -663,7 +667,7 @@ impl ConfigMapLoader {
         context.update(self.modules.revision().as_bytes());
         context.update(&[0]);
         context.update(self.data.revision().as_bytes());
-        crate::cause::hex(context.finish().as_ref(), 8)
+        crate::reconcile::cause::hex(context.finish().as_ref(), 8)
     }
 
     /// What the engine's modules and `more` sources read of the replicated

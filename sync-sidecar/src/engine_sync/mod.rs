@@ -14,6 +14,8 @@
 //! is still there afterwards, so a restart in the middle of a reload is never
 //! mistaken for a finished one.
 
+pub(crate) mod component;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
