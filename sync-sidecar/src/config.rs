@@ -20,20 +20,20 @@ use policy_client::configmaps::{
 };
 
 /// Default namespace whose ConfigMaps hold the Rego modules.
-pub const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
+pub(crate) const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
 /// Default engine path below which replicated objects are stored.
-pub const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
+pub(crate) const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
 /// Default engine document the sidecar uses to notice engine restarts.
-pub const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
+pub(crate) const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
 /// Default Lease name for remediation leader election.
-pub const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
+pub(crate) const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
 /// Default `--scheduler-name`: the `spec.schedulerName` a PropagationPolicy sets
 /// to hand its bindings to placement-policy.
-pub const DEFAULT_SCHEDULER_NAME: &str = "placement-policy";
+pub(crate) const DEFAULT_SCHEDULER_NAME: &str = "placement-policy";
 
 /// What the remediator does with objects whose placement is stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RemediationMode {
+pub(crate) enum RemediationMode {
     /// PATCH stale objects to the current decision.
     Auto,
     /// Emit an Event per stale object and count them; patch nothing.
@@ -44,7 +44,7 @@ pub enum RemediationMode {
 
 /// Where the keys of the ownership record come from.
 #[derive(Debug, Clone)]
-pub enum OwnershipKeySource {
+pub(crate) enum OwnershipKeySource {
     /// A Secret the webhook fills.
     Secret {
         namespace: String,
@@ -66,16 +66,16 @@ pub struct Args {
     /// Namespaced resource type to replicate, `[group/]version/resource`
     /// (repeatable, or comma-separated).
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE", value_delimiter = ',')]
-    pub replicate: Vec<Gvr>,
+    pub(crate) replicate: Vec<Gvr>,
 
     /// Cluster-scoped resource type to replicate, `[group/]version/resource`
     /// (repeatable, or comma-separated).
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_CLUSTER", value_delimiter = ',')]
-    pub replicate_cluster: Vec<Gvr>,
+    pub(crate) replicate_cluster: Vec<Gvr>,
 
     /// Engine data path under which replicated objects are written.
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_PATH", default_value = DEFAULT_REPLICATE_PATH)]
-    pub replicate_path: String,
+    pub(crate) replicate_path: String,
 
     /// Namespaces whose objects are not replicated (comma-separated).
     #[arg(
@@ -83,14 +83,14 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REPLICATE_IGNORE_NAMESPACES",
         value_delimiter = ','
     )]
-    pub replicate_ignore_namespaces: Vec<String>,
+    pub(crate) replicate_ignore_namespaces: Vec<String>,
 
     /// Write only the replicated types the loaded policies read (found in
     /// their source, e.g. `data.kubernetes.clusters`); the others are watched
     /// but kept out of the engine. A policy that starts reading a type is
     /// loaded only after that type is written.
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_ONLY_READ_TYPES")]
-    pub replicate_only_read_types: bool,
+    pub(crate) replicate_only_read_types: bool,
 
     /// Base URL of OPA (a trailing `/v1`, as kube-mgmt takes it, is accepted).
     #[arg(
@@ -98,7 +98,7 @@ pub struct Args {
         env = "PLACEMENT_SYNC_OPA_URL",
         default_value = "http://127.0.0.1:8181"
     )]
-    pub opa_url: String,
+    pub(crate) opa_url: String,
 
     /// File holding the bearer token for OPA (never logged). kube-mgmt's
     /// `--opa-auth-token-file` is the same flag.
@@ -107,7 +107,7 @@ pub struct Args {
         env = "PLACEMENT_SYNC_OPA_TOKEN_FILE",
         alias = "opa-auth-token-file"
     )]
-    pub opa_token_file: Option<PathBuf>,
+    pub(crate) opa_token_file: Option<PathBuf>,
 
     /// The bearer token for OPA itself (kube-mgmt's flag; prefer the file,
     /// which keeps it out of the process list). Never logged.
@@ -117,58 +117,58 @@ pub struct Args {
         conflicts_with = "opa_token_file",
         hide_env_values = true
     )]
-    pub opa_auth_token: Option<String>,
+    pub(crate) opa_auth_token: Option<String>,
 
     /// Accept any certificate from an https OPA (kube-mgmt's flag; for tests).
     #[arg(long, env = "PLACEMENT_SYNC_OPA_ALLOW_INSECURE")]
-    pub opa_allow_insecure: bool,
+    pub(crate) opa_allow_insecure: bool,
 
     /// PEM file of a CA to trust for an https OPA.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_CA_FILE")]
-    pub opa_ca_file: Option<PathBuf>,
+    pub(crate) opa_ca_file: Option<PathBuf>,
 
     /// Limit for one request to OPA, e.g. `5s`.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub opa_timeout: Duration,
+    pub(crate) opa_timeout: Duration,
 
     /// kubeconfig file; without it the in-cluster config or `KUBECONFIG` is used.
     #[arg(long, env = "PLACEMENT_SYNC_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
 
     /// Namespace whose ConfigMaps are all policy modules (unless labelled as
     /// data) [default: kube-federation-scheduling-policy, unless --namespaces
     /// is given].
     #[arg(long, env = "PLACEMENT_SYNC_POLICY_NAMESPACE")]
-    pub policy_namespace: Option<String>,
+    pub(crate) policy_namespace: Option<String>,
 
     /// Namespaces to load labelled policy and data ConfigMaps from, as
     /// kube-mgmt does (comma-separated; `*` for all).
     #[arg(long, env = "PLACEMENT_SYNC_NAMESPACES", value_delimiter = ',')]
-    pub namespaces: Vec<String>,
+    pub(crate) namespaces: Vec<String>,
 
     /// Load policies from ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_policies: bool,
+    pub(crate) enable_policies: bool,
 
     /// Load JSON/YAML data from ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_DATA", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_data: bool,
+    pub(crate) enable_data: bool,
 
     /// Label name of policy ConfigMaps in --namespaces.
     #[arg(long, env = "PLACEMENT_SYNC_POLICY_LABEL", default_value = DEFAULT_POLICY_LABEL)]
-    pub policy_label: String,
+    pub(crate) policy_label: String,
 
     /// Label value of policy ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_POLICY_VALUE", default_value = DEFAULT_POLICY_VALUE)]
-    pub policy_value: String,
+    pub(crate) policy_value: String,
 
     /// Label name of data ConfigMaps (in --namespaces and the policy namespace).
     #[arg(long, env = "PLACEMENT_SYNC_DATA_LABEL", default_value = DEFAULT_DATA_LABEL)]
-    pub data_label: String,
+    pub(crate) data_label: String,
 
     /// Label value of data ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_DATA_VALUE", default_value = DEFAULT_DATA_VALUE)]
-    pub data_value: String,
+    pub(crate) data_value: String,
 
     /// Log level: `error`, `warn`, `info` or `debug` (RUST_LOG, when set, wins).
     #[arg(long, env = "PLACEMENT_SYNC_LOG_LEVEL", default_value = "info")]
@@ -176,24 +176,24 @@ pub struct Args {
 
     /// Decision path the remediator queries.
     #[arg(long, env = "PLACEMENT_SYNC_DECISION", default_value = DEFAULT_DECISION_PATH)]
-    pub decision: String,
+    pub(crate) decision: String,
 
     /// Remediation mode [default: `auto` with a policy namespace; `off` in
     /// kube-mgmt's mode (`--namespaces` without `--policy-namespace`), whose
     /// deployments have neither the webhook nor the RBAC to re-place workloads].
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION", value_enum)]
-    pub remediation: Option<RemediationMode>,
+    pub(crate) remediation: Option<RemediationMode>,
 
     /// Schedule Karmada ResourceBindings and ClusterResourceBindings whose
     /// `spec.schedulerName` is `--scheduler-name`: the policy decides their
     /// clusters (karmada-scheduler ignores them). Replicate Karmada's
     /// Clusters with `--replicate-cluster=cluster.karmada.io/v1alpha1/clusters`.
     #[arg(long, env = "PLACEMENT_SYNC_SCHEDULE_KARMADA_BINDINGS")]
-    pub schedule_karmada_bindings: bool,
+    pub(crate) schedule_karmada_bindings: bool,
 
     /// The scheduler name of the bindings this sidecar schedules.
     #[arg(long, env = "PLACEMENT_SYNC_SCHEDULER_NAME", default_value = DEFAULT_SCHEDULER_NAME)]
-    pub scheduler_name: String,
+    pub(crate) scheduler_name: String,
 
     /// Workload type the remediator keeps placed, `[group/]version/resource`
     /// (repeatable, or comma-separated).
@@ -203,7 +203,7 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "apps/v1/replicasets,apps/v1/deployments"
     )]
-    pub remediate: Vec<Gvr>,
+    pub(crate) remediate: Vec<Gvr>,
 
     /// Namespaces whose workloads are never remediated, comma-separated: the
     /// webhook configuration's excluded namespaces.
@@ -212,17 +212,17 @@ pub struct Args {
         env = "PLACEMENT_SYNC_SCOPE_EXCLUDE_NAMESPACES",
         value_delimiter = ','
     )]
-    pub scope_exclude_namespaces: Vec<String>,
+    pub(crate) scope_exclude_namespaces: Vec<String>,
 
     /// Only workloads in namespaces matching this label selector are remediated
     /// (the webhook configuration's namespaceSelector).
     #[arg(long, env = "PLACEMENT_SYNC_SCOPE_NAMESPACE_SELECTOR")]
-    pub scope_namespace_selector: Option<String>,
+    pub(crate) scope_namespace_selector: Option<String>,
 
     /// Only workloads matching this label selector are remediated (the webhook
     /// configuration's objectSelector).
     #[arg(long, env = "PLACEMENT_SYNC_SCOPE_OBJECT_SELECTOR")]
-    pub scope_object_selector: Option<String>,
+    pub(crate) scope_object_selector: Option<String>,
 
     /// Hold a remediation pass (report it, patch nothing) that would rewrite or
     /// remove the placement of more than this share of the placed workloads,
@@ -232,7 +232,7 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REMEDIATION_HOLD_SHARE",
         default_value_t = 0.5
     )]
-    pub remediation_hold_share: f64,
+    pub(crate) remediation_hold_share: f64,
 
     /// Passes changing at most this many placements are never held.
     #[arg(
@@ -240,7 +240,7 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REMEDIATION_HOLD_MIN",
         default_value_t = 10
     )]
-    pub remediation_hold_min: usize,
+    pub(crate) remediation_hold_min: usize,
 
     /// Cluster health changes re-place without confirmation, unless at least
     /// this share of the clusters (and at least 3) turned unhealthy within
@@ -252,11 +252,11 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_THRESHOLD",
         default_value_t = 0.55
     )]
-    pub remediation_partition_threshold: f64,
+    pub(crate) remediation_partition_threshold: f64,
 
     /// The window of --remediation-partition-threshold, e.g. `60s`.
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub remediation_partition_window: Duration,
+    pub(crate) remediation_partition_window: Duration,
 
     /// Secret (`NAMESPACE/NAME`) holding the keys that sign the ownership record,
     /// shared with the webhook (which creates them); read and followed.
@@ -265,47 +265,47 @@ pub struct Args {
         env = "PLACEMENT_SYNC_OWNERSHIP_SECRET",
         conflicts_with = "ownership_key_file"
     )]
-    pub ownership_secret: Option<String>,
+    pub(crate) ownership_secret: Option<String>,
 
     /// ConfigMap (`NAMESPACE/NAME`) where the last good policy set is kept,
     /// and read back before the policy ConfigMaps are loaded: a sidecar
     /// restarted while a policy ConfigMap is in error loads that set, not
     /// nothing. Needs `get` and `patch` on it.
     #[arg(long, env = "PLACEMENT_SYNC_LAST_GOOD_POLICIES")]
-    pub last_good_policies: Option<String>,
+    pub(crate) last_good_policies: Option<String>,
 
     /// File holding those keys (one base64 key per line, the signing key first).
     #[arg(long, env = "PLACEMENT_SYNC_OWNERSHIP_KEY_FILE")]
-    pub ownership_key_file: Option<PathBuf>,
+    pub(crate) ownership_key_file: Option<PathBuf>,
 
     /// Maximum remediation patches per second (0 = unlimited).
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
-    pub remediation_rate: f64,
+    pub(crate) remediation_rate: f64,
 
     /// Quiet time that coalesces remediation triggers, e.g. `500ms`.
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_DEBOUNCE", default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub remediation_debounce: Duration,
+    pub(crate) remediation_debounce: Duration,
 
     /// Whether to elect a remediation leader through a Lease (turn off only for a
     /// single replica run outside a cluster).
     #[arg(long, env = "PLACEMENT_SYNC_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
-    pub leader_election: bool,
+    pub(crate) leader_election: bool,
 
     /// Name of the Lease used for leader election.
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAME", default_value = DEFAULT_LEASE_NAME)]
-    pub lease_name: String,
+    pub(crate) lease_name: String,
 
     /// Namespace of the Lease (default: `POD_NAMESPACE`, else the policy namespace).
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAMESPACE")]
-    pub lease_namespace: Option<String>,
+    pub(crate) lease_namespace: Option<String>,
 
     /// Leader election identity (default: `POD_NAME`, else the host name).
     #[arg(long, env = "POD_NAME")]
-    pub identity: Option<String>,
+    pub(crate) identity: Option<String>,
 
     /// Lease duration, e.g. `15s`.
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub lease_duration: Duration,
+    pub(crate) lease_duration: Duration,
 
     /// Plain-HTTP address for `/metrics`, `/healthz` (also `/health`) and
     /// `/readyz`. kube-mgmt's `--health-endpoint` is the same flag.
@@ -315,93 +315,93 @@ pub struct Args {
         alias = "health-endpoint",
         default_value = "0.0.0.0:8182"
     )]
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
 
     /// kube-mgmt's bundle-driven replication (`--opa-config`), which
     /// placement-sync does not do: refused with a message rather than ignored.
     #[arg(long, hide = true)]
-    pub opa_config: Option<PathBuf>,
+    pub(crate) opa_config: Option<PathBuf>,
 
     /// kube-mgmt's decision analysed for that replication; refused likewise.
     #[arg(long, hide = true)]
-    pub analysis_entrypoint: Option<String>,
+    pub(crate) analysis_entrypoint: Option<String>,
 
     /// How often the engine is checked for a restart, e.g. `2s`.
     #[arg(long, env = "PLACEMENT_SYNC_ENGINE_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
-    pub engine_check_interval: Duration,
+    pub(crate) engine_check_interval: Duration,
 
     /// Engine data path of the sentinel document used to notice engine restarts.
     #[arg(long, env = "PLACEMENT_SYNC_SENTINEL_PATH", default_value = DEFAULT_SENTINEL_PATH)]
-    pub sentinel_path: String,
+    pub(crate) sentinel_path: String,
 
     /// Engine writes in flight at once.
     #[arg(long, env = "PLACEMENT_SYNC_WORKERS", default_value_t = 16)]
-    pub workers: usize,
+    pub(crate) workers: usize,
 }
 
 /// Whether a replicated type is namespaced (`--replicate`) or cluster-scoped
 /// (`--replicate-cluster`); it decides the engine path layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplicaScope {
+pub(crate) enum ReplicaScope {
     Namespaced,
     Cluster,
 }
 
 /// One `--replicate`/`--replicate-cluster` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplicateSpec {
-    pub gvr: Gvr,
-    pub scope: ReplicaScope,
+pub(crate) struct ReplicateSpec {
+    pub(crate) gvr: Gvr,
+    pub(crate) scope: ReplicaScope,
 }
 
 /// Leader election parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaderSettings {
-    pub lease_name: String,
-    pub lease_namespace: String,
-    pub identity: String,
-    pub lease_duration: Duration,
+pub(crate) struct LeaderSettings {
+    pub(crate) lease_name: String,
+    pub(crate) lease_namespace: String,
+    pub(crate) identity: String,
+    pub(crate) lease_duration: Duration,
 }
 
 /// Validated settings of the sidecar.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub replicate: Vec<ReplicateSpec>,
-    pub replicate_path: String,
-    pub ignore_namespaces: BTreeSet<String>,
+    pub(crate) replicate: Vec<ReplicateSpec>,
+    pub(crate) replicate_path: String,
+    pub(crate) ignore_namespaces: BTreeSet<String>,
     /// `--replicate-only-read-types`.
-    pub replicate_only_read_types: bool,
-    pub opa_url: reqwest::Url,
-    pub opa_token: Option<Token>,
-    pub opa_ca_pem: Option<Vec<u8>>,
-    pub opa_timeout: Duration,
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) replicate_only_read_types: bool,
+    pub(crate) opa_url: reqwest::Url,
+    pub(crate) opa_token: Option<Token>,
+    pub(crate) opa_ca_pem: Option<Vec<u8>>,
+    pub(crate) opa_timeout: Duration,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// Which ConfigMaps are policies and which are data.
-    pub configmaps: ConfigMapSelection,
-    pub opa_allow_insecure: bool,
-    pub decision: String,
-    pub remediation: RemediationMode,
-    pub remediate: Vec<Gvr>,
+    pub(crate) configmaps: ConfigMapSelection,
+    pub(crate) opa_allow_insecure: bool,
+    pub(crate) decision: String,
+    pub(crate) remediation: RemediationMode,
+    pub(crate) remediate: Vec<Gvr>,
     /// The Karmada scheduler's name, when it schedules bindings.
-    pub karmada_scheduler: Option<String>,
-    pub remediation_rate: f64,
-    pub remediation_debounce: Duration,
+    pub(crate) karmada_scheduler: Option<String>,
+    pub(crate) remediation_rate: f64,
+    pub(crate) remediation_debounce: Duration,
     /// What the remediator acts on.
-    pub scope: Scope,
+    pub(crate) scope: Scope,
     /// When a pass is held until confirmed.
-    pub blast_radius: BlastRadius,
+    pub(crate) blast_radius: BlastRadius,
     /// When cluster health changes look like a partition.
-    pub partition: PartitionRule,
+    pub(crate) partition: PartitionRule,
     /// Where the ownership record's keys come from.
-    pub ownership_keys: OwnershipKeySource,
+    pub(crate) ownership_keys: OwnershipKeySource,
     /// Where the last good policy set is kept (`namespace`, `name`).
-    pub last_good_policies: Option<(String, String)>,
+    pub(crate) last_good_policies: Option<(String, String)>,
     /// `None` when leader election is off (this replica always remediates).
-    pub leader: Option<LeaderSettings>,
-    pub listen: SocketAddr,
-    pub engine_check_interval: Duration,
-    pub sentinel_path: String,
-    pub workers: usize,
+    pub(crate) leader: Option<LeaderSettings>,
+    pub(crate) listen: SocketAddr,
+    pub(crate) engine_check_interval: Duration,
+    pub(crate) sentinel_path: String,
+    pub(crate) workers: usize,
 }
 
 impl Settings {

@@ -1,28 +1,31 @@
-//! `placement-sync`: the sidecar that runs beside the policy engine (OPA) and
+//! `placement-sync`: the sidecar that runs beside the policy engine (OPA). One
+//! folder per job:
 //!
-//! - replicates Kubernetes objects of configured types into the engine
-//!   ([`replication`]);
-//! - loads Rego modules from the ConfigMaps of the policy namespace, with hot
-//!   reload and a status annotation ([`policies`]);
-//! - notices engine restarts and reloads everything, tracking whether the engine
-//!   is in sync ([`engine_sync`]);
-//! - reconciles, on one elected replica: keeps existing workloads placed by
-//!   the current policy (remediation) and schedules Karmada bindings that name
-//!   it as their scheduler ([`reconcile`]);
-//! - serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
+//! - [`replication`]: replicates Kubernetes objects of configured types into
+//!   the engine, from one shared watch per type;
+//! - [`policies`]: loads Rego modules (and data documents) from the ConfigMaps
+//!   of the policy namespace, with hot reload and a status annotation;
+//! - [`engine_sync`]: notices engine restarts and has every component reload,
+//!   tracking whether the engine is in sync;
+//! - [`reconcile`]: on one elected replica, keeps existing workloads placed by
+//!   the current policy (remediation, behind the blast-radius guard) and
+//!   schedules Karmada bindings that name it as their scheduler;
+//! - [`server`]: serves `/metrics`, `/healthz` and `/readyz`.
 //!
-//! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; tests build
-//! a [`Sidecar`] with their own client and engine.
+//! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; nothing
+//! else is public.
 
-pub mod config;
-pub mod engine_sync;
-pub mod error;
-pub mod metrics;
-pub mod policies;
-pub mod queue;
-pub mod reconcile;
-pub mod replication;
-pub mod server;
+#![deny(unreachable_pub)]
+
+mod config;
+mod engine_sync;
+mod error;
+mod metrics;
+mod policies;
+mod queue;
+mod reconcile;
+mod replication;
+mod server;
 
 use std::sync::Arc;
 
@@ -33,19 +36,19 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use reconcile::{blast, cause, health, leader, revision};
-use replication::{demand, watched};
-
-pub use config::{Args, RemediationMode, ReplicaScope, ReplicateSpec, Settings};
-pub use engine_sync::{SyncState, SyncStatus};
+pub use config::{Args, Settings};
 pub use error::SyncError;
-pub use metrics::Metrics;
-pub use policies::{PolicyStatus, STATUS_ANNOTATION};
-pub use replication::gvr::Gvr;
+
+use config::RemediationMode;
+use engine_sync::SyncState;
+use metrics::Metrics;
+use reconcile::{blast, cause, health, leader, revision};
+use replication::gvr::Gvr;
+use replication::{demand, watched};
 
 /// Build the Kubernetes client: `--kubeconfig` when given, else in-cluster config
 /// or `KUBECONFIG`/`~/.kube/config`.
-pub async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError> {
+async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError> {
     let config = match &settings.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -62,7 +65,7 @@ pub async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError>
 }
 
 /// Build the OPA client from the settings.
-pub fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
+fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
     let mut config = OpaConfig::new(settings.opa_url.clone());
     config.token = settings.opa_token.clone();
     config.ca_pem = settings.opa_ca_pem.clone();
@@ -72,7 +75,7 @@ pub fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
 }
 
 /// Bind the HTTP listener of `--listen`.
-pub async fn bind(settings: &Settings) -> Result<TcpListener, SyncError> {
+async fn bind(settings: &Settings) -> Result<TcpListener, SyncError> {
     TcpListener::bind(settings.listen)
         .await
         .map_err(|source| SyncError::Listen {
@@ -91,8 +94,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<(), Sy
         .await
 }
 
-/// One sidecar instance.
-pub struct Sidecar {
+/// One sidecar instance: its settings, clients and shared state.
+struct Sidecar {
     settings: Settings,
     client: kube::Client,
     engine: Arc<dyn PolicyEngine>,
@@ -110,7 +113,11 @@ impl std::fmt::Debug for Sidecar {
 }
 
 impl Sidecar {
-    pub fn new(settings: Settings, client: kube::Client, engine: Arc<dyn PolicyEngine>) -> Self {
+    pub(crate) fn new(
+        settings: Settings,
+        client: kube::Client,
+        engine: Arc<dyn PolicyEngine>,
+    ) -> Self {
         let metrics = Arc::new(Metrics::new());
         let state = SyncState::new(metrics.clone());
         Sidecar {
@@ -122,17 +129,9 @@ impl Sidecar {
         }
     }
 
-    pub fn metrics(&self) -> Arc<Metrics> {
-        self.metrics.clone()
-    }
-
-    pub fn sync_state(&self) -> Arc<SyncState> {
-        self.state.clone()
-    }
-
     /// Run every part until `cancel` (or until one fails for good, e.g. a resource
     /// type whose scope contradicts its flag). Serves HTTP on `listener`.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         listener: TcpListener,
         cancel: CancellationToken,

@@ -43,16 +43,16 @@ use crate::reconcile::cause::Causes;
 use crate::reconcile::health::{ClusterHealth, PartitionRule};
 
 /// Annotation on the policy ConfigMaps reporting a held change.
-pub const HELD_ANNOTATION: &str = "placement-policy.io/remediation-held";
+pub(crate) const HELD_ANNOTATION: &str = "placement-policy.io/remediation-held";
 /// Annotation an administrator sets (on any policy ConfigMap) to the id of a
 /// held change to let it through.
-pub const CONFIRM_ANNOTATION: &str = "placement-policy.io/confirm-remediation";
+pub(crate) const CONFIRM_ANNOTATION: &str = "placement-policy.io/confirm-remediation";
 /// Objects named in the report; the count is always complete.
 const LISTED: usize = 50;
 
 /// How much of the placed workloads one change may re-place unconfirmed.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BlastRadius {
+pub(crate) struct BlastRadius {
     /// Share of the placed workloads (0 to 1).
     pub share: f64,
     /// Changes of at most this many placements are never held.
@@ -62,7 +62,7 @@ pub struct BlastRadius {
 impl BlastRadius {
     /// Whether re-placing `affected` of `placed` workloads is beyond the
     /// radius.
-    pub fn holds(&self, affected: usize, placed: usize) -> bool {
+    pub(crate) fn holds(&self, affected: usize, placed: usize) -> bool {
         affected > self.min && affected as f64 > self.share * placed as f64
     }
 }

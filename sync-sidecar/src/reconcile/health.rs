@@ -95,7 +95,7 @@ fn karmada_ready(cluster: &Value) -> bool {
 /// outages, each re-placed at once; a large share going down together is held
 /// (the blast-radius guard) until confirmed or until they come back.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PartitionRule {
+pub(crate) struct PartitionRule {
     /// Share of all clusters (0 to 1).
     pub threshold: f64,
     pub window: Duration,
@@ -108,7 +108,7 @@ const PARTITION_MIN: usize = 3;
 impl PartitionRule {
     /// Whether `recent` of `total` clusters turning unhealthy within the
     /// window looks like a partition.
-    pub fn applies(&self, recent: usize, total: usize) -> bool {
+    pub(crate) fn applies(&self, recent: usize, total: usize) -> bool {
         recent >= PARTITION_MIN && recent as f64 >= self.threshold * total as f64
     }
 }

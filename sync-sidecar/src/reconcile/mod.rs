@@ -22,17 +22,17 @@
 //! reconciles every status update.
 
 mod bindings;
-pub mod blast;
+pub(crate) mod blast;
 pub(crate) mod cause;
 mod changes;
 mod events;
-pub mod health;
+pub(crate) mod health;
 pub(crate) mod karmada;
 pub(crate) mod leader;
 mod pass;
 mod rate;
 pub(crate) mod revision;
-pub mod scope;
+pub(crate) mod scope;
 mod target;
 mod workloads;
 

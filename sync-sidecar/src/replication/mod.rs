@@ -9,8 +9,8 @@
 //! [`KeyedQueue`].
 
 pub(crate) mod demand;
-pub mod document;
-pub mod gvr;
+pub(crate) mod document;
+pub(crate) mod gvr;
 pub(crate) mod objects;
 pub(crate) mod watched;
 
