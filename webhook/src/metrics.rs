@@ -13,7 +13,7 @@ use prometheus_client::registry::Registry;
 
 /// How a review ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Allowed with a patch.
     Patched,
     /// Allowed; the object already carried its placement.
@@ -34,7 +34,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Patched => "patched",
             Outcome::Unchanged => "unchanged",
@@ -69,7 +69,7 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     duration: Family<OperationLabels, Histogram>,
@@ -96,7 +96,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("placement_webhook");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -173,7 +173,7 @@ impl Metrics {
         }
     }
 
-    pub fn observe(&self, operation: &str, outcome: Outcome, elapsed: Duration) {
+    pub(crate) fn observe(&self, operation: &str, outcome: Outcome, elapsed: Duration) {
         self.requests
             .get_or_create(&RequestLabels {
                 operation: operation.to_owned(),
@@ -187,7 +187,7 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    pub fn engine_error(&self, kind: &str) {
+    pub(crate) fn engine_error(&self, kind: &str) {
         self.engine_errors
             .get_or_create(&KindLabels {
                 kind: kind.to_owned(),
@@ -195,7 +195,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn event_failed(&self) {
+    pub(crate) fn event_failed(&self) {
         self.events_failed.inc();
     }
 
@@ -228,7 +228,7 @@ impl Metrics {
     }
 
     /// The registry in Prometheus text format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
