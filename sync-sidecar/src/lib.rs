@@ -1,16 +1,16 @@
 //! `placement-sync`: the sidecar that runs beside the policy engine (OPA). One
 //! folder per job:
 //!
-//! - [`replication`]: replicates Kubernetes objects of configured types into
+//! - `replication`: replicates Kubernetes objects of configured types into
 //!   the engine, from one shared watch per type;
-//! - [`policies`]: loads Rego modules (and data documents) from the ConfigMaps
+//! - `policies`: loads Rego modules (and data documents) from the ConfigMaps
 //!   of the policy namespace, with hot reload and a status annotation;
-//! - [`engine_sync`]: notices engine restarts and has every component reload,
+//! - `engine_sync`: notices engine restarts and has every component reload,
 //!   tracking whether the engine is in sync;
-//! - [`reconcile`]: on one elected replica, keeps existing workloads placed by
+//! - `reconcile`: on one elected replica, keeps existing workloads placed by
 //!   the current policy (remediation, behind the blast-radius guard) and
 //!   schedules Karmada bindings that name it as their scheduler;
-//! - [`server`]: serves `/metrics`, `/healthz` and `/readyz`.
+//! - `server`: serves `/metrics`, `/healthz` and `/readyz`.
 //!
 //! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; nothing
 //! else is public.

@@ -2,7 +2,7 @@
 //! by asking a policy engine for placement annotations and merging them in as a
 //! JSON patch, or denying with the policy's errors.
 //!
-//! The binary parses [`Cli`] and calls [`serve`], [`review`] or [`certs`];
+//! The binary parses [`Cli`] and calls [`serve()`], [`review()`] or [`certs()`];
 //! nothing else is public.
 
 #![deny(unreachable_pub)]

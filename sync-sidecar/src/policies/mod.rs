@@ -13,12 +13,16 @@
 //! added before what it imports), or that removes the decision's module while
 //! others stay, or one of several files of a package while leaving the others
 //! as they are, is refused the same way, with an error saying why, and the
-//! last good set stays. That set is kept in the cluster ([`crate::policies::last_good`])
-//! and read back before the first load, so a restart while a ConfigMap is in
-//! error loads it, not nothing. The modules of one change
-//! are put dependencies first (the decision last), and so are all modules on a
+//! last good set stays. That set is kept in the cluster ([`last_good`]) and
+//! read back before the first load, so a restart while a ConfigMap is in
+//! error loads it, not nothing. The modules of one change are put
+//! dependencies first (the decision last), and so are all modules on a
 //! reload after an engine restart, so that no query sees a module before the
-//! modules it needs ([`crate::policies::rego_refs`]).
+//! modules it needs ([`rego_refs`]).
+//!
+//! This module watches the ConfigMaps and writes the outcome back; the
+//! engine side of modules is [`modules`], that of data documents [`data`],
+//! and both report in the terms of [`status`].
 
 mod data;
 pub(crate) mod last_good;
@@ -46,10 +50,10 @@ use crate::engine_sync::SyncState;
 use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
-use crate::policies::data::DataSet;
-use crate::policies::last_good::LastGood;
 use crate::queue::{Backoff, KeyedQueue};
 use crate::replication::demand::Demand;
+use data::DataSet;
+use last_good::LastGood;
 use modules::ModuleSet;
 use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 use rego_refs::{DataReads, PolicyReads, data_reads};
@@ -145,7 +149,7 @@ impl ConfigMapLoader {
                 self.modules.seed(kept.modules);
             }
             Ok(None) => {}
-            Err(e @ crate::policies::last_good::LastGoodError::Format(..)) => {
+            Err(e @ last_good::LastGoodError::Format(..)) => {
                 tracing::error!(error = %e, "the last good policy set kept in the cluster does not load; starting without it");
             }
             Err(e) => return Err(SyncError::Config(e.to_string())),

@@ -20,6 +20,11 @@
 //! per-object reconcile cannot do; a `Controller` with a generation predicate
 //! would miss label and annotation edits the policy reads, and without one it
 //! reconciles every status update.
+//!
+//! Beside the reconciler live what only it uses: the blast-radius guard
+//! ([`blast`]) and what it weighs ([`cause`], [`health`], [`revision`]), the
+//! workloads in scope ([`scope`]), leader election ([`leader`]) and the
+//! Karmada binding model ([`karmada`]).
 
 mod bindings;
 pub(crate) mod blast;

@@ -1,12 +1,14 @@
 //! Replication of Kubernetes objects into the engine (one task per type).
 //!
-//! Each type's objects come from its watch ([`crate::replication::watched`], shared with
-//! the remediator when it remediates the type too): a compact store of the
-//! JSON the engine receives, with `managedFields` stripped. The first full list, every
-//! relist (after `410 Gone`) and every engine restart write the whole type as one
-//! document, so deletions missed while disconnected disappear too; in between,
-//! adds, updates and deletes are mirrored one object at a time through a
-//! [`KeyedQueue`].
+//! Each type's objects come from its watch ([`watched`], shared with the
+//! remediator when it remediates the type too): a compact store
+//! ([`objects`]) of the JSON the engine receives ([`document`]), with
+//! `managedFields` stripped. The first full list, every relist (after
+//! `410 Gone`) and every engine restart write the whole type as one document,
+//! so deletions missed while disconnected disappear too; in between, adds,
+//! updates and deletes are mirrored one object at a time through a
+//! [`KeyedQueue`]. With `--replicate-only-read-types`, only the types the
+//! policies read are written ([`demand`]).
 
 pub(crate) mod demand;
 pub(crate) mod document;

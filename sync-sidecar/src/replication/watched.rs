@@ -8,7 +8,8 @@
 //! selector (the replicator's ignored namespaces, the remediator's object
 //! selector, both evaluated by the API server). A type both need is watched
 //! whole and each applies its own filter: the replicator skips ignored
-//! namespaces, the remediator matches its object selector ([`LabelSelector`]).
+//! namespaces, the remediator matches its object selector
+//! ([`parse_label_selector`](crate::reconcile::scope::parse_label_selector)).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
