@@ -8,11 +8,11 @@ use std::time::Duration;
 use clap::{Parser, ValueEnum};
 use policy_client::{DEFAULT_DECISION_PATH, Token};
 
-use crate::blast::BlastRadius;
 use crate::error::SyncError;
-use crate::gvr::Gvr;
-use crate::health::PartitionRule;
-use crate::scope::Scope;
+use crate::reconcile::blast::BlastRadius;
+use crate::reconcile::health::PartitionRule;
+use crate::reconcile::scope::Scope;
+use crate::replication::gvr::Gvr;
 use policy_client::OwnershipKeys;
 use policy_client::configmaps::{
     ConfigMapSelection, DEFAULT_DATA_LABEL, DEFAULT_DATA_VALUE, DEFAULT_POLICY_LABEL,
@@ -20,20 +20,20 @@ use policy_client::configmaps::{
 };
 
 /// Default namespace whose ConfigMaps hold the Rego modules.
-pub const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
+const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
 /// Default engine path below which replicated objects are stored.
-pub const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
+const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
 /// Default engine document the sidecar uses to notice engine restarts.
-pub const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
+const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
 /// Default Lease name for remediation leader election.
-pub const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
+const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
 /// Default `--scheduler-name`: the `spec.schedulerName` a PropagationPolicy sets
 /// to hand its bindings to placement-policy.
-pub const DEFAULT_SCHEDULER_NAME: &str = "placement-policy";
+const DEFAULT_SCHEDULER_NAME: &str = "placement-policy";
 
 /// What the remediator does with objects whose placement is stale.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum RemediationMode {
+pub(crate) enum RemediationMode {
     /// PATCH stale objects to the current decision.
     Auto,
     /// Emit an Event per stale object and count them; patch nothing.
@@ -44,7 +44,7 @@ pub enum RemediationMode {
 
 /// Where the keys of the ownership record come from.
 #[derive(Debug, Clone)]
-pub enum OwnershipKeySource {
+pub(crate) enum OwnershipKeySource {
     /// A Secret the webhook fills.
     Secret {
         namespace: String,
@@ -55,7 +55,8 @@ pub enum OwnershipKeySource {
     Ephemeral,
 }
 
-/// Flags of `placement-sync`. Every flag also reads an environment variable.
+/// Flags of `placement-sync`, in groups by job; each group checks its own
+/// values. Every flag also reads an environment variable.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "placement-sync",
@@ -63,19 +64,76 @@ pub enum OwnershipKeySource {
     about = "Replicates Kubernetes objects and policy ConfigMaps into the policy engine and remediates placement"
 )]
 pub struct Args {
+    #[command(flatten)]
+    replication: ReplicationArgs,
+
+    #[command(flatten)]
+    opa: OpaArgs,
+
+    /// kubeconfig file; without it the in-cluster config or `KUBECONFIG` is used.
+    #[arg(long, env = "PLACEMENT_SYNC_KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+
+    #[command(flatten)]
+    configmaps: ConfigMapArgs,
+
+    /// Log level: `error`, `warn`, `info` or `debug` (RUST_LOG, when set, wins).
+    #[arg(long, env = "PLACEMENT_SYNC_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Decision path the remediator queries.
+    #[arg(long, env = "PLACEMENT_SYNC_DECISION", default_value = DEFAULT_DECISION_PATH)]
+    decision: String,
+
+    #[command(flatten)]
+    remediation: RemediationArgs,
+
+    /// ConfigMap (`NAMESPACE/NAME`) where the last good policy set is kept,
+    /// and read back before the policy ConfigMaps are loaded: a sidecar
+    /// restarted while a policy ConfigMap is in error loads that set, not
+    /// nothing. Needs `get` and `patch` on it.
+    #[arg(long, env = "PLACEMENT_SYNC_LAST_GOOD_POLICIES")]
+    last_good_policies: Option<String>,
+
+    #[command(flatten)]
+    karmada: KarmadaArgs,
+
+    #[command(flatten)]
+    leader: LeaderArgs,
+
+    /// Plain-HTTP address for `/metrics`, `/healthz` (also `/health`) and
+    /// `/readyz`. kube-mgmt's `--health-endpoint` is the same flag.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_LISTEN",
+        alias = "health-endpoint",
+        default_value = "0.0.0.0:8182"
+    )]
+    listen: SocketAddr,
+
+    #[command(flatten)]
+    bundles: BundleArgs,
+
+    #[command(flatten)]
+    engine_sync: EngineSyncArgs,
+}
+
+/// Which objects are replicated into the engine, and where.
+#[derive(Debug, Clone, clap::Args)]
+struct ReplicationArgs {
     /// Namespaced resource type to replicate, `[group/]version/resource`
     /// (repeatable, or comma-separated).
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE", value_delimiter = ',')]
-    pub replicate: Vec<Gvr>,
+    replicate: Vec<Gvr>,
 
     /// Cluster-scoped resource type to replicate, `[group/]version/resource`
     /// (repeatable, or comma-separated).
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_CLUSTER", value_delimiter = ',')]
-    pub replicate_cluster: Vec<Gvr>,
+    replicate_cluster: Vec<Gvr>,
 
     /// Engine data path under which replicated objects are written.
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_PATH", default_value = DEFAULT_REPLICATE_PATH)]
-    pub replicate_path: String,
+    replicate_path: String,
 
     /// Namespaces whose objects are not replicated (comma-separated).
     #[arg(
@@ -83,22 +141,62 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REPLICATE_IGNORE_NAMESPACES",
         value_delimiter = ','
     )]
-    pub replicate_ignore_namespaces: Vec<String>,
+    replicate_ignore_namespaces: Vec<String>,
 
     /// Write only the replicated types the loaded policies read (found in
     /// their source, e.g. `data.kubernetes.clusters`); the others are watched
     /// but kept out of the engine. A policy that starts reading a type is
     /// loaded only after that type is written.
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_ONLY_READ_TYPES")]
-    pub replicate_only_read_types: bool,
+    replicate_only_read_types: bool,
+}
 
+impl ReplicationArgs {
+    /// Every type to replicate, each plural once: the plural names the
+    /// type's engine path, so two types with one plural would share it.
+    fn specs(&self) -> Result<Vec<ReplicateSpec>, SyncError> {
+        let mut specs = Vec::new();
+        let mut seen = BTreeSet::new();
+        let namespaced = self.replicate.iter().map(|g| (g, ReplicaScope::Namespaced));
+        let cluster = self
+            .replicate_cluster
+            .iter()
+            .map(|g| (g, ReplicaScope::Cluster));
+        for (gvr, scope) in namespaced.chain(cluster) {
+            if !seen.insert(gvr.resource.clone()) {
+                return Err(SyncError::Config(format!(
+                    "resource {:?} is replicated twice; each plural name may appear once because it names the engine path",
+                    gvr.resource
+                )));
+            }
+            specs.push(ReplicateSpec {
+                gvr: gvr.clone(),
+                scope,
+            });
+        }
+        Ok(specs)
+    }
+
+    fn path(&self) -> Result<String, SyncError> {
+        normalize_path(&self.replicate_path)
+            .ok_or_else(|| SyncError::Config("--replicate-path must not be empty".to_owned()))
+    }
+
+    fn ignore_namespaces(&self) -> BTreeSet<String> {
+        trimmed_list(&self.replicate_ignore_namespaces)
+    }
+}
+
+/// How to reach OPA.
+#[derive(Debug, Clone, clap::Args)]
+struct OpaArgs {
     /// Base URL of OPA (a trailing `/v1`, as kube-mgmt takes it, is accepted).
     #[arg(
         long,
         env = "PLACEMENT_SYNC_OPA_URL",
         default_value = "http://127.0.0.1:8181"
     )]
-    pub opa_url: String,
+    opa_url: String,
 
     /// File holding the bearer token for OPA (never logged). kube-mgmt's
     /// `--opa-auth-token-file` is the same flag.
@@ -107,7 +205,7 @@ pub struct Args {
         env = "PLACEMENT_SYNC_OPA_TOKEN_FILE",
         alias = "opa-auth-token-file"
     )]
-    pub opa_token_file: Option<PathBuf>,
+    opa_token_file: Option<PathBuf>,
 
     /// The bearer token for OPA itself (kube-mgmt's flag; prefer the file,
     /// which keeps it out of the process list). Never logged.
@@ -117,83 +215,137 @@ pub struct Args {
         conflicts_with = "opa_token_file",
         hide_env_values = true
     )]
-    pub opa_auth_token: Option<String>,
+    opa_auth_token: Option<String>,
 
     /// Accept any certificate from an https OPA (kube-mgmt's flag; for tests).
     #[arg(long, env = "PLACEMENT_SYNC_OPA_ALLOW_INSECURE")]
-    pub opa_allow_insecure: bool,
+    opa_allow_insecure: bool,
 
     /// PEM file of a CA to trust for an https OPA.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_CA_FILE")]
-    pub opa_ca_file: Option<PathBuf>,
+    opa_ca_file: Option<PathBuf>,
 
     /// Limit for one request to OPA, e.g. `5s`.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub opa_timeout: Duration,
+    opa_timeout: Duration,
+}
 
-    /// kubeconfig file; without it the in-cluster config or `KUBECONFIG` is used.
-    #[arg(long, env = "PLACEMENT_SYNC_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+impl OpaArgs {
+    fn url(&self) -> Result<reqwest::Url, SyncError> {
+        parse_opa_url(&self.opa_url)
+    }
 
+    /// The token from its file (read now, so a missing file fails at start),
+    /// else the one given inline.
+    fn token(&self) -> Result<Option<Token>, SyncError> {
+        let Some(path) = &self.opa_token_file else {
+            return Ok(self
+                .opa_auth_token
+                .as_deref()
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .map(Token::new));
+        };
+        let raw = std::fs::read_to_string(path).map_err(|e| {
+            SyncError::Config(format!(
+                "cannot read --opa-token-file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let token = raw.trim();
+        if token.is_empty() {
+            return Err(SyncError::Config(format!(
+                "--opa-token-file {} is empty",
+                path.display()
+            )));
+        }
+        Ok(Some(Token::new(token)))
+    }
+
+    fn ca_pem(&self) -> Result<Option<Vec<u8>>, SyncError> {
+        self.opa_ca_file
+            .as_ref()
+            .map(|path| {
+                std::fs::read(path).map_err(|e| {
+                    SyncError::Config(format!("cannot read --opa-ca-file {}: {e}", path.display()))
+                })
+            })
+            .transpose()
+    }
+}
+
+/// Which ConfigMaps hold policies and which data: kube-mgmt's flags, with
+/// kube-mgmt's meaning.
+#[derive(Debug, Clone, clap::Args)]
+struct ConfigMapArgs {
     /// Namespace whose ConfigMaps are all policy modules (unless labelled as
     /// data) [default: kube-federation-scheduling-policy, unless --namespaces
     /// is given].
     #[arg(long, env = "PLACEMENT_SYNC_POLICY_NAMESPACE")]
-    pub policy_namespace: Option<String>,
+    policy_namespace: Option<String>,
 
     /// Namespaces to load labelled policy and data ConfigMaps from, as
     /// kube-mgmt does (comma-separated; `*` for all).
     #[arg(long, env = "PLACEMENT_SYNC_NAMESPACES", value_delimiter = ',')]
-    pub namespaces: Vec<String>,
+    namespaces: Vec<String>,
 
     /// Load policies from ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_policies: bool,
+    enable_policies: bool,
 
     /// Load JSON/YAML data from ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_DATA", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_data: bool,
+    enable_data: bool,
 
     /// Label name of policy ConfigMaps in --namespaces.
     #[arg(long, env = "PLACEMENT_SYNC_POLICY_LABEL", default_value = DEFAULT_POLICY_LABEL)]
-    pub policy_label: String,
+    policy_label: String,
 
     /// Label value of policy ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_POLICY_VALUE", default_value = DEFAULT_POLICY_VALUE)]
-    pub policy_value: String,
+    policy_value: String,
 
     /// Label name of data ConfigMaps (in --namespaces and the policy namespace).
     #[arg(long, env = "PLACEMENT_SYNC_DATA_LABEL", default_value = DEFAULT_DATA_LABEL)]
-    pub data_label: String,
+    data_label: String,
 
     /// Label value of data ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_DATA_VALUE", default_value = DEFAULT_DATA_VALUE)]
-    pub data_value: String,
+    data_value: String,
+}
 
-    /// Log level: `error`, `warn`, `info` or `debug` (RUST_LOG, when set, wins).
-    #[arg(long, env = "PLACEMENT_SYNC_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
+impl ConfigMapArgs {
+    /// The selection, its labels checked so that a typo fails at start, not
+    /// as a watch that never matches.
+    fn selection(&self) -> Result<ConfigMapSelection, SyncError> {
+        check_label("--policy-label", &self.policy_label, false)?;
+        check_label("--policy-value", &self.policy_value, true)?;
+        check_label("--data-label", &self.data_label, false)?;
+        check_label("--data-value", &self.data_value, true)?;
+        Ok(ConfigMapSelection::resolve(
+            self.policy_namespace.clone(),
+            self.namespaces.clone(),
+            ConfigMapSelection {
+                enable_policies: self.enable_policies,
+                enable_data: self.enable_data,
+                policy_label: self.policy_label.clone(),
+                policy_value: self.policy_value.clone(),
+                data_label: self.data_label.clone(),
+                data_value: self.data_value.clone(),
+                ..ConfigMapSelection::default()
+            },
+        ))
+    }
+}
 
-    /// Decision path the remediator queries.
-    #[arg(long, env = "PLACEMENT_SYNC_DECISION", default_value = DEFAULT_DECISION_PATH)]
-    pub decision: String,
-
+/// What the remediator does, to which workloads, and how fast.
+#[derive(Debug, Clone, clap::Args)]
+struct RemediationArgs {
     /// Remediation mode [default: `auto` with a policy namespace; `off` in
     /// kube-mgmt's mode (`--namespaces` without `--policy-namespace`), whose
     /// deployments have neither the webhook nor the RBAC to re-place workloads].
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION", value_enum)]
-    pub remediation: Option<RemediationMode>,
-
-    /// Schedule Karmada ResourceBindings and ClusterResourceBindings whose
-    /// `spec.schedulerName` is `--scheduler-name`: the policy decides their
-    /// clusters (karmada-scheduler ignores them). Replicate Karmada's
-    /// Clusters with `--replicate-cluster=cluster.karmada.io/v1alpha1/clusters`.
-    #[arg(long, env = "PLACEMENT_SYNC_SCHEDULE_KARMADA_BINDINGS")]
-    pub schedule_karmada_bindings: bool,
-
-    /// The scheduler name of the bindings this sidecar schedules.
-    #[arg(long, env = "PLACEMENT_SYNC_SCHEDULER_NAME", default_value = DEFAULT_SCHEDULER_NAME)]
-    pub scheduler_name: String,
+    remediation: Option<RemediationMode>,
 
     /// Workload type the remediator keeps placed, `[group/]version/resource`
     /// (repeatable, or comma-separated).
@@ -203,8 +355,61 @@ pub struct Args {
         value_delimiter = ',',
         default_value = "apps/v1/replicasets,apps/v1/deployments"
     )]
-    pub remediate: Vec<Gvr>,
+    remediate: Vec<Gvr>,
 
+    #[command(flatten)]
+    scope: ScopeArgs,
+
+    #[command(flatten)]
+    guard: GuardArgs,
+
+    #[command(flatten)]
+    ownership: OwnershipArgs,
+
+    /// Maximum remediation patches per second (0 = unlimited).
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
+    remediation_rate: f64,
+
+    /// Quiet time that coalesces remediation triggers, e.g. `500ms`.
+    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_DEBOUNCE", default_value = "500ms", value_parser = humantime::parse_duration)]
+    remediation_debounce: Duration,
+}
+
+impl RemediationArgs {
+    fn rate(&self) -> Result<f64, SyncError> {
+        if self.remediation_rate >= 0.0 && self.remediation_rate.is_finite() {
+            Ok(self.remediation_rate)
+        } else {
+            Err(SyncError::Config(
+                "--remediation-rate must be a non-negative number".to_owned(),
+            ))
+        }
+    }
+
+    /// The mode; without `--remediation`, off in kube-mgmt's mode (no policy
+    /// namespace), whose deployments cannot re-place workloads.
+    fn mode(&self, selection: &ConfigMapSelection) -> Result<RemediationMode, SyncError> {
+        let mode = self
+            .remediation
+            .unwrap_or(if selection.policy_namespace.is_some() {
+                RemediationMode::Auto
+            } else {
+                RemediationMode::Off
+            });
+        if mode != RemediationMode::Off && self.remediate.is_empty() {
+            return Err(SyncError::Config(
+                "--remediate names no workload type; use --remediation=off to disable remediation"
+                    .to_owned(),
+            ));
+        }
+        Ok(mode)
+    }
+}
+
+/// Which workloads the remediator acts on: those the webhook configuration
+/// sends to the webhook.
+#[derive(Debug, Clone, clap::Args)]
+struct ScopeArgs {
     /// Namespaces whose workloads are never remediated, comma-separated: the
     /// webhook configuration's excluded namespaces.
     #[arg(
@@ -212,18 +417,40 @@ pub struct Args {
         env = "PLACEMENT_SYNC_SCOPE_EXCLUDE_NAMESPACES",
         value_delimiter = ','
     )]
-    pub scope_exclude_namespaces: Vec<String>,
+    scope_exclude_namespaces: Vec<String>,
 
     /// Only workloads in namespaces matching this label selector are remediated
     /// (the webhook configuration's namespaceSelector).
     #[arg(long, env = "PLACEMENT_SYNC_SCOPE_NAMESPACE_SELECTOR")]
-    pub scope_namespace_selector: Option<String>,
+    scope_namespace_selector: Option<String>,
 
     /// Only workloads matching this label selector are remediated (the webhook
     /// configuration's objectSelector).
     #[arg(long, env = "PLACEMENT_SYNC_SCOPE_OBJECT_SELECTOR")]
-    pub scope_object_selector: Option<String>,
+    scope_object_selector: Option<String>,
+}
 
+impl ScopeArgs {
+    fn scope(&self) -> Result<Scope, SyncError> {
+        let given = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
+        let object_selector = given(&self.scope_object_selector);
+        // Matched here too when the watch is shared with a replicator: a
+        // selector that cannot be read fails now.
+        if let Some(selector) = &object_selector {
+            crate::reconcile::scope::parse_label_selector(selector)
+                .map_err(|e| SyncError::Config(format!("--scope-object-selector: {e}")))?;
+        }
+        Ok(Scope {
+            excluded_namespaces: trimmed_list(&self.scope_exclude_namespaces),
+            namespace_selector: given(&self.scope_namespace_selector),
+            object_selector,
+        })
+    }
+}
+
+/// The blast-radius guard: when a pass is held until confirmed.
+#[derive(Debug, Clone, clap::Args)]
+struct GuardArgs {
     /// Hold a remediation pass (report it, patch nothing) that would rewrite or
     /// remove the placement of more than this share of the placed workloads,
     /// until an administrator confirms it (1 never holds).
@@ -232,7 +459,7 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REMEDIATION_HOLD_SHARE",
         default_value_t = 0.5
     )]
-    pub remediation_hold_share: f64,
+    remediation_hold_share: f64,
 
     /// Passes changing at most this many placements are never held.
     #[arg(
@@ -240,7 +467,7 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REMEDIATION_HOLD_MIN",
         default_value_t = 10
     )]
-    pub remediation_hold_min: usize,
+    remediation_hold_min: usize,
 
     /// Cluster health changes re-place without confirmation, unless at least
     /// this share of the clusters (and at least 3) turned unhealthy within
@@ -252,12 +479,44 @@ pub struct Args {
         env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_THRESHOLD",
         default_value_t = 0.55
     )]
-    pub remediation_partition_threshold: f64,
+    remediation_partition_threshold: f64,
 
     /// The window of --remediation-partition-threshold, e.g. `60s`.
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub remediation_partition_window: Duration,
+    remediation_partition_window: Duration,
+}
 
+impl GuardArgs {
+    fn blast_radius(&self) -> Result<BlastRadius, SyncError> {
+        if !(0.0..=1.0).contains(&self.remediation_hold_share) {
+            return Err(SyncError::Config(format!(
+                "--remediation-hold-share must be between 0 and 1, got {}",
+                self.remediation_hold_share
+            )));
+        }
+        Ok(BlastRadius {
+            share: self.remediation_hold_share,
+            min: self.remediation_hold_min,
+        })
+    }
+
+    fn partition(&self) -> Result<PartitionRule, SyncError> {
+        if !(0.0..=1.0).contains(&self.remediation_partition_threshold) {
+            return Err(SyncError::Config(format!(
+                "--remediation-partition-threshold must be between 0 and 1, got {}",
+                self.remediation_partition_threshold
+            )));
+        }
+        Ok(PartitionRule {
+            threshold: self.remediation_partition_threshold,
+            window: self.remediation_partition_window,
+        })
+    }
+}
+
+/// The keys that sign the ownership record, shared with the webhook.
+#[derive(Debug, Clone, clap::Args)]
+struct OwnershipArgs {
     /// Secret (`NAMESPACE/NAME`) holding the keys that sign the ownership record,
     /// shared with the webhook (which creates them); read and followed.
     #[arg(
@@ -265,423 +524,359 @@ pub struct Args {
         env = "PLACEMENT_SYNC_OWNERSHIP_SECRET",
         conflicts_with = "ownership_key_file"
     )]
-    pub ownership_secret: Option<String>,
-
-    /// ConfigMap (`NAMESPACE/NAME`) where the last good policy set is kept,
-    /// and read back before the policy ConfigMaps are loaded: a sidecar
-    /// restarted while a policy ConfigMap is in error loads that set, not
-    /// nothing. Needs `get` and `patch` on it.
-    #[arg(long, env = "PLACEMENT_SYNC_LAST_GOOD_POLICIES")]
-    pub last_good_policies: Option<String>,
+    ownership_secret: Option<String>,
 
     /// File holding those keys (one base64 key per line, the signing key first).
     #[arg(long, env = "PLACEMENT_SYNC_OWNERSHIP_KEY_FILE")]
-    pub ownership_key_file: Option<PathBuf>,
+    ownership_key_file: Option<PathBuf>,
+}
 
-    /// Maximum remediation patches per second (0 = unlimited).
-    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
-    pub remediation_rate: f64,
+impl OwnershipArgs {
+    fn keys(&self) -> Result<OwnershipKeySource, SyncError> {
+        if let Some(secret) = &self.ownership_secret {
+            let (namespace, name) = namespaced_name("--ownership-secret", secret)?;
+            return Ok(OwnershipKeySource::Secret { namespace, name });
+        }
+        let Some(path) = &self.ownership_key_file else {
+            return Ok(OwnershipKeySource::Ephemeral);
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            SyncError::Config(format!(
+                "cannot read --ownership-key-file {}: {e}",
+                path.display()
+            ))
+        })?;
+        let keys = OwnershipKeys::from_text(&text).map_err(|e| {
+            SyncError::Config(format!("--ownership-key-file {}: {e}", path.display()))
+        })?;
+        Ok(OwnershipKeySource::Fixed(keys))
+    }
+}
 
-    /// Quiet time that coalesces remediation triggers, e.g. `500ms`.
-    #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_DEBOUNCE", default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub remediation_debounce: Duration,
+/// Scheduling Karmada bindings.
+#[derive(Debug, Clone, clap::Args)]
+struct KarmadaArgs {
+    /// Schedule Karmada ResourceBindings and ClusterResourceBindings whose
+    /// `spec.schedulerName` is `--scheduler-name`: the policy decides their
+    /// clusters (karmada-scheduler ignores them). Replicate Karmada's
+    /// Clusters with `--replicate-cluster=cluster.karmada.io/v1alpha1/clusters`.
+    #[arg(long, env = "PLACEMENT_SYNC_SCHEDULE_KARMADA_BINDINGS")]
+    schedule_karmada_bindings: bool,
 
+    /// The scheduler name of the bindings this sidecar schedules.
+    #[arg(long, env = "PLACEMENT_SYNC_SCHEDULER_NAME", default_value = DEFAULT_SCHEDULER_NAME)]
+    scheduler_name: String,
+}
+
+impl KarmadaArgs {
+    /// The scheduler's name, when it schedules bindings.
+    fn scheduler(&self) -> Result<Option<String>, SyncError> {
+        match (self.schedule_karmada_bindings, self.scheduler_name.trim()) {
+            (false, _) => Ok(None),
+            (true, "") => Err(SyncError::Config(
+                "--scheduler-name must not be empty".to_owned(),
+            )),
+            (true, name) => Ok(Some(name.to_owned())),
+        }
+    }
+}
+
+/// Leader election of the replica that writes placements.
+#[derive(Debug, Clone, clap::Args)]
+struct LeaderArgs {
     /// Whether to elect a remediation leader through a Lease (turn off only for a
     /// single replica run outside a cluster).
     #[arg(long, env = "PLACEMENT_SYNC_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
-    pub leader_election: bool,
+    leader_election: bool,
 
     /// Name of the Lease used for leader election.
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAME", default_value = DEFAULT_LEASE_NAME)]
-    pub lease_name: String,
+    lease_name: String,
 
     /// Namespace of the Lease (default: `POD_NAMESPACE`, else the policy namespace).
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAMESPACE")]
-    pub lease_namespace: Option<String>,
+    lease_namespace: Option<String>,
 
     /// Leader election identity (default: `POD_NAME`, else the host name).
     #[arg(long, env = "POD_NAME")]
-    pub identity: Option<String>,
+    identity: Option<String>,
 
     /// Lease duration, e.g. `15s`.
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub lease_duration: Duration,
+    lease_duration: Duration,
+}
 
-    /// Plain-HTTP address for `/metrics`, `/healthz` (also `/health`) and
-    /// `/readyz`. kube-mgmt's `--health-endpoint` is the same flag.
-    #[arg(
-        long,
-        env = "PLACEMENT_SYNC_LISTEN",
-        alias = "health-endpoint",
-        default_value = "0.0.0.0:8182"
-    )]
-    pub listen: SocketAddr,
+impl LeaderArgs {
+    /// The election, when this replica `writes` placements and election is
+    /// on; `None` otherwise (a lone replica always writes).
+    fn settings(
+        &self,
+        writes: bool,
+        policy_namespace: Option<&str>,
+    ) -> Result<Option<LeaderSettings>, SyncError> {
+        if !(self.leader_election && writes) {
+            return Ok(None);
+        }
+        let lease_namespace = self
+            .lease_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .or_else(|| policy_namespace.map(str::to_owned))
+            .unwrap_or_else(|| DEFAULT_POLICY_NAMESPACE.to_owned());
+        let identity = self
+            .identity
+            .clone()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(default_identity);
+        if self.lease_duration < Duration::from_secs(3) {
+            return Err(SyncError::Config(
+                "--lease-duration must be at least 3s".to_owned(),
+            ));
+        }
+        Ok(Some(LeaderSettings {
+            lease_name: self.lease_name.clone(),
+            lease_namespace,
+            identity,
+            lease_duration: self.lease_duration,
+        }))
+    }
+}
 
+/// kube-mgmt's replication driven by bundles, which placement-sync does not
+/// do: its flags are refused with a message rather than ignored.
+#[derive(Debug, Clone, clap::Args)]
+struct BundleArgs {
     /// kube-mgmt's bundle-driven replication (`--opa-config`), which
     /// placement-sync does not do: refused with a message rather than ignored.
     #[arg(long, hide = true)]
-    pub opa_config: Option<PathBuf>,
+    opa_config: Option<PathBuf>,
 
     /// kube-mgmt's decision analysed for that replication; refused likewise.
     #[arg(long, hide = true)]
-    pub analysis_entrypoint: Option<String>,
+    analysis_entrypoint: Option<String>,
+}
 
+impl BundleArgs {
+    fn refuse(&self) -> Result<(), SyncError> {
+        if self.opa_config.is_some() || self.analysis_entrypoint.is_some() {
+            return Err(SyncError::Config(
+                "--opa-config and --analysis-entrypoint (kube-mgmt's replication driven by bundles) are not supported; replicate types with --replicate and --replicate-cluster".to_owned(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Keeping the engine in sync: noticing its restarts, and how many writes
+/// go to it at once.
+#[derive(Debug, Clone, clap::Args)]
+struct EngineSyncArgs {
     /// How often the engine is checked for a restart, e.g. `2s`.
     #[arg(long, env = "PLACEMENT_SYNC_ENGINE_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
-    pub engine_check_interval: Duration,
+    engine_check_interval: Duration,
 
     /// Engine data path of the sentinel document used to notice engine restarts.
     #[arg(long, env = "PLACEMENT_SYNC_SENTINEL_PATH", default_value = DEFAULT_SENTINEL_PATH)]
-    pub sentinel_path: String,
+    sentinel_path: String,
 
     /// Engine writes in flight at once.
     #[arg(long, env = "PLACEMENT_SYNC_WORKERS", default_value_t = 16)]
-    pub workers: usize,
+    workers: usize,
+}
+
+impl EngineSyncArgs {
+    /// The sentinel's path; never under the replicated data, which a full
+    /// sync of a type replaces.
+    fn sentinel_path(&self, replicate_path: &str) -> Result<String, SyncError> {
+        let sentinel_path = normalize_path(&self.sentinel_path)
+            .ok_or_else(|| SyncError::Config("--sentinel-path must not be empty".to_owned()))?;
+        if sentinel_path == replicate_path
+            || sentinel_path.starts_with(&format!("{replicate_path}/"))
+        {
+            return Err(SyncError::Config(
+                "--sentinel-path must not lie under --replicate-path".to_owned(),
+            ));
+        }
+        Ok(sentinel_path)
+    }
+
+    fn workers(&self) -> Result<usize, SyncError> {
+        match self.workers {
+            0 => Err(SyncError::Config("--workers must be at least 1".to_owned())),
+            n => Ok(n),
+        }
+    }
+
+    fn check_interval(&self) -> Result<Duration, SyncError> {
+        if self.engine_check_interval.is_zero() {
+            return Err(SyncError::Config(
+                "--engine-check-interval must be positive".to_owned(),
+            ));
+        }
+        Ok(self.engine_check_interval)
+    }
 }
 
 /// Whether a replicated type is namespaced (`--replicate`) or cluster-scoped
 /// (`--replicate-cluster`); it decides the engine path layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplicaScope {
+pub(crate) enum ReplicaScope {
     Namespaced,
     Cluster,
 }
 
 /// One `--replicate`/`--replicate-cluster` entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReplicateSpec {
-    pub gvr: Gvr,
-    pub scope: ReplicaScope,
+pub(crate) struct ReplicateSpec {
+    pub(crate) gvr: Gvr,
+    pub(crate) scope: ReplicaScope,
 }
 
 /// Leader election parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LeaderSettings {
-    pub lease_name: String,
-    pub lease_namespace: String,
-    pub identity: String,
-    pub lease_duration: Duration,
+pub(crate) struct LeaderSettings {
+    pub(crate) lease_name: String,
+    pub(crate) lease_namespace: String,
+    pub(crate) identity: String,
+    pub(crate) lease_duration: Duration,
 }
 
 /// Validated settings of the sidecar.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    pub replicate: Vec<ReplicateSpec>,
-    pub replicate_path: String,
-    pub ignore_namespaces: BTreeSet<String>,
+    pub(crate) replicate: Vec<ReplicateSpec>,
+    pub(crate) replicate_path: String,
+    pub(crate) ignore_namespaces: BTreeSet<String>,
     /// `--replicate-only-read-types`.
-    pub replicate_only_read_types: bool,
-    pub opa_url: reqwest::Url,
-    pub opa_token: Option<Token>,
-    pub opa_ca_pem: Option<Vec<u8>>,
-    pub opa_timeout: Duration,
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) replicate_only_read_types: bool,
+    pub(crate) opa_url: reqwest::Url,
+    pub(crate) opa_token: Option<Token>,
+    pub(crate) opa_ca_pem: Option<Vec<u8>>,
+    pub(crate) opa_timeout: Duration,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// Which ConfigMaps are policies and which are data.
-    pub configmaps: ConfigMapSelection,
-    pub opa_allow_insecure: bool,
-    pub decision: String,
-    pub remediation: RemediationMode,
-    pub remediate: Vec<Gvr>,
+    pub(crate) configmaps: ConfigMapSelection,
+    pub(crate) opa_allow_insecure: bool,
+    pub(crate) decision: String,
+    pub(crate) remediation: RemediationMode,
+    pub(crate) remediate: Vec<Gvr>,
     /// The Karmada scheduler's name, when it schedules bindings.
-    pub karmada_scheduler: Option<String>,
-    pub remediation_rate: f64,
-    pub remediation_debounce: Duration,
+    pub(crate) karmada_scheduler: Option<String>,
+    pub(crate) remediation_rate: f64,
+    pub(crate) remediation_debounce: Duration,
     /// What the remediator acts on.
-    pub scope: Scope,
+    pub(crate) scope: Scope,
     /// When a pass is held until confirmed.
-    pub blast_radius: BlastRadius,
+    pub(crate) blast_radius: BlastRadius,
     /// When cluster health changes look like a partition.
-    pub partition: PartitionRule,
+    pub(crate) partition: PartitionRule,
     /// Where the ownership record's keys come from.
-    pub ownership_keys: OwnershipKeySource,
+    pub(crate) ownership_keys: OwnershipKeySource,
     /// Where the last good policy set is kept (`namespace`, `name`).
-    pub last_good_policies: Option<(String, String)>,
+    pub(crate) last_good_policies: Option<(String, String)>,
     /// `None` when leader election is off (this replica always remediates).
-    pub leader: Option<LeaderSettings>,
-    pub listen: SocketAddr,
-    pub engine_check_interval: Duration,
-    pub sentinel_path: String,
-    pub workers: usize,
+    pub(crate) leader: Option<LeaderSettings>,
+    pub(crate) listen: SocketAddr,
+    pub(crate) engine_check_interval: Duration,
+    pub(crate) sentinel_path: String,
+    pub(crate) workers: usize,
 }
 
 impl Settings {
-    /// Validate the flags and read the files they name.
+    /// Validate the flags and read the files they name. The checks run in a
+    /// fixed order, so that of several mistakes the same one is named first.
     pub fn from_args(args: Args) -> Result<Self, SyncError> {
-        let config = |msg: String| SyncError::Config(msg);
-        let mut replicate = Vec::new();
-        let mut seen = BTreeSet::new();
-        for (gvr, scope) in args
-            .replicate
-            .into_iter()
-            .map(|g| (g, ReplicaScope::Namespaced))
-            .chain(
-                args.replicate_cluster
-                    .into_iter()
-                    .map(|g| (g, ReplicaScope::Cluster)),
-            )
-        {
-            // Two types with the same plural would share one engine path.
-            if !seen.insert(gvr.resource.clone()) {
-                return Err(config(format!(
-                    "resource {:?} is replicated twice; each plural name may appear once because it names the engine path",
-                    gvr.resource
-                )));
-            }
-            replicate.push(ReplicateSpec { gvr, scope });
-        }
-        let replicate_path = normalize_path(&args.replicate_path)
-            .ok_or_else(|| config("--replicate-path must not be empty".to_owned()))?;
-        let sentinel_path = normalize_path(&args.sentinel_path)
-            .ok_or_else(|| config("--sentinel-path must not be empty".to_owned()))?;
-        if sentinel_path == replicate_path
-            || sentinel_path.starts_with(&format!("{replicate_path}/"))
-        {
-            return Err(config(
-                "--sentinel-path must not lie under --replicate-path".to_owned(),
-            ));
-        }
+        let replicate = args.replication.specs()?;
+        let replicate_path = args.replication.path()?;
+        let sentinel_path = args.engine_sync.sentinel_path(&replicate_path)?;
         let decision = normalize_path(&args.decision)
-            .ok_or_else(|| config("--decision must not be empty".to_owned()))?;
-        let ignore_namespaces = args
-            .replicate_ignore_namespaces
-            .iter()
-            .map(|s| s.trim())
-            .filter(|s| !s.is_empty())
-            .map(str::to_owned)
-            .collect();
-        let opa_url = parse_opa_url(&args.opa_url)?;
-        if args.opa_config.is_some() || args.analysis_entrypoint.is_some() {
-            return Err(config(
-                "--opa-config and --analysis-entrypoint (kube-mgmt's replication driven by bundles) are not supported; replicate types with --replicate and --replicate-cluster".to_owned(),
-            ));
-        }
-        let opa_token = match &args.opa_token_file {
-            Some(path) => {
-                let raw = std::fs::read_to_string(path).map_err(|e| {
-                    config(format!(
-                        "cannot read --opa-token-file {}: {e}",
-                        path.display()
-                    ))
-                })?;
-                let token = raw.trim();
-                if token.is_empty() {
-                    return Err(config(format!(
-                        "--opa-token-file {} is empty",
-                        path.display()
-                    )));
-                }
-                Some(Token::new(token))
-            }
-            None => args
-                .opa_auth_token
-                .as_deref()
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .map(Token::new),
-        };
-        let opa_ca_pem = match &args.opa_ca_file {
-            Some(path) => Some(std::fs::read(path).map_err(|e| {
-                config(format!("cannot read --opa-ca-file {}: {e}", path.display()))
-            })?),
-            None => None,
-        };
-        check_label("--policy-label", &args.policy_label, false)?;
-        check_label("--policy-value", &args.policy_value, true)?;
-        check_label("--data-label", &args.data_label, false)?;
-        check_label("--data-value", &args.data_value, true)?;
-        let configmaps = ConfigMapSelection::resolve(
-            args.policy_namespace.clone(),
-            args.namespaces.clone(),
-            ConfigMapSelection {
-                enable_policies: args.enable_policies,
-                enable_data: args.enable_data,
-                policy_label: args.policy_label.clone(),
-                policy_value: args.policy_value.clone(),
-                data_label: args.data_label.clone(),
-                data_value: args.data_value.clone(),
-                ..ConfigMapSelection::default()
-            },
-        );
-        if !(args.remediation_rate >= 0.0 && args.remediation_rate.is_finite()) {
-            return Err(config(
-                "--remediation-rate must be a non-negative number".to_owned(),
-            ));
-        }
-        if args.workers == 0 {
-            return Err(config("--workers must be at least 1".to_owned()));
-        }
-        if args.engine_check_interval.is_zero() {
-            return Err(config(
-                "--engine-check-interval must be positive".to_owned(),
-            ));
-        }
-        let remediation = args
-            .remediation
-            .unwrap_or(if configmaps.policy_namespace.is_some() {
-                RemediationMode::Auto
-            } else {
-                RemediationMode::Off
-            });
-        if remediation != RemediationMode::Off && args.remediate.is_empty() {
-            return Err(config(
-                "--remediate names no workload type; use --remediation=off to disable remediation"
-                    .to_owned(),
-            ));
-        }
-        let karmada_scheduler = match (args.schedule_karmada_bindings, args.scheduler_name.trim()) {
-            (false, _) => None,
-            (true, "") => {
-                return Err(config("--scheduler-name must not be empty".to_owned()));
-            }
-            (true, name) => Some(name.to_owned()),
-        };
+            .ok_or_else(|| SyncError::Config("--decision must not be empty".to_owned()))?;
+        let opa_url = args.opa.url()?;
+        args.bundles.refuse()?;
+        let opa_token = args.opa.token()?;
+        let opa_ca_pem = args.opa.ca_pem()?;
+        let configmaps = args.configmaps.selection()?;
+        let remediation_rate = args.remediation.rate()?;
+        let workers = args.engine_sync.workers()?;
+        let engine_check_interval = args.engine_sync.check_interval()?;
+        let remediation = args.remediation.mode(&configmaps)?;
+        let karmada_scheduler = args.karmada.scheduler()?;
         // Whoever writes placements elects one replica to do it: remediation,
         // or the Karmada scheduler (with remediation off too).
         let writes = remediation != RemediationMode::Off || karmada_scheduler.is_some();
-        let leader = if args.leader_election && writes {
-            let lease_namespace = args
-                .lease_namespace
-                .clone()
-                .or_else(|| {
-                    std::env::var("POD_NAMESPACE")
-                        .ok()
-                        .filter(|s| !s.is_empty())
-                })
-                .or_else(|| configmaps.policy_namespace.clone())
-                .unwrap_or_else(|| DEFAULT_POLICY_NAMESPACE.to_owned());
-            let identity = args
-                .identity
-                .clone()
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(default_identity);
-            if args.lease_duration < Duration::from_secs(3) {
-                return Err(config("--lease-duration must be at least 3s".to_owned()));
-            }
-            Some(LeaderSettings {
-                lease_name: args.lease_name.clone(),
-                lease_namespace,
-                identity,
-                lease_duration: args.lease_duration,
-            })
-        } else {
-            None
-        };
+        let leader = args
+            .leader
+            .settings(writes, configmaps.policy_namespace.as_deref())?;
+        let ownership_keys = args.remediation.ownership.keys()?;
+        let last_good_policies = args
+            .last_good_policies
+            .as_deref()
+            .map(|text| namespaced_name("--last-good-policies", text))
+            .transpose()?;
+        let blast_radius = args.remediation.guard.blast_radius()?;
+        let partition = args.remediation.guard.partition()?;
+        let scope = args.remediation.scope.scope()?;
         Ok(Settings {
             replicate,
             replicate_path,
-            ignore_namespaces,
-            replicate_only_read_types: args.replicate_only_read_types,
+            ignore_namespaces: args.replication.ignore_namespaces(),
+            replicate_only_read_types: args.replication.replicate_only_read_types,
             opa_url,
             opa_token,
             opa_ca_pem,
-            opa_timeout: args.opa_timeout,
+            opa_timeout: args.opa.opa_timeout,
             kubeconfig: args.kubeconfig,
             configmaps,
-            opa_allow_insecure: args.opa_allow_insecure,
+            opa_allow_insecure: args.opa.opa_allow_insecure,
             decision,
             remediation,
-            remediate: args.remediate,
+            remediate: args.remediation.remediate,
             karmada_scheduler,
-            remediation_rate: args.remediation_rate,
-            remediation_debounce: args.remediation_debounce,
-            ownership_keys: match (&args.ownership_secret, &args.ownership_key_file) {
-                (Some(secret), _) => match secret.split_once('/') {
-                    Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
-                        OwnershipKeySource::Secret {
-                            namespace: namespace.to_owned(),
-                            name: name.to_owned(),
-                        }
-                    }
-                    _ => {
-                        return Err(config(format!(
-                            "--ownership-secret must be NAMESPACE/NAME, got {secret:?}"
-                        )));
-                    }
-                },
-                (None, Some(path)) => {
-                    let text = std::fs::read_to_string(path).map_err(|e| {
-                        config(format!(
-                            "cannot read --ownership-key-file {}: {e}",
-                            path.display()
-                        ))
-                    })?;
-                    OwnershipKeySource::Fixed(OwnershipKeys::from_text(&text).map_err(|e| {
-                        config(format!("--ownership-key-file {}: {e}", path.display()))
-                    })?)
-                }
-                (None, None) => OwnershipKeySource::Ephemeral,
-            },
-            last_good_policies: match &args.last_good_policies {
-                None => None,
-                Some(text) => match text.split_once('/') {
-                    Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
-                        Some((namespace.to_owned(), name.to_owned()))
-                    }
-                    _ => {
-                        return Err(config(format!(
-                            "--last-good-policies must be NAMESPACE/NAME, got {text:?}"
-                        )));
-                    }
-                },
-            },
-            blast_radius: {
-                if !(0.0..=1.0).contains(&args.remediation_hold_share) {
-                    return Err(config(format!(
-                        "--remediation-hold-share must be between 0 and 1, got {}",
-                        args.remediation_hold_share
-                    )));
-                }
-                BlastRadius {
-                    share: args.remediation_hold_share,
-                    min: args.remediation_hold_min,
-                }
-            },
-            partition: {
-                if !(0.0..=1.0).contains(&args.remediation_partition_threshold) {
-                    return Err(config(format!(
-                        "--remediation-partition-threshold must be between 0 and 1, got {}",
-                        args.remediation_partition_threshold
-                    )));
-                }
-                PartitionRule {
-                    threshold: args.remediation_partition_threshold,
-                    window: args.remediation_partition_window,
-                }
-            },
-            scope: Scope {
-                excluded_namespaces: args
-                    .scope_exclude_namespaces
-                    .iter()
-                    .map(|s| s.trim())
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
-                namespace_selector: args
-                    .scope_namespace_selector
-                    .filter(|s| !s.trim().is_empty()),
-                object_selector: match args.scope_object_selector.filter(|s| !s.trim().is_empty()) {
-                    // Matched here too when the watch is shared with a
-                    // replicator: a selector that cannot be read fails now.
-                    Some(selector) => {
-                        crate::scope::parse_label_selector(&selector)
-                            .map_err(|e| config(format!("--scope-object-selector: {e}")))?;
-                        Some(selector)
-                    }
-                    None => None,
-                },
-            },
+            remediation_rate,
+            remediation_debounce: args.remediation.remediation_debounce,
+            scope,
+            blast_radius,
+            partition,
+            ownership_keys,
+            last_good_policies,
             leader,
             listen: args.listen,
-            engine_check_interval: args.engine_check_interval,
+            engine_check_interval,
             sentinel_path,
-            workers: args.workers,
+            workers,
         })
     }
 }
 
+/// `NAMESPACE/NAME` of an object a flag names.
+fn namespaced_name(flag: &str, text: &str) -> Result<(String, String), SyncError> {
+    match text.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
+            Ok((namespace.to_owned(), name.to_owned()))
+        }
+        _ => Err(SyncError::Config(format!(
+            "{flag} must be NAMESPACE/NAME, got {text:?}"
+        ))),
+    }
+}
+
+/// A comma-separated list's entries, trimmed, empty ones left out.
+fn trimmed_list(items: &[String]) -> BTreeSet<String> {
+    items
+        .iter()
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A label name (`[prefix/]name`) or value, checked at start so that a typo
 /// fails here, not as a watch that never matches.
-pub(crate) fn check_label(flag: &str, text: &str, is_value: bool) -> Result<(), SyncError> {
+fn check_label(flag: &str, text: &str, is_value: bool) -> Result<(), SyncError> {
     let segment_ok = |s: &str| {
         s.len() <= 63
             && s.bytes()
@@ -717,13 +912,13 @@ pub(crate) fn check_label(flag: &str, text: &str, is_value: bool) -> Result<(), 
 }
 
 /// Trim slashes; `None` when nothing is left.
-pub(crate) fn normalize_path(path: &str) -> Option<String> {
+fn normalize_path(path: &str) -> Option<String> {
     let trimmed = path.trim().trim_matches('/');
     (!trimmed.is_empty()).then(|| trimmed.to_owned())
 }
 
 /// The OPA base URL; kube-mgmt users pass `http://host:8181/v1`, which is accepted.
-pub(crate) fn parse_opa_url(raw: &str) -> Result<reqwest::Url, SyncError> {
+fn parse_opa_url(raw: &str) -> Result<reqwest::Url, SyncError> {
     let mut url = reqwest::Url::parse(raw.trim())
         .map_err(|e| SyncError::Config(format!("--opa-url {raw:?} is not a URL: {e}")))?;
     if !matches!(url.scheme(), "http" | "https") {
@@ -844,6 +1039,62 @@ mod tests {
         assert!(token.to_string().contains("--opa-token-file"), "{token}");
         let rate = Settings::from_args(args(&["--remediation-rate=-1"])).unwrap_err();
         assert!(rate.to_string().contains("--remediation-rate"), "{rate}");
+    }
+
+    #[test]
+    fn each_group_names_its_flag() {
+        let error = |flags: &[&str]| Settings::from_args(args(flags)).unwrap_err().to_string();
+        for (flags, message) in [
+            (
+                &["--sentinel-path=kubernetes/x"][..],
+                "--sentinel-path must not lie under --replicate-path",
+            ),
+            (
+                &["--replicate-path=/"],
+                "--replicate-path must not be empty",
+            ),
+            (&["--decision=/"], "--decision must not be empty"),
+            (&["--workers=0"], "--workers must be at least 1"),
+            (
+                &["--engine-check-interval=0s"],
+                "--engine-check-interval must be positive",
+            ),
+            (
+                &["--schedule-karmada-bindings", "--scheduler-name= "],
+                "--scheduler-name must not be empty",
+            ),
+            (
+                &["--identity=pod-a", "--lease-duration=1s"],
+                "--lease-duration must be at least 3s",
+            ),
+            (
+                &["--ownership-secret=nameonly"],
+                "--ownership-secret must be NAMESPACE/NAME, got \"nameonly\"",
+            ),
+            (
+                &["--last-good-policies=ns/"],
+                "--last-good-policies must be NAMESPACE/NAME, got \"ns/\"",
+            ),
+            (
+                &["--remediation-hold-share=1.5"],
+                "--remediation-hold-share must be between 0 and 1, got 1.5",
+            ),
+            (
+                &["--remediation-partition-threshold=-0.1"],
+                "--remediation-partition-threshold must be between 0 and 1, got -0.1",
+            ),
+        ] {
+            assert_eq!(
+                error(flags),
+                format!("configuration: {message}"),
+                "{flags:?}"
+            );
+        }
+        // The first mistake in a fixed order is the one named.
+        assert_eq!(
+            error(&["--workers=0", "--replicate-path=/"]),
+            "configuration: --replicate-path must not be empty"
+        );
     }
 
     #[test]

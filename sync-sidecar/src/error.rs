@@ -35,33 +35,3 @@ pub enum SyncError {
     )]
     EngineRestarted,
 }
-
-impl SyncError {
-    /// Whether retrying may help (the engine or the API server being away).
-    pub fn is_transient(&self) -> bool {
-        match self {
-            SyncError::Engine(e) => e.is_transient(),
-            SyncError::Kube(kube::Error::Api(status)) => {
-                status.code == 429 || status.code >= 500 || status.code == 409
-            }
-            SyncError::Kube(_) => true,
-            SyncError::Discovery { .. } | SyncError::EngineRestarted => true,
-            _ => false,
-        }
-    }
-
-    /// A short label for metrics.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            SyncError::Config(_) => "config",
-            SyncError::Kube(_) | SyncError::KubeConfig(_) => "kubernetes",
-            SyncError::Engine(e) => e.kind(),
-            SyncError::Discovery { .. } => "discovery",
-            SyncError::ScopeMismatch { .. } => "scope",
-            SyncError::Lease(_) => "lease",
-            SyncError::Listen { .. } => "listen",
-            SyncError::Serialize(_) => "serialize",
-            SyncError::EngineRestarted => "engine_restarted",
-        }
-    }
-}

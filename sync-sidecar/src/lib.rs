@@ -1,44 +1,31 @@
-//! `placement-sync`: the sidecar that runs beside the policy engine (OPA) and
+//! `placement-sync`: the sidecar that runs beside the policy engine (OPA). One
+//! folder per job:
 //!
-//! - replicates Kubernetes objects of configured types into the engine
-//!   ([`replicator`](crate::replicator));
-//! - loads Rego modules from the ConfigMaps of the policy namespace, with hot
-//!   reload and a status annotation ([`policies`]);
-//! - notices engine restarts and reloads everything, tracking whether the engine
-//!   is in sync ([`state`]);
-//! - reconciles, on one elected replica: keeps existing workloads placed by
-//!   the current policy (remediation) and schedules Karmada bindings that name
-//!   it as their scheduler (`reconcile`);
-//! - serves `/metrics`, `/healthz` and `/readyz` ([`server`]).
+//! - `replication`: replicates Kubernetes objects of configured types into
+//!   the engine, from one shared watch per type;
+//! - `policies`: loads Rego modules (and data documents) from the ConfigMaps
+//!   of the policy namespace, with hot reload and a status annotation;
+//! - `engine_sync`: notices engine restarts and has every component reload,
+//!   tracking whether the engine is in sync;
+//! - `reconcile`: on one elected replica, keeps existing workloads placed by
+//!   the current policy (remediation, behind the blast-radius guard) and
+//!   schedules Karmada bindings that name it as their scheduler;
+//! - `server`: serves `/metrics`, `/healthz` and `/readyz`.
 //!
-//! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; tests build
-//! a [`Sidecar`] with their own client and engine.
+//! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; nothing
+//! else is public.
 
-pub mod blast;
-mod cause;
-mod component;
-pub mod config;
-pub mod data;
-mod demand;
-pub mod document;
-pub mod error;
-pub mod gvr;
-pub mod health;
-mod karmada;
-mod last_good;
-mod leader;
-pub mod metrics;
-mod objects;
-pub mod policies;
-pub mod queue;
+#![deny(unreachable_pub)]
+
+mod config;
+mod engine_sync;
+mod error;
+mod metrics;
+mod policies;
+mod queue;
 mod reconcile;
-pub mod rego_refs;
-mod replicator;
-mod revision;
-pub mod scope;
-pub mod server;
-pub mod state;
-mod watched;
+mod replication;
+mod server;
 
 use std::sync::Arc;
 
@@ -49,16 +36,19 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-pub use config::{Args, RemediationMode, ReplicaScope, ReplicateSpec, Settings};
+pub use config::{Args, Settings};
 pub use error::SyncError;
-pub use gvr::Gvr;
-pub use metrics::Metrics;
-pub use policies::{PolicyStatus, STATUS_ANNOTATION};
-pub use state::{SyncState, SyncStatus};
+
+use config::RemediationMode;
+use engine_sync::SyncState;
+use metrics::Metrics;
+use reconcile::{blast, cause, health, leader, revision};
+use replication::gvr::Gvr;
+use replication::{demand, watched};
 
 /// Build the Kubernetes client: `--kubeconfig` when given, else in-cluster config
 /// or `KUBECONFIG`/`~/.kube/config`.
-pub async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError> {
+async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError> {
     let config = match &settings.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -75,7 +65,7 @@ pub async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError>
 }
 
 /// Build the OPA client from the settings.
-pub fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
+fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
     let mut config = OpaConfig::new(settings.opa_url.clone());
     config.token = settings.opa_token.clone();
     config.ca_pem = settings.opa_ca_pem.clone();
@@ -85,7 +75,7 @@ pub fn opa_engine(settings: &Settings) -> Result<Opa, SyncError> {
 }
 
 /// Bind the HTTP listener of `--listen`.
-pub async fn bind(settings: &Settings) -> Result<TcpListener, SyncError> {
+async fn bind(settings: &Settings) -> Result<TcpListener, SyncError> {
     TcpListener::bind(settings.listen)
         .await
         .map_err(|source| SyncError::Listen {
@@ -104,8 +94,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<(), Sy
         .await
 }
 
-/// One sidecar instance.
-pub struct Sidecar {
+/// One sidecar instance: its settings, clients and shared state.
+struct Sidecar {
     settings: Settings,
     client: kube::Client,
     engine: Arc<dyn PolicyEngine>,
@@ -123,7 +113,11 @@ impl std::fmt::Debug for Sidecar {
 }
 
 impl Sidecar {
-    pub fn new(settings: Settings, client: kube::Client, engine: Arc<dyn PolicyEngine>) -> Self {
+    pub(crate) fn new(
+        settings: Settings,
+        client: kube::Client,
+        engine: Arc<dyn PolicyEngine>,
+    ) -> Self {
         let metrics = Arc::new(Metrics::new());
         let state = SyncState::new(metrics.clone());
         Sidecar {
@@ -135,17 +129,9 @@ impl Sidecar {
         }
     }
 
-    pub fn metrics(&self) -> Arc<Metrics> {
-        self.metrics.clone()
-    }
-
-    pub fn sync_state(&self) -> Arc<SyncState> {
-        self.state.clone()
-    }
-
     /// Run every part until `cancel` (or until one fails for good, e.g. a resource
     /// type whose scope contradicts its flag). Serves HTTP on `listener`.
-    pub async fn run(
+    pub(crate) async fn run(
         self,
         listener: TcpListener,
         cancel: CancellationToken,
@@ -162,12 +148,12 @@ impl Sidecar {
         let trigger = Arc::new(cause::Trigger::default());
         let health = Arc::new(health::ClusterHealth::default());
         let replicated = Arc::new(revision::ReplicatedTypes::default());
-        let reads = rego_refs::PolicyReads::default();
+        let reads = policies::rego_refs::PolicyReads::default();
         let demand = settings
             .replicate_only_read_types
             .then(|| Arc::new(demand::Demand::default()));
         for spec in &settings.replicate {
-            state.register(&replicator::component_name(spec));
+            state.register(&replication::component_name(spec));
         }
         state.register(policies::COMPONENT);
 
@@ -185,7 +171,7 @@ impl Sidecar {
             });
         }
         {
-            let monitor = state::monitor_engine(
+            let monitor = engine_sync::monitor_engine(
                 engine.clone(),
                 state.clone(),
                 settings.sentinel_path.clone(),
@@ -200,7 +186,7 @@ impl Sidecar {
 
         // One watch per type, shared by its replicator and the remediator.
         let watches = watched::TypeWatches::default();
-        let replicator_ctx = replicator::ReplicatorContext {
+        let replicator_ctx = replication::ReplicatorContext {
             engine: engine.clone(),
             metrics: metrics.clone(),
             state: state.clone(),
@@ -216,9 +202,9 @@ impl Sidecar {
         for spec in settings.replicate.clone() {
             let watch = watches.subscribe(
                 &spec.gvr,
-                replicator::need(&spec, &settings.ignore_namespaces),
+                replication::need(&spec, &settings.ignore_namespaces),
             );
-            tasks.spawn(replicator::run_type(
+            tasks.spawn(replication::run_type(
                 replicator_ctx.clone(),
                 spec,
                 watch,

@@ -11,33 +11,33 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
+pub(crate) struct ResourceLabels {
     pub resource: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WriteLabels {
+pub(crate) struct WriteLabels {
     pub resource: String,
     /// `put_document`, `put`, `delete`, `put_policy`, `delete_policy`.
     pub op: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct WriteErrorLabels {
+pub(crate) struct WriteErrorLabels {
     pub resource: String,
     /// The error's kind (`unreachable`, `timeout`, `http`, ...).
     pub kind: String,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResultLabels {
+pub(crate) struct ResultLabels {
     /// `ok` or `error`.
     pub result: String,
 }
 
 /// Every metric the sidecar exports. Names in the registry are documented in
 /// docs/sync.md; each field's doc names its metric.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     /// `placement_sync_replicated_objects{resource}`: objects of a type currently in the engine.
     pub replicated_objects: Family<ResourceLabels, Gauge>,
@@ -96,7 +96,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("placement_sync");
         let m = Metrics {
             registry: Registry::default(),
@@ -224,7 +224,7 @@ impl Metrics {
     }
 
     /// The OpenMetrics text exposition.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Backoff between retries of one key.
 #[derive(Debug, Clone, Copy)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     pub min_delay: Duration,
     pub max_delay: Duration,
 }
@@ -40,7 +40,7 @@ impl Default for Backoff {
 
 impl Backoff {
     /// An endless iterator of jittered, exponentially growing delays.
-    pub fn delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+    pub(crate) fn delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
         let max = self.max_delay;
         ExponentialBuilder::default()
             .with_min_delay(self.min_delay)
@@ -68,7 +68,7 @@ struct Inner<K, H> {
 }
 
 /// See the module documentation.
-pub struct KeyedQueue<K, H> {
+pub(crate) struct KeyedQueue<K, H> {
     inner: Arc<Inner<K, H>>,
 }
 
@@ -97,7 +97,7 @@ where
 {
     /// A queue whose handlers share `permits` (the number of runs in flight across
     /// every queue built with the same semaphore). Workers stop at `cancel`.
-    pub fn new(
+    pub(crate) fn new(
         name: impl Into<String>,
         handler: H,
         permits: Arc<Semaphore>,
@@ -118,7 +118,7 @@ where
     }
 
     /// Schedule `key`. Must be called from within a Tokio runtime.
-    pub fn push(&self, key: K) {
+    pub(crate) fn push(&self, key: K) {
         let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(slot) = slots.get_mut(&key) {
             slot.dirty = true;
@@ -131,7 +131,8 @@ where
     }
 
     /// Keys waiting, running or backing off.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.inner
             .slots
             .lock()
@@ -139,12 +140,14 @@ where
             .len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// Wait until no key is waiting, running or backing off.
-    pub async fn wait_idle(&self) {
+    #[cfg(test)]
+    pub(crate) async fn wait_idle(&self) {
         loop {
             let notified = self.inner.idle.notified();
             tokio::pin!(notified);

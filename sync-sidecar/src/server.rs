@@ -14,8 +14,8 @@ use placement_endpoint::{ConnectionLimits, Listener, Stopping};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::engine_sync::SyncState;
 use crate::metrics::Metrics;
-use crate::state::SyncState;
 
 #[derive(Clone)]
 struct AppState {
@@ -24,7 +24,7 @@ struct AppState {
 }
 
 /// The router, for serving or for tests.
-pub fn router(metrics: Arc<Metrics>, sync: Arc<SyncState>) -> Router {
+pub(crate) fn router(metrics: Arc<Metrics>, sync: Arc<SyncState>) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
@@ -63,7 +63,7 @@ async fn ready_handler(State(app): State<AppState>) -> Response {
 const MAX_CONNECTIONS: usize = 64;
 
 /// Serve until `cancel`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     sync: Arc<SyncState>,

@@ -24,7 +24,7 @@ use crate::review::{
 
 /// Why no placement could be computed.
 #[derive(Debug, thiserror::Error)]
-pub enum PlacementFailure {
+pub(crate) enum PlacementFailure {
     #[error("the policy engine is unavailable: {0}")]
     EngineUnavailable(#[source] EngineError),
     /// The policy itself fails (OPA's `eval_*` errors): permanent, not retried.
@@ -51,7 +51,7 @@ pub enum PlacementFailure {
 
 impl PlacementFailure {
     /// Event reason, `PascalCase`.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             PlacementFailure::EngineUnavailable(_) => "PolicyEngineUnavailable",
             PlacementFailure::PolicyError(_) => "PolicyEvaluationError",
@@ -86,7 +86,7 @@ impl PlacementFailure {
 
 /// Which endpoint a review came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
+pub(crate) enum Mode {
     /// `/mutate`: merge the policy's annotations as a patch.
     Mutate,
     /// `/validate`: only enforce the policy's `errors`; never patch.
@@ -95,7 +95,7 @@ pub enum Mode {
 
 /// Settings of the admission handler.
 #[derive(Debug, Clone)]
-pub struct AdmissionSettings {
+pub(crate) struct AdmissionSettings {
     /// Decision path below `data`, slash-separated.
     pub decision_path: String,
     /// Total time for the engine, retries included; keep it below the webhook's
@@ -108,7 +108,7 @@ pub struct AdmissionSettings {
 
 /// Answers AdmissionReviews.
 #[derive(Debug, Clone)]
-pub struct Admission {
+pub(crate) struct Admission {
     engine: Arc<dyn PolicyEngine>,
     settings: AdmissionSettings,
     presence: PolicyPresence,
@@ -117,7 +117,7 @@ pub struct Admission {
 }
 
 impl Admission {
-    pub fn new(
+    pub(crate) fn new(
         engine: Arc<dyn PolicyEngine>,
         settings: AdmissionSettings,
         presence: PolicyPresence,
@@ -133,21 +133,21 @@ impl Admission {
         }
     }
 
-    pub fn engine(&self) -> &Arc<dyn PolicyEngine> {
+    pub(crate) fn engine(&self) -> &Arc<dyn PolicyEngine> {
         &self.engine
     }
 
-    pub fn presence(&self) -> &PolicyPresence {
+    pub(crate) fn presence(&self) -> &PolicyPresence {
         &self.presence
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
 
     /// Answer a raw review body. Errors are reviews we cannot answer with a review
     /// (no uid to echo); the caller turns them into an HTTP 400.
-    pub async fn review_body(
+    pub(crate) async fn review_body(
         &self,
         body: &[u8],
         mode: Mode,
@@ -173,7 +173,7 @@ impl Admission {
     }
 
     /// Answer one request.
-    pub async fn review(&self, request: &AdmissionRequest, mode: Mode) -> AdmissionResponse {
+    pub(crate) async fn review(&self, request: &AdmissionRequest, mode: Mode) -> AdmissionResponse {
         let started = std::time::Instant::now();
         let (response, outcome) = self.decide(request, mode).await;
         self.metrics
@@ -387,7 +387,11 @@ enum Placement {
 
 /// The policy input for `object` under `request` (one function for the
 /// webhook and the remediator: [`policy_client::policy_input`]).
-pub fn request_input(request: &AdmissionRequest, object: &Value, keys: &OwnershipKeys) -> Value {
+pub(crate) fn request_input(
+    request: &AdmissionRequest,
+    object: &Value,
+    keys: &OwnershipKeys,
+) -> Value {
     let kind = json!(request.kind);
     let resource = json!(request.resource);
     policy_input(

@@ -65,34 +65,34 @@ pub enum Command {
 
 /// Which engine to ask, and how.
 #[derive(Args, Clone)]
-pub struct EngineArgs {
+pub(crate) struct EngineArgs {
     /// OPA base URL (e.g. http://127.0.0.1:8181). Without it the embedded engine
     /// evaluates --policy-dir.
     #[arg(long, env = "PLACEMENT_OPA_URL")]
-    pub opa_url: Option<String>,
+    pub(crate) opa_url: Option<String>,
     /// File holding the bearer token for OPA.
     #[arg(long, env = "PLACEMENT_OPA_TOKEN_FILE")]
-    pub opa_token_file: Option<PathBuf>,
+    pub(crate) opa_token_file: Option<PathBuf>,
     /// PEM CA to trust for an https OPA.
     #[arg(long, env = "PLACEMENT_OPA_CA_FILE")]
-    pub opa_ca_file: Option<PathBuf>,
+    pub(crate) opa_ca_file: Option<PathBuf>,
     /// Seed-format config file: {"EnforceSchedulingPolicy": {"url": ..., "token": ...}}.
     /// Flags take precedence over it.
     #[arg(long, env = "PLACEMENT_CONFIG")]
-    pub config: Option<PathBuf>,
+    pub(crate) config: Option<PathBuf>,
     /// Rego and data.json files for the embedded engine.
     #[arg(long, env = "PLACEMENT_POLICY_DIR", default_value = "policies")]
-    pub policy_dir: PathBuf,
+    pub(crate) policy_dir: PathBuf,
     /// Decision path below `data` [default: io/k8s/federation/admission].
     #[arg(long, env = "PLACEMENT_DECISION")]
-    pub decision: Option<String>,
+    pub(crate) decision: Option<String>,
     /// Limit for one request to OPA.
     #[arg(long, env = "PLACEMENT_ENGINE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "2s")]
-    pub engine_timeout: Duration,
+    pub(crate) engine_timeout: Duration,
     /// Total time for the engine, retries included; keep it below the webhook
     /// configuration's timeoutSeconds.
     #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = humantime::parse_duration, default_value = "8s")]
-    pub engine_deadline: Duration,
+    pub(crate) engine_deadline: Duration,
     /// Embedded engine: memory for remembered decisions (0: none). A review
     /// that agrees with an earlier one at every input path the policies read
     /// gets its answer; any policy or data change forgets them all. A policy
@@ -100,7 +100,7 @@ pub struct EngineArgs {
     /// print builtins is never cached (said in the log and the
     /// decision_cache_enabled metric).
     #[arg(long, env = "PLACEMENT_DECISION_CACHE_MEMORY", value_parser = parse_bytes, default_value = "16Mi")]
-    pub decision_cache_memory: usize,
+    pub(crate) decision_cache_memory: usize,
 }
 
 /// Shows `--opa-url` without its credentials.
@@ -131,107 +131,107 @@ fn shown_url(url: &str) -> String {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub(crate) engine: EngineArgs,
     /// Address of the TLS admission server.
     #[arg(long, env = "PLACEMENT_LISTEN", default_value = "0.0.0.0:8443")]
-    pub listen: SocketAddr,
+    pub(crate) listen: SocketAddr,
     /// Address of the plain-HTTP metrics server.
     #[arg(long, env = "PLACEMENT_METRICS_LISTEN", default_value = "0.0.0.0:9090")]
-    pub metrics_listen: SocketAddr,
+    pub(crate) metrics_listen: SocketAddr,
     /// Serving certificate (PEM); reloaded when it changes. Without it a CA and
     /// a certificate for localhost are generated.
     #[arg(long, env = "PLACEMENT_TLS_CERT", requires = "tls_key")]
-    pub tls_cert: Option<PathBuf>,
+    pub(crate) tls_cert: Option<PathBuf>,
     /// Serving key (PEM).
     #[arg(long, env = "PLACEMENT_TLS_KEY", requires = "tls_cert")]
-    pub tls_key: Option<PathBuf>,
+    pub(crate) tls_key: Option<PathBuf>,
     /// Where generated certificates go [default: a new temporary directory].
     #[arg(long, env = "PLACEMENT_CERT_DIR")]
-    pub cert_dir: Option<PathBuf>,
+    pub(crate) cert_dir: Option<PathBuf>,
     #[command(flatten)]
-    pub policies: PolicySelectionArgs,
+    pub(crate) policies: PolicySelectionArgs,
     /// Kubeconfig for Events and the policy ConfigMap watch [default: in-cluster
     /// or $KUBECONFIG].
     #[arg(long, env = "PLACEMENT_KUBECONFIG")]
-    pub kubeconfig: Option<PathBuf>,
+    pub(crate) kubeconfig: Option<PathBuf>,
     /// Largest AdmissionReview accepted (bytes; `Ki`/`Mi`/`Gi` suffixes).
     #[arg(long, env = "PLACEMENT_MAX_REQUEST_BYTES", value_parser = parse_bytes, default_value = "6Mi")]
-    pub max_request_bytes: usize,
+    pub(crate) max_request_bytes: usize,
     /// Memory all reviews in progress may hold: their bodies and what parsing
     /// and converting them builds. Reviews beyond it get a 503 at once; a
     /// quarter is kept for reviews under 1 MiB. [default: 256Mi; under a
     /// container memory limit L, (L - 64Mi) / 2 when that is less]
     #[arg(long, env = "PLACEMENT_MEMORY_BUDGET", value_parser = parse_bytes)]
-    pub memory_budget: Option<usize>,
+    pub(crate) memory_budget: Option<usize>,
     /// Memory one review may need (body, parsed review, policy input); more
     /// gets a 413 naming the estimate. [default: 64Mi, or three quarters of
     /// the memory budget when that is less]
     #[arg(long, env = "PLACEMENT_MAX_REQUEST_MEMORY", value_parser = parse_bytes)]
-    pub max_request_memory: Option<usize>,
+    pub(crate) max_request_memory: Option<usize>,
     /// Embedded engine: an evaluation stops when the process's heap exceeds
     /// this (0: no limit). [default: 1Gi; under a container memory limit L,
     /// seven eighths of L when that is less]
     #[arg(long, env = "PLACEMENT_ENGINE_MEMORY_LIMIT", value_parser = parse_bytes)]
-    pub engine_memory_limit: Option<usize>,
+    pub(crate) engine_memory_limit: Option<usize>,
     /// Open connections on the admission port [default: 1024, lowered to fit
     /// the open-files limit, and under a container memory limit to what an
     /// eighth of it holds at 96 KiB each]. When all are taken, a new connection from a peer
     /// holding at least two fewer than the largest holder closes the oldest
     /// idle connection of that holder; otherwise it is closed at once.
     #[arg(long, env = "PLACEMENT_MAX_CONNECTIONS")]
-    pub max_connections: Option<usize>,
+    pub(crate) max_connections: Option<usize>,
     /// Open connections on the admission port from one peer address
     /// [default: a quarter of --max-connections]. The API server comes from
     /// few addresses; keep it above the connections each opens.
     #[arg(long, env = "PLACEMENT_MAX_CONNECTIONS_PER_PEER", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub max_connections_per_peer: Option<usize>,
+    pub(crate) max_connections_per_peer: Option<usize>,
     /// A connection this old is closed after its next response (HTTP/1 with
     /// `Connection: close`, HTTP/2 with GOAWAY), so that no client holds one
     /// for ever and clients spread over replicas.
     #[arg(long, env = "PLACEMENT_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration, default_value = "10m")]
-    pub max_connection_age: Duration,
+    pub(crate) max_connection_age: Duration,
     /// Concurrent HTTP/2 streams (reviews) per connection.
     #[arg(long, env = "PLACEMENT_MAX_HTTP2_STREAMS", default_value_t = 32)]
-    pub max_http2_streams: u32,
+    pub(crate) max_http2_streams: u32,
     /// Time from accept to the end of the TLS handshake.
     #[arg(long, env = "PLACEMENT_TLS_HANDSHAKE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "5s")]
-    pub tls_handshake_timeout: Duration,
+    pub(crate) tls_handshake_timeout: Duration,
     /// Time to receive an HTTP/1 request's headers (from the connection's
     /// start or the previous response).
     #[arg(long, env = "PLACEMENT_HEADER_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
-    pub header_timeout: Duration,
+    pub(crate) header_timeout: Duration,
     /// Time to receive a whole request body.
     #[arg(long, env = "PLACEMENT_BODY_TIMEOUT", value_parser = humantime::parse_duration, default_value = "10s")]
-    pub body_timeout: Duration,
+    pub(crate) body_timeout: Duration,
     /// A connection with no request in progress for this long is closed.
     /// Longer than the API server keeps an idle connection (90 s), so that it
     /// closes them first: a server closing a kept-alive HTTP/1 connection
     /// races the client's next request on it, which then fails with EOF.
     #[arg(long, env = "PLACEMENT_IDLE_TIMEOUT", value_parser = humantime::parse_duration, default_value = "120s")]
-    pub idle_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
     /// PEM CA whose client certificates may post reviews (the API server's,
     /// configured through its AdmissionConfiguration). Without one, any client
     /// that reaches the port may.
     #[arg(long, env = "PLACEMENT_CLIENT_CA_FILE")]
-    pub client_ca_file: Option<PathBuf>,
+    pub(crate) client_ca_file: Option<PathBuf>,
     /// Events per second, over all objects.
     #[arg(long, env = "PLACEMENT_EVENT_RATE", default_value_t = 5.0)]
-    pub event_rate: f64,
+    pub(crate) event_rate: f64,
     /// Events allowed in a burst above --event-rate.
     #[arg(long, env = "PLACEMENT_EVENT_BURST", default_value_t = 20)]
-    pub event_burst: u32,
+    pub(crate) event_burst: u32,
     /// At most one Event per object and reason within this window.
     #[arg(long, env = "PLACEMENT_EVENT_DEDUPE_WINDOW", value_parser = humantime::parse_duration, default_value = "5m")]
-    pub event_dedupe_window: Duration,
+    pub(crate) event_dedupe_window: Duration,
     /// Ready (taking traffic) only once this URL answers 2xx, when policies
     /// exist: the sync sidecar's `/readyz` beside OPA, so a new pod takes no
     /// reviews before its engine holds the policies. Once ready, ready for good.
     #[arg(long, env = "PLACEMENT_ENGINE_READY_URL")]
-    pub engine_ready_url: Option<String>,
+    pub(crate) engine_ready_url: Option<String>,
     /// Ready after this long even if --engine-ready-url never answers (the
     /// webhook then fails closed with its own message naming the engine).
     #[arg(long, env = "PLACEMENT_ENGINE_STARTUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub engine_startup_grace: Duration,
+    pub(crate) engine_startup_grace: Duration,
     /// Secret (`NAMESPACE/NAME`) holding the keys that sign the ownership
     /// record, shared with the remediator; created when it holds none.
     #[arg(
@@ -239,23 +239,23 @@ pub struct ServeArgs {
         env = "PLACEMENT_OWNERSHIP_SECRET",
         conflicts_with = "ownership_key_file"
     )]
-    pub ownership_secret: Option<crate::self_managed::SecretRef>,
+    pub(crate) ownership_secret: Option<crate::self_managed::SecretRef>,
     /// File holding those keys (one base64 key per line, the signing key
     /// first). Without this or --ownership-secret a key of this process only
     /// is used.
     #[arg(long, env = "PLACEMENT_OWNERSHIP_KEY_FILE")]
-    pub ownership_key_file: Option<PathBuf>,
+    pub(crate) ownership_key_file: Option<PathBuf>,
     /// On SIGTERM, keep serving this long before stopping (so that a pod
     /// leaving the Service's endpoints loses no request).
     #[arg(long, env = "PLACEMENT_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
-    pub shutdown_delay: Duration,
+    pub(crate) shutdown_delay: Duration,
     #[command(flatten)]
-    pub self_managed: crate::self_managed::SelfManagedTlsArgs,
+    pub(crate) self_managed: crate::self_managed::SelfManagedTlsArgs,
 }
 
 /// A byte count: digits with an optional `Ki`, `Mi`, `Gi` (or `K`, `M`, `G`;
 /// powers of 1024) suffix, `B`/`iB` allowed.
-pub fn parse_bytes(text: &str) -> Result<usize, String> {
+pub(crate) fn parse_bytes(text: &str) -> Result<usize, String> {
     let trimmed = text.trim();
     let digits = trimmed
         .find(|c: char| !c.is_ascii_digit())
@@ -283,17 +283,17 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
 #[derive(Debug, Args)]
 pub struct ReviewArgs {
     #[command(flatten)]
-    pub engine: EngineArgs,
+    pub(crate) engine: EngineArgs,
     /// Output format.
     #[arg(long, short, value_enum, default_value_t = OutputFormat::Yaml)]
-    pub output: OutputFormat,
+    pub(crate) output: OutputFormat,
     /// An AdmissionReview, or a manifest (YAML or JSON) to review as a CREATE;
     /// `-` reads standard input.
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum OutputFormat {
+pub(crate) enum OutputFormat {
     Yaml,
     Json,
 }
@@ -302,43 +302,43 @@ pub enum OutputFormat {
 pub struct CertsArgs {
     /// Directory for ca.crt, tls.crt and tls.key.
     #[arg(long)]
-    pub out: PathBuf,
+    pub(crate) out: PathBuf,
     /// DNS names and IP addresses of the serving certificate.
     #[arg(long = "name", default_values = ["localhost", "127.0.0.1"])]
-    pub names: Vec<String>,
+    pub(crate) names: Vec<String>,
 }
 
 /// Which ConfigMaps are policies (fail closed iff one exists): the same flags,
 /// with the same meaning, as placement-sync's (and kube-mgmt's).
 #[derive(Debug, Clone, Args)]
-pub struct PolicySelectionArgs {
+pub(crate) struct PolicySelectionArgs {
     /// Namespace whose ConfigMaps are all policies (unless labelled as data)
     /// [default: kube-federation-scheduling-policy, unless --namespaces is given].
     #[arg(long, env = "PLACEMENT_POLICY_NAMESPACE")]
-    pub policy_namespace: Option<String>,
+    pub(crate) policy_namespace: Option<String>,
     /// Namespaces of labelled policy ConfigMaps, as kube-mgmt discovers them
     /// (comma-separated; `*` for all).
     #[arg(long, env = "PLACEMENT_NAMESPACES", value_delimiter = ',')]
-    pub namespaces: Vec<String>,
+    pub(crate) namespaces: Vec<String>,
     /// Whether ConfigMaps are policies at all.
     #[arg(long, env = "PLACEMENT_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_policies: bool,
+    pub(crate) enable_policies: bool,
     /// Label name of policy ConfigMaps in --namespaces.
     #[arg(long, env = "PLACEMENT_POLICY_LABEL", default_value = policy_client::configmaps::DEFAULT_POLICY_LABEL)]
-    pub policy_label: String,
+    pub(crate) policy_label: String,
     /// Label value of policy ConfigMaps.
     #[arg(long, env = "PLACEMENT_POLICY_VALUE", default_value = policy_client::configmaps::DEFAULT_POLICY_VALUE)]
-    pub policy_value: String,
+    pub(crate) policy_value: String,
     /// Label name of data ConfigMaps (never policies).
     #[arg(long, env = "PLACEMENT_DATA_LABEL", default_value = policy_client::configmaps::DEFAULT_DATA_LABEL)]
-    pub data_label: String,
+    pub(crate) data_label: String,
     /// Label value of data ConfigMaps.
     #[arg(long, env = "PLACEMENT_DATA_VALUE", default_value = policy_client::configmaps::DEFAULT_DATA_VALUE)]
-    pub data_value: String,
+    pub(crate) data_value: String,
 }
 
 impl PolicySelectionArgs {
-    pub fn selection(&self) -> policy_client::configmaps::ConfigMapSelection {
+    pub(crate) fn selection(&self) -> policy_client::configmaps::ConfigMapSelection {
         use policy_client::configmaps::ConfigMapSelection;
         ConfigMapSelection::resolve(
             self.policy_namespace.clone(),
@@ -370,20 +370,20 @@ struct SeedEnforce {
 
 /// The engine to use, resolved from flags and the config file.
 #[derive(Debug)]
-pub struct ResolvedEngine {
-    pub engine: Arc<dyn PolicyEngine>,
-    pub decision_path: String,
-    pub kind: EngineKind,
+pub(crate) struct ResolvedEngine {
+    pub(crate) engine: Arc<dyn PolicyEngine>,
+    pub(crate) decision_path: String,
+    pub(crate) kind: EngineKind,
 }
 
 #[derive(Debug, Clone)]
-pub enum EngineKind {
+pub(crate) enum EngineKind {
     Opa { url: String },
     Embedded { dir: PathBuf, modules: usize },
 }
 
 impl EngineArgs {
-    pub fn resolve(&self) -> Result<ResolvedEngine, ConfigError> {
+    pub(crate) fn resolve(&self) -> Result<ResolvedEngine, ConfigError> {
         let seed = match &self.config {
             Some(path) => Some(read_seed_config(path)?),
             None => None,
@@ -470,7 +470,7 @@ fn read_token(path: &Path) -> Result<Token, ConfigError> {
 /// The seed's `url` names the decision itself
 /// (`https://opa:8181/v1/data/io/k8s/federation/annotations`); split it into the
 /// base URL and the decision path.
-pub fn split_decision_url(url: &str) -> Result<(Url, Option<String>), ConfigError> {
+pub(crate) fn split_decision_url(url: &str) -> Result<(Url, Option<String>), ConfigError> {
     let mut parsed = Url::parse(url).map_err(|e| ConfigError::Url {
         url: redact_userinfo(url),
         message: e.to_string(),

@@ -34,7 +34,7 @@ const IN_FLIGHT: usize = 4;
 
 /// How many Events may be published, and how often the same one.
 #[derive(Debug, Clone, Copy)]
-pub struct EventLimits {
+pub(crate) struct EventLimits {
     /// Sustained Events per second (all objects together).
     pub rate: f64,
     /// Events allowed in a burst above the rate.
@@ -56,7 +56,7 @@ impl Default for EventLimits {
 /// Publishes Events without delaying the admission response. Without a
 /// Kubernetes client it only logs.
 #[derive(Clone, Default)]
-pub struct EventSink {
+pub(crate) struct EventSink {
     inner: Option<Arc<Inner>>,
 }
 
@@ -137,13 +137,13 @@ impl Gate {
 }
 
 impl EventSink {
-    pub fn disabled() -> Self {
+    pub(crate) fn disabled() -> Self {
         EventSink::default()
     }
 
     /// Publishes through `client`; starts the publishing task, so call it
     /// inside the runtime.
-    pub fn new(client: Client, metrics: Arc<Metrics>, limits: EventLimits) -> Self {
+    pub(crate) fn new(client: Client, metrics: Arc<Metrics>, limits: EventLimits) -> Self {
         let reporter = Reporter {
             controller: "placement-webhook".into(),
             instance: std::env::var("POD_NAME").ok(),
@@ -163,7 +163,7 @@ impl EventSink {
 
     /// Emit a Warning Event about the object of `request`. Skipped for dry-run
     /// requests, which must have no side effects.
-    pub fn emit(&self, request: &AdmissionRequest, reason: &str, message: &str) {
+    pub(crate) fn emit(&self, request: &AdmissionRequest, reason: &str, message: &str) {
         if request.dry_run.unwrap_or(false) {
             return;
         }
@@ -250,7 +250,7 @@ fn capitalized(op: &str) -> String {
 
 /// The object the Event is about. Objects being created have no uid yet; a
 /// `generateName` object has no name yet either, so its prefix stands in.
-pub fn object_reference(request: &AdmissionRequest) -> ObjectReference {
+pub(crate) fn object_reference(request: &AdmissionRequest) -> ObjectReference {
     let object = request.object.as_ref().or(request.old_object.as_ref());
     let meta = object.and_then(|o| o.get("metadata"));
     let field = |name: &str| {

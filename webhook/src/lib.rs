@@ -1,22 +1,24 @@
 //! The placement admission webhook: answers `admission.k8s.io/v1` AdmissionReviews
 //! by asking a policy engine for placement annotations and merging them in as a
 //! JSON patch, or denying with the policy's errors.
+//!
+//! The binary parses [`Cli`] and calls [`serve()`], [`review()`] or [`certs()`];
+//! nothing else is public.
 
-pub mod admission;
+#![deny(unreachable_pub)]
+
+mod admission;
 mod budget;
-pub mod config;
-pub mod events;
-pub mod metrics;
-pub mod presence;
-pub mod readiness;
-pub mod review;
-pub mod run;
-pub mod self_managed;
-pub mod server;
+mod config;
+mod events;
+mod metrics;
+mod presence;
+mod readiness;
+mod review;
+mod run;
+mod self_managed;
+mod server;
 mod sizing;
 
-pub use admission::{Admission, AdmissionSettings, Mode, PlacementFailure};
-pub use config::Cli;
-pub use metrics::Metrics;
-pub use policy_client::ADMISSION_INPUT_KEY;
-pub use presence::PolicyPresence;
+pub use config::{Cli, Command, LogFormat};
+pub use run::{RunError, certs, review, serve};

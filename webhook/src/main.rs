@@ -1,8 +1,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use placement_webhook::config::{Cli, Command, LogFormat};
-use placement_webhook::run;
+use placement_webhook::{Cli, Command, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> anyhow::Result<ExitCode> {
@@ -15,8 +14,10 @@ fn main() -> anyhow::Result<ExitCode> {
         .build()?;
     runtime.block_on(async {
         match cli.command {
-            Command::Serve(args) => run::serve(*args).await.map(|()| ExitCode::SUCCESS),
-            Command::Review(args) => run::review(args).await.map(|summary| {
+            Command::Serve(args) => placement_webhook::serve(*args)
+                .await
+                .map(|()| ExitCode::SUCCESS),
+            Command::Review(args) => placement_webhook::review(args).await.map(|summary| {
                 // Denials exit 3 so scripts and CI can gate on the policy.
                 if summary.denied > 0 {
                     ExitCode::from(3)
@@ -24,7 +25,7 @@ fn main() -> anyhow::Result<ExitCode> {
                     ExitCode::SUCCESS
                 }
             }),
-            Command::Certs(args) => run::certs(args).map(|()| ExitCode::SUCCESS),
+            Command::Certs(args) => placement_webhook::certs(args).map(|()| ExitCode::SUCCESS),
         }
         .map_err(anyhow::Error::from)
     })

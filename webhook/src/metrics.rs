@@ -16,7 +16,7 @@ use prometheus_client::registry::Registry;
 
 /// How a review ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Allowed with a patch.
     Patched,
     /// Allowed; the object already carried its placement.
@@ -37,7 +37,7 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Outcome::Patched => "patched",
             Outcome::Unchanged => "unchanged",
@@ -72,7 +72,7 @@ struct ReasonLabels {
     reason: &'static str,
 }
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     duration: Family<OperationLabels, Histogram>,
@@ -99,7 +99,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("placement_webhook");
         let requests = Family::<RequestLabels, Counter>::default();
         registry.register(
@@ -176,7 +176,7 @@ impl Metrics {
         }
     }
 
-    pub fn observe(&self, operation: &str, outcome: Outcome, elapsed: Duration) {
+    pub(crate) fn observe(&self, operation: &str, outcome: Outcome, elapsed: Duration) {
         self.requests
             .get_or_create(&RequestLabels {
                 operation: operation.to_owned(),
@@ -190,7 +190,7 @@ impl Metrics {
             .observe(elapsed.as_secs_f64());
     }
 
-    pub fn engine_error(&self, kind: &str) {
+    pub(crate) fn engine_error(&self, kind: &str) {
         self.engine_errors
             .get_or_create(&KindLabels {
                 kind: kind.to_owned(),
@@ -198,7 +198,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn event_failed(&self) {
+    pub(crate) fn event_failed(&self) {
         self.events_failed.inc();
     }
 
@@ -231,13 +231,13 @@ impl Metrics {
     }
 
     /// Export what `engine`'s decision cache did, read at each scrape.
-    pub fn watch_decision_cache(&mut self, engine: Arc<dyn PolicyEngine>) {
+    pub(crate) fn watch_decision_cache(&mut self, engine: Arc<dyn PolicyEngine>) {
         self.registry
             .register_collector(Box::new(DecisionCacheCollector(engine)));
     }
 
     /// The registry in Prometheus text format.
-    pub fn encode(&self) -> String {
+    pub(crate) fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

@@ -13,7 +13,7 @@ use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 
 /// Where the webhook learns whether policies exist.
 #[derive(Clone)]
-pub enum PolicyPresence {
+pub(crate) enum PolicyPresence {
     /// Known up front: the embedded engine's policy directory, or a deployment
     /// without API access (which must assume policies exist).
     Fixed { exist: bool, source: String },
@@ -35,7 +35,7 @@ impl fmt::Debug for PolicyPresence {
 }
 
 impl PolicyPresence {
-    pub fn fixed(exist: bool, source: impl Into<String>) -> Self {
+    pub(crate) fn fixed(exist: bool, source: impl Into<String>) -> Self {
         PolicyPresence::Fixed {
             exist,
             source: source.into(),
@@ -45,7 +45,7 @@ impl PolicyPresence {
     /// Watch the ConfigMaps `selection` may call policies: each namespace it
     /// names, or every namespace for `*`. The reflectors run until the process
     /// ends.
-    pub fn watch_config_maps(client: Client, selection: ConfigMapSelection) -> Self {
+    pub(crate) fn watch_config_maps(client: Client, selection: ConfigMapSelection) -> Self {
         let apis: Vec<(String, Api<ConfigMap>)> = match selection.watched_namespaces() {
             Some(namespaces) => namespaces
                 .into_iter()
@@ -91,14 +91,14 @@ impl PolicyPresence {
     }
 
     /// Whether the first list has completed (always true for `Fixed`).
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         match self {
             PolicyPresence::Fixed { .. } => true,
             PolicyPresence::ConfigMaps { synced, .. } => synced.load(Ordering::Acquire),
         }
     }
 
-    pub fn policies_exist(&self) -> bool {
+    pub(crate) fn policies_exist(&self) -> bool {
         match self {
             PolicyPresence::Fixed { exist, .. } => *exist,
             PolicyPresence::ConfigMaps { synced, .. } => {
@@ -121,7 +121,7 @@ impl PolicyPresence {
     }
 
     /// For messages: where policies were looked for, and what was found.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             PolicyPresence::Fixed { source, .. } => source.clone(),
             PolicyPresence::ConfigMaps {

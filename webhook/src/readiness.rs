@@ -19,7 +19,7 @@ use crate::presence::PolicyPresence;
 
 /// Why the pod is (not) ready, for `/readyz`'s body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReadyState {
+pub(crate) enum ReadyState {
     /// The policy ConfigMaps are not listed yet.
     PoliciesUnknown,
     /// Policies exist and the engine is not in sync yet.
@@ -28,7 +28,7 @@ pub enum ReadyState {
 }
 
 #[derive(Debug)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     started: Instant,
     grace: Duration,
     engine_ready_url: Option<String>,
@@ -38,7 +38,7 @@ pub struct Readiness {
 }
 
 impl Readiness {
-    pub fn new(
+    pub(crate) fn new(
         engine_ready_url: Option<String>,
         grace: Duration,
     ) -> Result<Readiness, reqwest::Error> {
@@ -55,7 +55,7 @@ impl Readiness {
         })
     }
 
-    pub async fn check(&self, presence: &PolicyPresence) -> ReadyState {
+    pub(crate) async fn check(&self, presence: &PolicyPresence) -> ReadyState {
         if self.latched.load(Ordering::Acquire) {
             return ReadyState::Ready;
         }

@@ -9,15 +9,15 @@ use policy_client::text::{bounded, truncate};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub const API_VERSION: &str = "admission.k8s.io/v1";
-pub const KIND: &str = "AdmissionReview";
+pub(crate) const API_VERSION: &str = "admission.k8s.io/v1";
+pub(crate) const KIND: &str = "AdmissionReview";
 
 /// Longest warning: the API server shows each on one line of `kubectl` output.
 const MAX_WARNING_BYTES: usize = 240;
 
 /// A review that cannot be answered with a review.
 #[derive(Debug, thiserror::Error)]
-pub enum ReviewError {
+pub(crate) enum ReviewError {
     #[error("malformed AdmissionReview: body is not JSON: {0}")]
     NotJson(String),
     #[error(
@@ -29,7 +29,7 @@ pub enum ReviewError {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
-pub struct GroupVersionKind {
+pub(crate) struct GroupVersionKind {
     #[serde(default)]
     pub group: String,
     #[serde(default)]
@@ -39,7 +39,7 @@ pub struct GroupVersionKind {
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
-pub struct GroupVersionResource {
+pub(crate) struct GroupVersionResource {
     #[serde(default)]
     pub group: String,
     #[serde(default)]
@@ -51,7 +51,7 @@ pub struct GroupVersionResource {
 /// The fields of `AdmissionRequest` this webhook reads.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionRequest {
+pub(crate) struct AdmissionRequest {
     pub uid: String,
     pub kind: GroupVersionKind,
     pub resource: GroupVersionResource,
@@ -74,7 +74,7 @@ pub struct AdmissionRequest {
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "UPPERCASE")]
-pub enum Operation {
+pub(crate) enum Operation {
     Create,
     Update,
     Delete,
@@ -82,7 +82,7 @@ pub enum Operation {
 }
 
 impl Operation {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Operation::Create => "CREATE",
             Operation::Update => "UPDATE",
@@ -94,7 +94,7 @@ impl Operation {
 
 /// Status attached to a denial.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
-pub struct Status {
+pub(crate) struct Status {
     pub code: u16,
     pub message: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -103,7 +103,7 @@ pub struct Status {
 
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionResponse {
+pub(crate) struct AdmissionResponse {
     pub uid: String,
     pub allowed: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -118,7 +118,7 @@ pub struct AdmissionResponse {
 }
 
 impl AdmissionResponse {
-    pub fn allow(uid: &str) -> Self {
+    pub(crate) fn allow(uid: &str) -> Self {
         AdmissionResponse {
             uid: uid.to_owned(),
             allowed: true,
@@ -131,7 +131,7 @@ impl AdmissionResponse {
 
     /// A denial. The message is bounded: it can quote the client's own object
     /// (a policy error naming an annotation value, a parse error).
-    pub fn deny(uid: &str, code: u16, reason: &str, message: String) -> Self {
+    pub(crate) fn deny(uid: &str, code: u16, reason: &str, message: String) -> Self {
         AdmissionResponse {
             uid: uid.to_owned(),
             allowed: false,
@@ -146,21 +146,21 @@ impl AdmissionResponse {
         }
     }
 
-    pub fn with_patch(mut self, patch: &json_patch::Patch) -> Self {
+    pub(crate) fn with_patch(mut self, patch: &json_patch::Patch) -> Self {
         let bytes = serde_json::to_vec(patch).unwrap_or_else(|_| b"[]".to_vec());
         self.patch = Some(base64::engine::general_purpose::STANDARD.encode(bytes));
         self.patch_type = Some("JSONPatch");
         self
     }
 
-    pub fn with_warning(mut self, warning: String) -> Self {
+    pub(crate) fn with_warning(mut self, warning: String) -> Self {
         self.warnings
             .push(truncate(&warning, MAX_WARNING_BYTES).into_owned());
         self
     }
 
     /// The decoded patch, if any.
-    pub fn decoded_patch(&self) -> Option<json_patch::Patch> {
+    pub(crate) fn decoded_patch(&self) -> Option<json_patch::Patch> {
         let raw = base64::engine::general_purpose::STANDARD
             .decode(self.patch.as_ref()?)
             .ok()?;
@@ -171,7 +171,7 @@ impl AdmissionResponse {
 /// The whole review sent back.
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
-pub struct AdmissionReviewResponse {
+pub(crate) struct AdmissionReviewResponse {
     pub api_version: &'static str,
     pub kind: &'static str,
     pub response: AdmissionResponse,
@@ -190,13 +190,13 @@ impl From<AdmissionResponse> for AdmissionReviewResponse {
 /// A parsed review: either a request to answer, or a request whose uid we know but
 /// whose other fields are broken (answered with a denial naming the problem).
 #[derive(Debug)]
-pub enum Parsed {
+pub(crate) enum Parsed {
     Request(Box<AdmissionRequest>),
     Malformed { uid: String, message: String },
 }
 
 /// Parse a request body.
-pub fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
+pub(crate) fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
     let mut value: Value =
         serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
     let api_version = value

@@ -476,7 +476,7 @@ fn read_input(path: &Path) -> Result<String, RunError> {
 }
 
 /// Wrap a manifest as the CREATE AdmissionReview the API server would send.
-pub fn wrap_manifest(object: &Value, index: usize) -> Value {
+pub(crate) fn wrap_manifest(object: &Value, index: usize) -> Value {
     let api_version = object
         .get("apiVersion")
         .and_then(Value::as_str)

@@ -28,7 +28,7 @@ use placement_endpoint::TlsSettings;
 
 /// Flags of self-managed certificates.
 #[derive(Debug, Clone, Args)]
-pub struct SelfManagedTlsArgs {
+pub(crate) struct SelfManagedTlsArgs {
     /// Keep the CA and serving certificate in this Secret (`NAMESPACE/NAME`):
     /// create them, renew them before they expire and serve them. Excludes
     /// --tls-cert/--tls-key.
@@ -185,7 +185,7 @@ type ClientVerifier = Option<Arc<dyn rustls::server::danger::ClientCertVerifier>
 /// Start self-managed certificates: returns the TLS settings to serve once the
 /// Secret holds a working certificate (creating one when it holds none), and
 /// keeps them, the Secret and the configurations current in the background.
-pub async fn start(
+pub(crate) async fn start(
     args: &SelfManagedTlsArgs,
     secret: SecretRef,
     client: Option<Client>,

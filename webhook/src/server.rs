@@ -48,7 +48,7 @@ pub enum ServerError {
 
 /// How reviews are read.
 #[derive(Debug, Clone)]
-pub struct RequestLimits {
+pub(crate) struct RequestLimits {
     /// Largest body accepted (`--max-request-bytes`).
     pub max_body: usize,
     /// Time to receive a whole body (`--body-timeout`).
@@ -65,7 +65,7 @@ pub struct RequestLimits {
 
 /// Everything `serve` needs besides the admission handler.
 #[derive(Debug, Clone)]
-pub struct ServeSettings {
+pub(crate) struct ServeSettings {
     pub requests: RequestLimits,
     pub admission: ConnectionLimits,
     pub metrics: ConnectionLimits,
@@ -77,7 +77,7 @@ pub struct ServeSettings {
 }
 
 /// Open connections of the metrics listener (scrapes and probes).
-pub const METRICS_MAX_CONNECTIONS: usize = 64;
+pub(crate) const METRICS_MAX_CONNECTIONS: usize = 64;
 
 #[derive(Clone)]
 struct AppState {
@@ -342,13 +342,13 @@ async fn metrics(State(admission): State<Admission>) -> Response {
 
 /// Listening sockets, bound before serving so callers learn the ports at once.
 #[derive(Debug)]
-pub struct Listeners {
+pub(crate) struct Listeners {
     admission: std::net::TcpListener,
     metrics: std::net::TcpListener,
 }
 
 impl Listeners {
-    pub fn bind(admission: SocketAddr, metrics: SocketAddr) -> Result<Self, ServerError> {
+    pub(crate) fn bind(admission: SocketAddr, metrics: SocketAddr) -> Result<Self, ServerError> {
         let bind = |addr: SocketAddr| {
             let listener = std::net::TcpListener::bind(addr)
                 .map_err(|source| ServerError::Bind { addr, source })?;
@@ -363,13 +363,13 @@ impl Listeners {
         })
     }
 
-    pub fn admission_addr(&self) -> SocketAddr {
+    pub(crate) fn admission_addr(&self) -> SocketAddr {
         self.admission
             .local_addr()
             .expect("bound socket has an address")
     }
 
-    pub fn metrics_addr(&self) -> SocketAddr {
+    pub(crate) fn metrics_addr(&self) -> SocketAddr {
         self.metrics
             .local_addr()
             .expect("bound socket has an address")
@@ -383,7 +383,7 @@ impl Listeners {
 /// fails that client's request with EOF, and the API server retries no
 /// admission call); then stop accepting and drain in-flight requests for up
 /// to 10 s.
-pub async fn serve(
+pub(crate) async fn serve(
     admission: Admission,
     tls: TlsSettings,
     listeners: Listeners,
@@ -453,7 +453,7 @@ pub async fn serve(
 /// Client certificates signed by the CA in `path` are verified; clients
 /// without one still complete the handshake (the kubelet's HTTPS probes carry
 /// none) and are refused by the review endpoints.
-pub fn client_verifier(
+pub(crate) fn client_verifier(
     path: &Path,
 ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, ServerError> {
     let error = |reason: String| ServerError::ClientCa {
@@ -495,7 +495,7 @@ pub(crate) fn with_client_verifier(
 
 /// TLS settings that follow certificate file changes, verifying client
 /// certificates with `verifier` when given.
-pub fn reloading_tls(
+pub(crate) fn reloading_tls(
     cert: PathBuf,
     key: PathBuf,
     verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,

@@ -2,7 +2,7 @@
 //! whose `spec.schedulerName` is ours is placed where the decision for its
 //! resource template puts it (the template as the webhook sees it, plus the
 //! binding under `input._binding`), with exactly the writes karmada-scheduler
-//! makes ([`crate::karmada::binding`]).
+//! makes ([`crate::reconcile::karmada::binding`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -20,10 +20,12 @@ use super::changes::fingerprint;
 use super::pass::Step;
 use super::target::{BindingItem, Item, Kind, describe};
 use super::{FIELD_MANAGER, Reconciler};
-use crate::document::{ObjectKey, object_value};
 use crate::error::SyncError;
-use crate::karmada::binding::{Binding, BindingWrite, Placement, ResourceRef, placement, plan};
-use crate::watched::Need;
+use crate::reconcile::karmada::binding::{
+    Binding, BindingWrite, Placement, ResourceRef, placement, plan,
+};
+use crate::replication::document::{ObjectKey, object_value};
+use crate::replication::watched::Need;
 
 /// The binding types of Karmada, scheduled when the scheduler is on.
 pub(crate) const BINDING_TYPES: [(&str, &str, &str); 2] = [

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 
 use tokio::sync::Notify;
 
-use crate::document::ObjectKey;
+use crate::replication::document::ObjectKey;
 
 /// One target object: the index of its watched type and its key.
 pub(crate) type ItemKey = (usize, ObjectKey);

@@ -20,12 +20,24 @@
 //! per-object reconcile cannot do; a `Controller` with a generation predicate
 //! would miss label and annotation edits the policy reads, and without one it
 //! reconciles every status update.
+//!
+//! Beside the reconciler live what only it uses: the blast-radius guard
+//! ([`blast`]) and what it weighs ([`cause`], [`health`], [`revision`]), the
+//! workloads in scope ([`scope`]), leader election ([`leader`]) and the
+//! Karmada binding model ([`karmada`]).
 
 mod bindings;
+pub(crate) mod blast;
+pub(crate) mod cause;
 mod changes;
 mod events;
+pub(crate) mod health;
+pub(crate) mod karmada;
+pub(crate) mod leader;
 mod pass;
 mod rate;
+pub(crate) mod revision;
+pub(crate) mod scope;
 mod target;
 mod workloads;
 
@@ -50,18 +62,18 @@ use events::PassEvents;
 use rate::RateLimiter;
 use target::{Kind, Target};
 
-use crate::blast::{Guard, PolicyConfigMaps};
-use crate::cause::{Cause, Causes, Trigger};
 use crate::config::{OwnershipKeySource, RemediationMode};
+use crate::engine_sync::SyncState;
 use crate::error::SyncError;
-use crate::leader::AppliedRecord;
 use crate::metrics::Metrics;
+use crate::policies::rego_refs::PolicyReads;
 use crate::queue::Backoff;
-use crate::rego_refs::PolicyReads;
-use crate::revision::{ReplicatedTypes, configured_revision};
-use crate::scope::{Scope, ScopeFilter, parse_label_selector};
-use crate::state::SyncState;
-use crate::watched::{Need, Subscription, WatchChange, WatchedType};
+use crate::reconcile::blast::{Guard, PolicyConfigMaps};
+use crate::reconcile::cause::{Cause, Causes, Trigger};
+use crate::reconcile::leader::AppliedRecord;
+use crate::reconcile::revision::{ReplicatedTypes, configured_revision};
+use crate::reconcile::scope::{Scope, ScopeFilter, parse_label_selector};
+use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
 
 /// Field manager of the reconciler's writes.
 pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";
@@ -643,7 +655,7 @@ impl Reconciler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::ObjectKey;
+    use crate::replication::document::ObjectKey;
 
     #[test]
     fn work_merges_toward_everything() {

@@ -19,11 +19,11 @@ use super::changes::ItemKey;
 use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
-use crate::blast;
-use crate::cause::Causes;
 use crate::config::RemediationMode;
-use crate::document::{ObjectKey, object_value};
 use crate::error::SyncError;
+use crate::reconcile::blast;
+use crate::reconcile::cause::Causes;
+use crate::replication::document::{ObjectKey, object_value};
 
 /// Objects evaluated and written at once in a pass.
 const PASS_CONCURRENCY: usize = 16;

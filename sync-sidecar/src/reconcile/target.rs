@@ -7,9 +7,9 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::Selector;
 use serde_json::Value;
 
-use crate::document::ObjectKey;
-use crate::karmada::binding::Binding;
-use crate::watched::WatchedType;
+use crate::reconcile::karmada::binding::Binding;
+use crate::replication::document::ObjectKey;
+use crate::replication::watched::WatchedType;
 
 /// What a target keeps placed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

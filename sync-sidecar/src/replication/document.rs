@@ -11,20 +11,20 @@ use serde_json::Value;
 
 /// Identifies one object of a type.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ObjectKey {
+pub(crate) struct ObjectKey {
     pub namespace: Option<String>,
     pub name: String,
 }
 
 impl ObjectKey {
-    pub fn new(namespace: Option<&str>, name: &str) -> Self {
+    pub(crate) fn new(namespace: Option<&str>, name: &str) -> Self {
         ObjectKey {
             namespace: namespace.map(str::to_owned),
             name: name.to_owned(),
         }
     }
 
-    pub fn of(object: &DynamicObject) -> Option<Self> {
+    pub(crate) fn of(object: &DynamicObject) -> Option<Self> {
         let name = object.metadata.name.as_deref()?;
         Some(ObjectKey::new(object.metadata.namespace.as_deref(), name))
     }
@@ -40,14 +40,19 @@ impl std::fmt::Display for ObjectKey {
 }
 
 /// Engine path of a whole type: `{prefix}/{resource}`.
-pub fn type_path(prefix: &str, resource: &str) -> String {
+pub(crate) fn type_path(prefix: &str, resource: &str) -> String {
     format!("{}/{resource}", prefix.trim_matches('/'))
 }
 
 /// Engine path of one object. `namespaced` is the layout chosen by the flag; a
 /// namespaced layout with an object lacking a namespace cannot happen with the API
 /// server's data and falls back to the cluster-scoped form.
-pub fn object_path(prefix: &str, resource: &str, key: &ObjectKey, namespaced: bool) -> String {
+pub(crate) fn object_path(
+    prefix: &str,
+    resource: &str,
+    key: &ObjectKey,
+    namespaced: bool,
+) -> String {
     match (&key.namespace, namespaced) {
         (Some(ns), true) => format!("{}/{ns}/{}", type_path(prefix, resource), key.name),
         _ => format!("{}/{}", type_path(prefix, resource), key.name),
@@ -55,7 +60,7 @@ pub fn object_path(prefix: &str, resource: &str, key: &ObjectKey, namespaced: bo
 }
 
 /// Remove `metadata.managedFields` (bulky, and no policy should read it).
-pub fn strip_managed_fields(object: &mut Value) {
+pub(crate) fn strip_managed_fields(object: &mut Value) {
     if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         meta.remove("managedFields");
     }
@@ -63,7 +68,7 @@ pub fn strip_managed_fields(object: &mut Value) {
 
 /// The JSON the engine receives for an object: `apiVersion` and `kind` filled in
 /// (list responses leave them out of the items) and `managedFields` stripped.
-pub fn object_value(object: &DynamicObject, resource: &ApiResource) -> Value {
+pub(crate) fn object_value(object: &DynamicObject, resource: &ApiResource) -> Value {
     let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
     if let Value::Object(map) = &mut value {
         let missing = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
@@ -82,7 +87,7 @@ pub fn object_value(object: &DynamicObject, resource: &ApiResource) -> Value {
 }
 
 /// [`object_value`] encoded, without spare capacity (it is kept).
-pub fn object_json(object: &DynamicObject, resource: &ApiResource) -> Vec<u8> {
+pub(crate) fn object_json(object: &DynamicObject, resource: &ApiResource) -> Vec<u8> {
     let mut json =
         serde_json::to_vec(&object_value(object, resource)).unwrap_or_else(|_| b"null".to_vec());
     json.shrink_to_fit();
@@ -94,7 +99,7 @@ pub fn object_json(object: &DynamicObject, resource: &ApiResource) -> Vec<u8> {
 /// `BTreeMap<ObjectKey, _>` do). Each object's JSON is a piece of its own
 /// (its buffer shared, not copied); between them, one small piece carries the
 /// separators and the names.
-pub fn type_document<'a>(
+pub(crate) fn type_document<'a>(
     objects: impl IntoIterator<Item = (&'a ObjectKey, &'a Bytes)>,
     namespaced: bool,
 ) -> EncodedJson {

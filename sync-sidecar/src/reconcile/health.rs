@@ -4,7 +4,7 @@
 //! entry of [`CLUSTER_KINDS`].
 //!
 //! The remediator re-places workloads without confirmation when cluster health
-//! changes ([`crate::cause`]), unless a large share of the clusters turned
+//! changes ([`crate::reconcile::cause`]), unless a large share of the clusters turned
 //! unhealthy within a short window ([`ClusterHealth::partition`]): that looks
 //! like the control plane cut off from its clusters rather than an outage
 //! (kube-controller-manager's `--unhealthy-zone-threshold`, below).
@@ -16,7 +16,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::document::ObjectKey;
+use crate::replication::document::ObjectKey;
 
 /// A replicated type that is a cluster registry.
 #[derive(Debug)]
@@ -95,7 +95,7 @@ fn karmada_ready(cluster: &Value) -> bool {
 /// outages, each re-placed at once; a large share going down together is held
 /// (the blast-radius guard) until confirmed or until they come back.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PartitionRule {
+pub(crate) struct PartitionRule {
     /// Share of all clusters (0 to 1).
     pub threshold: f64,
     pub window: Duration,
@@ -108,7 +108,7 @@ const PARTITION_MIN: usize = 3;
 impl PartitionRule {
     /// Whether `recent` of `total` clusters turning unhealthy within the
     /// window looks like a partition.
-    pub fn applies(&self, recent: usize, total: usize) -> bool {
+    pub(crate) fn applies(&self, recent: usize, total: usize) -> bool {
         recent >= PARTITION_MIN && recent as f64 >= self.threshold * total as f64
     }
 }

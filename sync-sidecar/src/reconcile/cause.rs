@@ -1,19 +1,19 @@
 //! Why the remediator passes over every workload, carried with its trigger
 //! from whatever saw the change (the policy loader; a replicator, which sees an
 //! object's old and new state) to the remediator. The blast-radius guard
-//! ([`crate::blast`]) decides by cause:
+//! ([`crate::reconcile::blast`]) decides by cause:
 //!
 //! - a person's edit (the policy set, or replicated data the policies read:
 //!   an object added or deleted, its spec, labels or annotations) is
 //!   *guarded*: held when it would re-place too many workloads, until an
 //!   administrator confirms that change;
 //! - a change of cluster health (a cluster's phase, `Ready` condition, taints:
-//!   [`crate::health`]) or of other status (the world's report, not anyone's
+//!   [`crate::reconcile::health`]) or of other status (the world's report, not anyone's
 //!   edit) is not, unless a large share of the clusters turned unhealthy
 //!   together (a partition);
 //! - a pass whose causes are unknown (a relist; a replica that takes over
 //!   while the policy or the data differ from what the last leader applied:
-//!   [`crate::revision`]) is guarded.
+//!   [`crate::reconcile::revision`]) is guarded.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,8 +21,8 @@ use futures::FutureExt;
 use serde_json::Value;
 use tokio::sync::Notify;
 
-use crate::document::ObjectKey;
-use crate::health::ClusterKind;
+use crate::reconcile::health::ClusterKind;
+use crate::replication::document::ObjectKey;
 
 /// One cause of remediation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +85,7 @@ impl Causes {
     /// These causes without the edits and unknown causes: what a replica
     /// that takes over keeps of what it saw while another one led (that
     /// leader applied the edits, unless the revision it recorded says
-    /// otherwise: [`crate::revision`]).
+    /// otherwise: [`crate::reconcile::revision`]).
     pub(crate) fn without_edits(&self) -> Causes {
         Causes {
             health: self.health,
@@ -286,7 +286,7 @@ pub(crate) fn hex(bytes: &[u8], take: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::health::cluster_kind;
+    use crate::reconcile::health::cluster_kind;
     use serde_json::json;
 
     fn ours() -> Option<&'static ClusterKind> {

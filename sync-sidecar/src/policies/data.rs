@@ -9,18 +9,18 @@ use std::sync::{Arc, Mutex};
 use policy_client::{CompileError, EngineError, PolicyEngine};
 use serde_json::Value;
 
-use crate::policies::{ModuleSync, PolicyStatus};
+use crate::policies::status::{ModuleSync, PolicyStatus};
 
 /// The engine side of data ConfigMaps: what is written where.
 #[derive(Debug)]
-pub struct DataSet {
+pub(super) struct DataSet {
     engine: Arc<dyn PolicyEngine>,
     /// ConfigMap (`namespace/name`) -> key -> the document written.
     written: Mutex<BTreeMap<String, BTreeMap<String, Value>>>,
 }
 
 /// A data key's text as a document: JSON, else YAML.
-pub fn parse_document(text: &str) -> Result<Value, String> {
+pub(super) fn parse_document(text: &str) -> Result<Value, String> {
     serde_json::from_str(text).or_else(|json_error| {
         yaml_serde::from_str::<Value>(text)
             .map_err(|_| format!("neither JSON nor YAML: {json_error}"))
@@ -28,7 +28,7 @@ pub fn parse_document(text: &str) -> Result<Value, String> {
 }
 
 impl DataSet {
-    pub fn new(engine: Arc<dyn PolicyEngine>) -> DataSet {
+    pub(super) fn new(engine: Arc<dyn PolicyEngine>) -> DataSet {
         DataSet {
             engine,
             written: Mutex::new(BTreeMap::new()),
@@ -40,21 +40,21 @@ impl DataSet {
     }
 
     /// A digest of every document written.
-    pub fn revision(&self) -> String {
+    pub(super) fn revision(&self) -> String {
         let written = serde_json::to_vec(&*self.written()).unwrap_or_default();
         let digest = ring::digest::digest(&ring::digest::SHA256, &written);
-        crate::cause::hex(digest.as_ref(), 8)
+        crate::reconcile::cause::hex(digest.as_ref(), 8)
     }
 
     /// ConfigMaps (`namespace/name`) with data written.
-    pub fn configmaps(&self) -> Vec<String> {
+    pub(super) fn configmaps(&self) -> Vec<String> {
         self.written().keys().cloned().collect()
     }
 
     /// Bring the engine's documents of ConfigMap `key` (`namespace/name`) to
     /// `data` (`None`: gone, or no longer data). With `reload`, every document
     /// is written again. A key that does not parse is reported and not written.
-    pub async fn sync(
+    pub(super) async fn sync(
         &self,
         key: &str,
         data: Option<&BTreeMap<String, String>>,

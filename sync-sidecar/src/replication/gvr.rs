@@ -6,7 +6,7 @@ use std::str::FromStr;
 /// A resource type named by group, version and plural resource name.
 /// The core group is the empty string (`v1/configmaps`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Gvr {
+pub(crate) struct Gvr {
     pub group: String,
     pub version: String,
     pub resource: String,
@@ -17,13 +17,13 @@ pub struct Gvr {
 #[error(
     "invalid resource type {value:?}: {reason} (expected [group/]version/resource, e.g. apps/v1/replicasets or v1/configmaps)"
 )]
-pub struct GvrParseError {
+pub(crate) struct GvrParseError {
     pub value: String,
     pub reason: &'static str,
 }
 
 impl Gvr {
-    pub fn new(group: &str, version: &str, resource: &str) -> Self {
+    pub(crate) fn new(group: &str, version: &str, resource: &str) -> Self {
         Gvr {
             group: group.to_owned(),
             version: version.to_owned(),
@@ -32,7 +32,7 @@ impl Gvr {
     }
 
     /// `v1` for the core group, `group/version` otherwise.
-    pub fn api_version(&self) -> String {
+    pub(crate) fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.clone()
         } else {

@@ -15,9 +15,9 @@ use std::sync::Mutex;
 
 use tokio::sync::watch;
 
+use crate::engine_sync::SyncState;
 use crate::error::SyncError;
-use crate::rego_refs::DataReads;
-use crate::state::SyncState;
+use crate::policies::rego_refs::DataReads;
 
 /// How long a policy change waits for its data before saying so.
 const SLOW_WRITE: std::time::Duration = std::time::Duration::from_secs(10);

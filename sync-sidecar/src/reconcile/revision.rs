@@ -15,10 +15,10 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
-use crate::cause::{configured, hex};
-use crate::health::ClusterKind;
-use crate::rego_refs::PolicyReads;
-use crate::watched::WatchedType;
+use crate::policies::rego_refs::PolicyReads;
+use crate::reconcile::cause::{configured, hex};
+use crate::reconcile::health::ClusterKind;
+use crate::replication::watched::WatchedType;
 
 /// A replicated type: its cluster kind, if it is one, and its objects.
 type Replicated = (Option<&'static ClusterKind>, Arc<WatchedType>);
@@ -87,9 +87,9 @@ pub(crate) fn configured_revision(policy_revision: &str, data_revision: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::document::ObjectKey;
-    use crate::health::cluster_kind;
-    use crate::objects::TypeObjects;
+    use crate::reconcile::health::cluster_kind;
+    use crate::replication::document::ObjectKey;
+    use crate::replication::objects::TypeObjects;
     use bytes::Bytes;
     use kube::api::{ApiResource, GroupVersionKind};
     use serde_json::json;

@@ -13,7 +13,7 @@ use bytes::Bytes;
 use policy_client::EncodedJson;
 use tokio::sync::watch;
 
-use crate::document::ObjectKey;
+use crate::replication::document::ObjectKey;
 
 #[derive(Default)]
 struct Objects {
@@ -110,7 +110,7 @@ impl TypeObjects {
             .collect()
     }
 
-    /// The whole-type document (see [`crate::document`] for its layout) of
+    /// The whole-type document (see [`crate::replication::document`] for its layout) of
     /// the objects `keep` accepts, encoded in pieces that share the objects'
     /// buffers, and how many it holds.
     pub(crate) fn document(
@@ -121,7 +121,8 @@ impl TypeObjects {
         let objects = self.read();
         let kept = objects.current.iter().filter(|(key, _)| keep(key));
         let mut count = 0;
-        let json = crate::document::type_document(kept.inspect(|_| count += 1), namespaced);
+        let json =
+            crate::replication::document::type_document(kept.inspect(|_| count += 1), namespaced);
         (json, count)
     }
 }

@@ -1,6 +1,6 @@
 //! The blast-radius guard of remediation. A pass over every workload is
 //! weighed as one change before anything is patched, by its causes
-//! ([`crate::cause`]):
+//! ([`crate::reconcile::cause`]):
 //!
 //! - a person's edit (a policy ConfigMap, a replicated object's spec, labels
 //!   or annotations), or an unknown cause, that would rewrite or remove the
@@ -9,7 +9,7 @@
 //!   (an annotation listing the affected objects, a Warning Event, a metric)
 //!   until an administrator confirms that change;
 //! - a change of cluster health re-places at once, unless a large share of the
-//!   clusters turned unhealthy together ([`crate::health::PartitionRule`]),
+//!   clusters turned unhealthy together ([`crate::reconcile::health::PartitionRule`]),
 //!   which is then guarded like an edit.
 //!
 //! ```sh
@@ -39,20 +39,20 @@ use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::cause::Causes;
-use crate::health::{ClusterHealth, PartitionRule};
+use crate::reconcile::cause::Causes;
+use crate::reconcile::health::{ClusterHealth, PartitionRule};
 
 /// Annotation on the policy ConfigMaps reporting a held change.
-pub const HELD_ANNOTATION: &str = "placement-policy.io/remediation-held";
+pub(crate) const HELD_ANNOTATION: &str = "placement-policy.io/remediation-held";
 /// Annotation an administrator sets (on any policy ConfigMap) to the id of a
 /// held change to let it through.
-pub const CONFIRM_ANNOTATION: &str = "placement-policy.io/confirm-remediation";
+pub(crate) const CONFIRM_ANNOTATION: &str = "placement-policy.io/confirm-remediation";
 /// Objects named in the report; the count is always complete.
 const LISTED: usize = 50;
 
 /// How much of the placed workloads one change may re-place unconfirmed.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BlastRadius {
+pub(crate) struct BlastRadius {
     /// Share of the placed workloads (0 to 1).
     pub share: f64,
     /// Changes of at most this many placements are never held.
@@ -62,7 +62,7 @@ pub struct BlastRadius {
 impl BlastRadius {
     /// Whether re-placing `affected` of `placed` workloads is beyond the
     /// radius.
-    pub fn holds(&self, affected: usize, placed: usize) -> bool {
+    pub(crate) fn holds(&self, affected: usize, placed: usize) -> bool {
         affected > self.min && affected as f64 > self.share * placed as f64
     }
 }
@@ -321,8 +321,8 @@ mod tests {
     /// partition are.
     #[test]
     fn the_guard_weighs_edits_and_partitions_not_outages() {
-        use crate::cause::Cause;
-        use crate::document::ObjectKey;
+        use crate::reconcile::cause::Cause;
+        use crate::replication::document::ObjectKey;
         let health = Arc::new(ClusterHealth::default());
         let guard = Guard {
             radius: BlastRadius {

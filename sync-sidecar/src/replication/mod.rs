@@ -1,12 +1,20 @@
 //! Replication of Kubernetes objects into the engine (one task per type).
 //!
-//! Each type's objects come from its watch ([`crate::watched`], shared with
-//! the remediator when it remediates the type too): a compact store of the
-//! JSON the engine receives, with `managedFields` stripped. The first full list, every
-//! relist (after `410 Gone`) and every engine restart write the whole type as one
-//! document, so deletions missed while disconnected disappear too; in between,
-//! adds, updates and deletes are mirrored one object at a time through a
-//! [`KeyedQueue`].
+//! Each type's objects come from its watch ([`watched`], shared with the
+//! remediator when it remediates the type too): a compact store
+//! ([`objects`]) of the JSON the engine receives ([`document`]), with
+//! `managedFields` stripped. The first full list, every relist (after
+//! `410 Gone`) and every engine restart write the whole type as one document,
+//! so deletions missed while disconnected disappear too; in between, adds,
+//! updates and deletes are mirrored one object at a time through a
+//! [`KeyedQueue`]. With `--replicate-only-read-types`, only the types the
+//! policies read are written ([`demand`]).
+
+pub(crate) mod demand;
+pub(crate) mod document;
+pub(crate) mod gvr;
+pub(crate) mod objects;
+pub(crate) mod watched;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -17,19 +25,19 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::cause::{self, Cause, Trigger};
-use crate::component::{Gate, full_sync_loop};
 use crate::config::{ReplicaScope, ReplicateSpec};
-use crate::demand::Demand;
-use crate::document::{ObjectKey, object_path, type_path};
+use crate::engine_sync::SyncState;
+use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
-use crate::health::{ClusterHealth, ClusterKind, cluster_kind};
 use crate::metrics::Metrics;
+use crate::policies::rego_refs::PolicyReads;
 use crate::queue::{Backoff, KeyedQueue};
-use crate::rego_refs::PolicyReads;
-use crate::revision::ReplicatedTypes;
-use crate::state::SyncState;
-use crate::watched::{Need, Subscription, WatchChange, WatchedType};
+use crate::reconcile::cause::{self, Cause, Trigger};
+use crate::reconcile::health::{ClusterHealth, ClusterKind, cluster_kind};
+use crate::reconcile::revision::ReplicatedTypes;
+use crate::replication::demand::Demand;
+use crate::replication::document::{ObjectKey, object_path, type_path};
+use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
 
 /// What every replicated type shares.
 #[derive(Clone)]
@@ -420,7 +428,7 @@ pub(crate) async fn run_type(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gvr::Gvr;
+    use crate::replication::gvr::Gvr;
 
     #[test]
     fn ignored_namespaces_become_a_field_selector() {

@@ -22,10 +22,10 @@ use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ReplicaScope;
+use crate::engine_sync::SyncState;
 use crate::error::SyncError;
-use crate::gvr::Gvr;
 use crate::queue::Backoff;
-use crate::state::SyncState;
+use crate::replication::gvr::Gvr;
 
 /// Serializes full syncs against single-key writes of one component.
 #[derive(Debug, Default)]

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 /// The configured set (`--scope-*` flags).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Scope {
+pub(crate) struct Scope {
     pub excluded_namespaces: BTreeSet<String>,
     /// A label selector on namespaces (`kubectl -l` syntax).
     pub namespace_selector: Option<String>,

@@ -14,6 +14,8 @@
 //! is still there afterwards, so a restart in the middle of a reload is never
 //! mistaken for a finished one.
 
+pub(crate) mod component;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,7 +32,7 @@ use crate::metrics::Metrics;
 
 /// A snapshot of the sync state, as `/readyz` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct SyncStatus {
+pub(crate) struct SyncStatus {
     /// Engine instance counter: 0 until the first sentinel write succeeded.
     pub epoch: u64,
     pub synced: bool,
@@ -40,7 +42,7 @@ pub struct SyncStatus {
 }
 
 /// Shared sync state. See the module documentation.
-pub struct SyncState {
+pub(crate) struct SyncState {
     epoch: watch::Sender<u64>,
     synced: watch::Sender<bool>,
     engine_up: AtomicBool,
@@ -59,7 +61,7 @@ impl fmt::Debug for SyncState {
 }
 
 impl SyncState {
-    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(crate) fn new(metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(SyncState {
             epoch: watch::channel(0).0,
             synced: watch::channel(false).0,
@@ -73,33 +75,33 @@ impl SyncState {
 
     /// Declare a component that must load every epoch before the engine is synced.
     /// Call before the monitor starts.
-    pub fn register(&self, name: &str) {
+    pub(crate) fn register(&self, name: &str) {
         self.lock().insert(name.to_owned(), 0);
     }
 
-    pub fn epoch(&self) -> u64 {
+    pub(crate) fn epoch(&self) -> u64 {
         *self.epoch.borrow()
     }
 
-    pub fn subscribe_epoch(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe_epoch(&self) -> watch::Receiver<u64> {
         self.epoch.subscribe()
     }
 
-    pub fn subscribe_synced(&self) -> watch::Receiver<bool> {
+    pub(crate) fn subscribe_synced(&self) -> watch::Receiver<bool> {
         self.synced.subscribe()
     }
 
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         *self.synced.borrow()
     }
 
     /// Synced, and the engine answered the last check.
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.is_synced() && self.engine_up.load(Ordering::Relaxed)
     }
 
     /// A component finished loading everything it holds into the engine for `epoch`.
-    pub fn mark_loaded(&self, name: &str, epoch: u64) {
+    pub(crate) fn mark_loaded(&self, name: &str, epoch: u64) {
         if let Some(loaded) = self.lock().get_mut(name) {
             *loaded = (*loaded).max(epoch);
         }
@@ -111,7 +113,7 @@ impl SyncState {
     /// or the epoch moved on. The policy loader uses it to load policies after the
     /// data: until then a fresh engine answers *undefined*, which the webhook treats
     /// as "not synced", instead of deciding on partial data.
-    pub async fn wait_loaded_except(&self, except: &str, epoch: u64) {
+    pub(crate) async fn wait_loaded_except(&self, except: &str, epoch: u64) {
         let mut progress = self.progress_tx.subscribe();
         loop {
             let done = self.epoch() != epoch
@@ -129,7 +131,7 @@ impl SyncState {
     }
 
     /// Components not yet loaded for the current epoch.
-    pub fn pending(&self) -> Vec<String> {
+    pub(crate) fn pending(&self) -> Vec<String> {
         let epoch = self.epoch();
         self.lock()
             .iter()
@@ -138,7 +140,7 @@ impl SyncState {
             .collect()
     }
 
-    pub fn status(&self) -> SyncStatus {
+    pub(crate) fn status(&self) -> SyncStatus {
         SyncStatus {
             epoch: self.epoch(),
             synced: self.is_synced(),
@@ -187,7 +189,7 @@ impl SyncState {
 
 /// What one sentinel check found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum SentinelCheck {
+pub(crate) enum SentinelCheck {
     /// Our token is there: same engine instance, state intact.
     Intact,
     /// Absent or foreign: the engine restarted or lost its state.
@@ -197,7 +199,7 @@ pub enum SentinelCheck {
 }
 
 /// Compare the engine's sentinel document with `token`.
-pub async fn check_sentinel(
+pub(crate) async fn check_sentinel(
     engine: &dyn PolicyEngine,
     path: &str,
     token: &str,
@@ -281,7 +283,7 @@ async fn check(
 }
 
 /// Run the engine monitor until `cancel`. See the module documentation.
-pub async fn monitor_engine(
+pub(crate) async fn monitor_engine(
     engine: Arc<dyn PolicyEngine>,
     state: Arc<SyncState>,
     sentinel_path: String,

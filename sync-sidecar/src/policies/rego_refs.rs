@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 /// The package a module defines and the `data` paths it needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ModuleRefs {
+pub(crate) struct ModuleRefs {
     pub package: Option<String>,
     /// `import data.<path>` statements.
     pub imports: BTreeSet<String>,
@@ -24,7 +24,7 @@ pub struct ModuleRefs {
 }
 
 /// Read a module's package, imports and references.
-pub fn scan(source: &str) -> ModuleRefs {
+pub(crate) fn scan(source: &str) -> ModuleRefs {
     let code = strip_comments_and_strings(source);
     let mut refs = ModuleRefs::default();
     for line in code.lines() {
@@ -59,14 +59,17 @@ pub fn scan(source: &str) -> ModuleRefs {
 
 /// A module id that needs a package which no module of the set defines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Missing {
+pub(crate) struct Missing {
     pub module: String,
     pub package: String,
 }
 
 /// The packages the modules of `set` (id -> source) need and nobody defines.
 /// Paths under `data_roots` (replicated data) are data, never packages.
-pub fn missing_packages(set: &BTreeMap<String, String>, data_roots: &[String]) -> Vec<Missing> {
+pub(crate) fn missing_packages(
+    set: &BTreeMap<String, String>,
+    data_roots: &[String],
+) -> Vec<Missing> {
     let scanned: BTreeMap<&String, ModuleRefs> =
         set.iter().map(|(id, source)| (id, scan(source))).collect();
     let packages: Vec<Vec<&str>> = scanned
@@ -111,14 +114,14 @@ pub fn missing_packages(set: &BTreeMap<String, String>, data_roots: &[String]) -
 
 /// A module a change removes that must not go alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Removal {
+pub(crate) struct Removal {
     pub module: String,
     pub package: String,
     pub reason: RemovalReason,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RemovalReason {
+pub(crate) enum RemovalReason {
     /// It defines the decision package, and other modules stay: every query
     /// would find no decision (fail closed), not "no policy".
     Decision { remaining: usize },
@@ -134,7 +137,7 @@ pub enum RemovalReason {
 /// package (every file), or a file while editing the rest of its package,
 /// is not refused here (a package something still needs is
 /// [`missing_packages`]).
-pub fn refused_removals(
+pub(crate) fn refused_removals(
     before: &BTreeMap<String, String>,
     after: &BTreeMap<String, String>,
     decision: &str,
@@ -182,7 +185,7 @@ pub fn refused_removals(
 /// The ids of `set`, each after the modules whose packages it needs (ties and
 /// cycles in id order): loading in this order, no module arrives before what
 /// it imports.
-pub fn load_order(set: &BTreeMap<String, String>) -> Vec<String> {
+pub(crate) fn load_order(set: &BTreeMap<String, String>) -> Vec<String> {
     let scanned: BTreeMap<&String, ModuleRefs> =
         set.iter().map(|(id, source)| (id, scan(source))).collect();
     let needs = |id: &String| -> BTreeSet<String> {
@@ -216,7 +219,7 @@ pub fn load_order(set: &BTreeMap<String, String>) -> Vec<String> {
 
 /// Which replicated types a policy set may read.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DataReads {
+pub(crate) enum DataReads {
     /// Any of them: a reference the scanner cannot pin to one type (`data`
     /// or the replication root indexed dynamically, passed whole, imported
     /// whole), or modules whose source is unknown.
@@ -226,7 +229,7 @@ pub enum DataReads {
 }
 
 impl DataReads {
-    pub fn includes(&self, resource: &str) -> bool {
+    pub(crate) fn includes(&self, resource: &str) -> bool {
         match self {
             DataReads::All => true,
             DataReads::Types(types) => types.contains(resource),
@@ -239,7 +242,7 @@ impl DataReads {
 /// write of a type no policy reads triggers no remediation). [`DataReads::All`]
 /// until the loader first analysed the policies.
 #[derive(Debug, Clone)]
-pub struct PolicyReads(std::sync::Arc<std::sync::RwLock<DataReads>>);
+pub(crate) struct PolicyReads(std::sync::Arc<std::sync::RwLock<DataReads>>);
 
 impl Default for PolicyReads {
     fn default() -> Self {
@@ -248,18 +251,18 @@ impl Default for PolicyReads {
 }
 
 impl PolicyReads {
-    pub fn includes(&self, resource: &str) -> bool {
+    pub(crate) fn includes(&self, resource: &str) -> bool {
         self.0
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .includes(resource)
     }
 
-    pub fn get(&self) -> DataReads {
+    pub(crate) fn get(&self) -> DataReads {
         self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    pub fn set(&self, reads: DataReads) {
+    pub(crate) fn set(&self, reads: DataReads) {
         let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
         if *current != reads {
             tracing::info!(?reads, "replicated types the policies read");
@@ -272,7 +275,10 @@ impl PolicyReads {
 /// `root` (e.g. `["kubernetes"]` for `data.kubernetes.<resource>`). Errs on
 /// the side of [`DataReads::All`]: a type missed here would leave workloads
 /// placed on stale data.
-pub fn data_reads<'a>(sources: impl IntoIterator<Item = &'a str>, root: &[&str]) -> DataReads {
+pub(crate) fn data_reads<'a>(
+    sources: impl IntoIterator<Item = &'a str>,
+    root: &[&str],
+) -> DataReads {
     let mut types = BTreeSet::new();
     for source in sources {
         let code = strip_comments_and_strings(source);
@@ -520,9 +526,9 @@ y := data.a.c.rule
     fn data_reads_pins_the_types_policies_read() {
         let root = ["kubernetes"];
         let shipped = [
-            include_str!("../../policies/placement.rego"),
-            include_str!("../../policies/placement_rules.rego"),
-            include_str!("../../policies/placement_settings.rego"),
+            include_str!("../../../policies/placement.rego"),
+            include_str!("../../../policies/placement_rules.rego"),
+            include_str!("../../../policies/placement_settings.rego"),
         ];
         assert_eq!(
             data_reads(shipped, &root),

@@ -1,0 +1,678 @@
+//! The engine side of the policy loader: which modules are loaded and how.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+
+use policy_client::{CompileError, EngineError, PolicyEngine};
+
+use crate::policies::rego_refs::{self};
+use crate::policies::status::{ModuleSync, PolicyStatus};
+
+/// What the loader knows about one module.
+#[derive(Debug, Clone)]
+struct ModuleRecord {
+    /// The source most recently attempted (the ConfigMap's current value).
+    source: String,
+    outcome: Result<(), Vec<CompileError>>,
+    /// The last source the engine accepted.
+    last_good: Option<String>,
+}
+
+/// The engine side of the policy loader: which modules are loaded and how.
+/// Independent of Kubernetes, so it is tested against the embedded engine.
+#[derive(Debug)]
+pub(super) struct ModuleSet {
+    /// Namespaces whose modules no ConfigMap holds are ours to remove (the
+    /// policy namespace and listed namespaces; never "every namespace").
+    owned_namespaces: Vec<String>,
+    engine: Arc<dyn PolicyEngine>,
+    /// Top-level `data` names that hold replicated data, not packages.
+    data_roots: Vec<String>,
+    /// The decision's package (dotted): a set that still has modules keeps it.
+    decision: String,
+    records: Mutex<BTreeMap<String, ModuleRecord>>,
+}
+
+impl ModuleSet {
+    /// `decision`: the decision path (`io/k8s/federation/admission`).
+    pub(super) fn new(
+        owned_namespaces: Vec<String>,
+        engine: Arc<dyn PolicyEngine>,
+        data_roots: Vec<String>,
+        decision: &str,
+    ) -> Self {
+        ModuleSet {
+            owned_namespaces,
+            engine,
+            data_roots,
+            decision: decision.trim_matches('/').replace('/', "."),
+            records: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    /// Take `modules` (id -> source) as the last good set, before anything
+    /// is loaded (a restarted sidecar, from the set kept in the cluster):
+    /// each ConfigMap's current source is tried first, and where it fails or
+    /// would leave the set incomplete, these stay in force.
+    pub(super) fn seed(&self, modules: BTreeMap<String, String>) {
+        let mut records = self.records();
+        for (id, source) in modules {
+            records.entry(id).or_insert_with(|| ModuleRecord {
+                source: source.clone(),
+                outcome: Ok(()),
+                last_good: Some(source),
+            });
+        }
+    }
+
+    /// The modules in force, each one's accepted source (what the set kept in
+    /// the cluster holds).
+    pub(super) fn last_good(&self) -> BTreeMap<String, String> {
+        self.in_force()
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ModuleRecord>> {
+        self.records.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Module ids of ConfigMap `key` (`namespace/name`) start with this.
+    fn prefix(&self, key: &str) -> String {
+        format!("{key}/")
+    }
+
+    /// `(loaded, failed)`: modules in force, and modules whose current source fails.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        let records = self.records();
+        let failed = records.values().filter(|r| r.outcome.is_err()).count();
+        let loaded = records
+            .values()
+            .filter(|r| r.outcome.is_ok() || r.last_good.is_some())
+            .count();
+        (loaded, failed)
+    }
+
+    /// The revision of the modules in force: a digest of their ids and
+    /// sources.
+    pub(super) fn revision(&self) -> String {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        for (id, source) in self.in_force() {
+            for part in [id.as_bytes(), source.as_bytes()] {
+                context.update(&(part.len() as u64).to_be_bytes());
+                context.update(part);
+            }
+        }
+        crate::reconcile::cause::hex(context.finish().as_ref(), 8)
+    }
+
+    /// The modules in force: each one's accepted source.
+    fn in_force(&self) -> BTreeMap<String, String> {
+        self.records()
+            .iter()
+            .filter_map(|(id, r)| {
+                let source = match &r.outcome {
+                    Ok(()) => Some(&r.source),
+                    Err(_) => r.last_good.as_ref(),
+                };
+                source.map(|s| (id.clone(), s.clone()))
+            })
+            .collect()
+    }
+
+    /// Why the set may not become what it is after ConfigMap `name` becomes
+    /// `desired`, if it may not: a module would need a package that no module
+    /// defines (and none needs now), or the change removes the decision while
+    /// other modules stay, or one file of a package whose other files it
+    /// leaves as they are.
+    fn refusals(
+        &self,
+        name: &str,
+        desired: &BTreeMap<String, &String>,
+    ) -> (BTreeMap<String, String>, Vec<CompileError>) {
+        let now = self.in_force();
+        let prefix = self.prefix(name);
+        let mut after: BTreeMap<String, String> = now
+            .iter()
+            .filter(|(id, _)| !id.starts_with(&prefix))
+            .map(|(id, s)| (id.clone(), s.clone()))
+            .collect();
+        after.extend(desired.iter().map(|(id, s)| (id.clone(), (*s).clone())));
+        let before: Vec<String> = rego_refs::missing_packages(&now, &self.data_roots)
+            .into_iter()
+            .map(|m| m.package)
+            .collect();
+        let refused = |module: String, code: &str, message: String| CompileError {
+            file: Some(module),
+            row: None,
+            col: None,
+            code: Some(code.to_owned()),
+            message,
+        };
+        let mut errors: Vec<CompileError> = rego_refs::missing_packages(&after, &self.data_roots)
+            .into_iter()
+            .filter(|m| !before.contains(&m.package))
+            .map(|m| refused(m.module, "missing_package", format!(
+                "needs package {} (data.{}), which no loaded module defines; the last good policy set stays in force",
+                m.package, m.package
+            )))
+            .collect();
+        for removal in rego_refs::refused_removals(&now, &after, &self.decision) {
+            errors.push(match removal.reason {
+                rego_refs::RemovalReason::Decision { remaining } => refused(
+                    removal.module,
+                    "removes_decision",
+                    format!(
+                        "removing it removes the decision package {} while {remaining} other module(s) stay, so no query would find a decision; the last good policy set stays in force (remove every module to remove the policy)",
+                        removal.package
+                    ),
+                ),
+                rego_refs::RemovalReason::PartOfPackage { remaining } => refused(
+                    removal.module,
+                    "removes_part_of_package",
+                    format!(
+                        "removing it leaves package {} with {remaining} other file(s) this change does not touch; the last good policy set stays in force (remove the package whole, or change its other files in the same edit)",
+                        removal.package
+                    ),
+                ),
+            });
+        }
+        (after, errors)
+    }
+
+    /// The order to load ConfigMaps `names` in so that no module arrives
+    /// before the modules it needs (by their current data `sources`).
+    pub(super) fn configmap_order(
+        &self,
+        sources: &BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Vec<String> {
+        let all: BTreeMap<String, String> = sources
+            .iter()
+            .flat_map(|(cm, data)| {
+                data.iter()
+                    .map(move |(key, source)| (format!("{cm}/{key}"), source.clone()))
+            })
+            .collect();
+        let order = rego_refs::load_order(&all);
+        let mut names: Vec<String> = sources.keys().cloned().collect();
+        let position = |name: &String| {
+            let prefix = self.prefix(name);
+            order
+                .iter()
+                .position(|id| id.starts_with(&prefix))
+                .unwrap_or(usize::MAX)
+        };
+        names.sort_by_key(position);
+        names
+    }
+
+    /// ConfigMaps (`namespace/name`) that have modules on record.
+    pub(super) fn configmaps(&self) -> BTreeSet<String> {
+        self.records()
+            .keys()
+            .filter_map(|id| id.rsplit_once('/').map(|(key, _)| key.to_owned()))
+            .collect()
+    }
+
+    /// Bring the engine's modules of ConfigMap `name` to `data` (`None`: the
+    /// ConfigMap is gone). With `reload`, every module is put again, because the
+    /// engine may have lost them; a module that fails then gets its last good
+    /// version back. Transient engine errors abort with `Err` (retry later); the
+    /// modules done so far stay recorded.
+    pub(super) async fn sync(
+        &self,
+        name: &str,
+        data: Option<&BTreeMap<String, String>>,
+        reload: bool,
+    ) -> Result<ModuleSync, EngineError> {
+        let prefix = self.prefix(name);
+        let mut changed = false;
+        let desired: BTreeMap<String, &String> = data
+            .into_iter()
+            .flatten()
+            .map(|(key, source)| (format!("{prefix}{key}"), source))
+            .collect();
+        let (after, refused) = self.refusals(name, &desired);
+        if !refused.is_empty() {
+            return self.refuse(name, data, &desired, refused, reload).await;
+        }
+        // Dependencies first, so that no query sees a module before what it needs.
+        let order = rego_refs::load_order(&after);
+        let mut puts: Vec<(&String, &&String)> = desired.iter().collect();
+        puts.sort_by_key(|(id, _)| order.iter().position(|o| o == *id));
+        for (id, source) in puts {
+            let previous = self.records().get(id).cloned();
+            if !reload
+                && previous
+                    .as_ref()
+                    .is_some_and(|p| &&p.source == source && p.outcome.is_ok())
+            {
+                continue;
+            }
+            let last_good = previous.and_then(|p| p.last_good);
+            let record = match self.engine.put_policy(id, source).await {
+                Ok(()) => {
+                    changed = true;
+                    tracing::info!(module = %id, "policy module loaded");
+                    ModuleRecord {
+                        source: (*source).clone(),
+                        outcome: Ok(()),
+                        last_good: Some((*source).clone()),
+                    }
+                }
+                Err(EngineError::Compile(errors)) => {
+                    tracing::warn!(module = %id, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy module does not compile; the previous version stays in force");
+                    if reload && let Some(good) = last_good.as_ref().filter(|g| g != source) {
+                        match self.engine.put_policy(id, good).await {
+                            Ok(()) => changed = true,
+                            Err(EngineError::Compile(_)) => {}
+                            Err(e) => return Err(e),
+                        }
+                    }
+                    ModuleRecord {
+                        source: (*source).clone(),
+                        outcome: Err(errors),
+                        last_good,
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+            self.records().insert(id.clone(), record);
+        }
+        let removed: Vec<String> = self
+            .records()
+            .keys()
+            .filter(|id| id.starts_with(&prefix) && !desired.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in removed {
+            self.engine.delete_policy(&id).await?;
+            self.records().remove(&id);
+            changed = true;
+            tracing::info!(module = %id, "policy module removed");
+        }
+        let status = data.map(|_| {
+            let records = self.records();
+            PolicyStatus::from_outcomes(
+                desired
+                    .keys()
+                    .filter_map(|id| records.get(id).map(|r| &r.outcome)),
+            )
+        });
+        Ok(ModuleSync { changed, status })
+    }
+
+    /// Keep the set in force when a change would leave it incomplete: nothing
+    /// of the change reaches the engine (after an engine restart, the last good
+    /// modules are put back), and the ConfigMap's status names why.
+    async fn refuse(
+        &self,
+        name: &str,
+        data: Option<&BTreeMap<String, String>>,
+        desired: &BTreeMap<String, &String>,
+        errors: Vec<CompileError>,
+        reload: bool,
+    ) -> Result<ModuleSync, EngineError> {
+        tracing::warn!(configmap = %name, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy set would be incomplete; the last good set stays in force");
+        let mut changed = false;
+        let prefix = self.prefix(name);
+        let kept: Vec<(String, ModuleRecord)> = self
+            .records()
+            .iter()
+            .filter(|(id, _)| id.starts_with(&prefix))
+            .map(|(id, r)| (id.clone(), r.clone()))
+            .collect();
+        if reload {
+            for (id, record) in &kept {
+                if let Some(good) = &record.last_good {
+                    self.engine.put_policy(id, good).await?;
+                    changed = true;
+                }
+            }
+        }
+        // The change is recorded as failing; what was good stays good.
+        for (id, source) in desired {
+            let last_good = kept
+                .iter()
+                .find(|(k, _)| k == id)
+                .and_then(|(_, r)| r.last_good.clone());
+            let own: Vec<CompileError> = errors
+                .iter()
+                .filter(|e| e.file.as_deref() == Some(id.as_str()))
+                .cloned()
+                .collect();
+            let outcome = if own.is_empty() && last_good.as_deref() == Some(source.as_str()) {
+                Ok(())
+            } else if own.is_empty() {
+                Err(errors.clone())
+            } else {
+                Err(own)
+            };
+            self.records().insert(
+                id.clone(),
+                ModuleRecord {
+                    source: (*source).clone(),
+                    outcome,
+                    last_good,
+                },
+            );
+        }
+        // A module the change would remove stays in force, failing.
+        for (id, record) in kept {
+            if desired.contains_key(&id) {
+                continue;
+            }
+            let own: Vec<CompileError> = errors
+                .iter()
+                .filter(|e| e.file.as_deref() == Some(id.as_str()))
+                .cloned()
+                .collect();
+            self.records().insert(
+                id,
+                ModuleRecord {
+                    outcome: Err(if own.is_empty() { errors.clone() } else { own }),
+                    ..record
+                },
+            );
+        }
+        let status = data.map(|_| PolicyStatus::Error { errors });
+        Ok(ModuleSync { changed, status })
+    }
+
+    /// Delete engine modules in our namespace that no ConfigMap holds any more
+    /// (ConfigMaps deleted while the sidecar was not running).
+    pub(super) async fn remove_orphans(&self) -> Result<bool, EngineError> {
+        let ids = self.engine.policies().await?.into_keys();
+        let mut changed = false;
+        for id in ids {
+            let ours = self
+                .owned_namespaces
+                .iter()
+                .any(|ns| id.starts_with(&format!("{ns}/")) && id.matches('/').count() == 2);
+            if ours && !self.records().contains_key(&id) {
+                self.engine.delete_policy(&id).await?;
+                tracing::info!(module = %id, "removed a policy module no ConfigMap holds");
+                changed = true;
+            }
+        }
+        Ok(changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy_client::{Embedded, QueryOutcome};
+    use serde_json::{Value, json};
+    use std::time::Duration;
+
+    const GOOD: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \"1\"\n";
+    const BETTER: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \"2\"\n";
+    const BROKEN: &str = "package io.k8s.federation.admission\n\nannotations[\"a\"] := \n";
+    const NS: &str = "kube-federation-scheduling-policy";
+    const PLACEMENT: &str = "kube-federation-scheduling-policy/placement";
+    const A: &str = "kube-federation-scheduling-policy/a";
+
+    fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    async fn decision(engine: &dyn PolicyEngine) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+        match engine
+            .query("io/k8s/federation/admission", &json!({}), deadline)
+            .await
+            .unwrap()
+        {
+            QueryOutcome::Defined(v) => Some(v["annotations"]["a"].clone()),
+            QueryOutcome::Undefined => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn broken_update_keeps_the_last_good_module_and_reports_the_error() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = ModuleSet::new(
+            vec![NS.into()],
+            engine.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        );
+
+        let out = set
+            .sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            ModuleSync {
+                changed: true,
+                status: Some(PolicyStatus::Ok)
+            }
+        );
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+
+        // Unchanged source: nothing to do.
+        let out = set
+            .sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
+            .await
+            .unwrap();
+        assert!(!out.changed);
+
+        let out = set
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), false)
+            .await
+            .unwrap();
+        assert!(!out.changed);
+        match out.status {
+            Some(PolicyStatus::Error { errors }) => {
+                assert!(!errors.is_empty());
+                assert!(errors[0].row.is_some(), "{errors:?}");
+            }
+            other => panic!("expected an error status, got {other:?}"),
+        }
+        assert_eq!(
+            decision(engine.as_ref()).await,
+            Some(json!("1")),
+            "last good version in force"
+        );
+        assert_eq!(set.counts(), (1, 1));
+
+        let out = set
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BETTER)])), false)
+            .await
+            .unwrap();
+        assert_eq!(
+            out,
+            ModuleSync {
+                changed: true,
+                status: Some(PolicyStatus::Ok)
+            }
+        );
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("2")));
+        assert_eq!(set.counts(), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
+        let first: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = ModuleSet::new(
+            vec![NS.into()],
+            first.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        );
+        set.sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
+            .await
+            .unwrap();
+        set.sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), false)
+            .await
+            .unwrap();
+
+        // Same records, new engine: what an engine restart looks like to the loader.
+        let fresh: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let reloaded = ModuleSet {
+            owned_namespaces: vec![NS.into()],
+            engine: fresh.clone(),
+            data_roots: vec!["kubernetes".into()],
+            decision: "io.k8s.federation.admission".into(),
+            records: Mutex::new(set.records().clone()),
+        };
+        let out = reloaded
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), true)
+            .await
+            .unwrap();
+        assert!(matches!(out.status, Some(PolicyStatus::Error { .. })));
+        assert_eq!(decision(fresh.as_ref()).await, Some(json!("1")));
+    }
+
+    fn module_set(engine: &Arc<dyn PolicyEngine>) -> ModuleSet {
+        ModuleSet::new(
+            vec![NS.into()],
+            engine.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        )
+    }
+
+    fn codes(status: &Option<PolicyStatus>) -> Vec<String> {
+        match status {
+            Some(PolicyStatus::Error { errors }) => {
+                errors.iter().filter_map(|e| e.code.clone()).collect()
+            }
+            other => panic!("expected an error status, got {other:?}"),
+        }
+    }
+
+    /// The decision removed while its rules stay, or one of two files of a
+    /// package removed: refused whole, the last good set in force.
+    #[tokio::test]
+    async fn removing_the_decision_or_part_of_a_package_is_refused_whole() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = module_set(&engine);
+        let decision_rego = "package io.k8s.federation.admission\n\nimport data.rules\n\nannotations[\"a\"] := rules.v\n";
+        let v = "package rules\n\nv := \"1\"\n";
+        let w = "package rules\n\nw := \"2\"\n";
+        let whole = data(&[
+            ("decision.rego", decision_rego),
+            ("v.rego", v),
+            ("w.rego", w),
+        ]);
+        let out = set.sync(PLACEMENT, Some(&whole), false).await.unwrap();
+        assert_eq!(out.status, Some(PolicyStatus::Ok));
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+
+        let out = set
+            .sync(
+                PLACEMENT,
+                Some(&data(&[("v.rego", v), ("w.rego", w)])),
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(codes(&out.status), ["removes_decision"]);
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+        assert_eq!(set.counts(), (3, 1), "the decision is in force, failing");
+
+        let out = set
+            .sync(
+                PLACEMENT,
+                Some(&data(&[("decision.rego", decision_rego), ("v.rego", v)])),
+                false,
+            )
+            .await
+            .unwrap();
+        assert_eq!(codes(&out.status), ["removes_part_of_package"]);
+        assert_eq!(engine.policies().await.unwrap().len(), 3, "w.rego stays");
+
+        // Back to the whole set: ok; then the whole policy removed: accepted.
+        let out = set.sync(PLACEMENT, Some(&whole), false).await.unwrap();
+        assert_eq!(out.status, Some(PolicyStatus::Ok));
+        let out = set.sync(PLACEMENT, None, false).await.unwrap();
+        assert!(out.changed);
+        assert!(engine.policies().await.unwrap().is_empty());
+    }
+
+    /// A restarted sidecar takes the set kept in the cluster as the last good
+    /// one: a ConfigMap in error leaves it in force, not nothing.
+    #[tokio::test]
+    async fn a_seeded_last_good_set_stays_in_force_when_the_configmap_is_in_error() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        let set = module_set(&engine);
+        set.seed([(format!("{PLACEMENT}/main.rego"), GOOD.to_owned())].into());
+        let out = set
+            .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), true)
+            .await
+            .unwrap();
+        assert!(matches!(out.status, Some(PolicyStatus::Error { .. })));
+        assert_eq!(decision(engine.as_ref()).await, Some(json!("1")));
+        assert_eq!(
+            set.last_good(),
+            [(format!("{PLACEMENT}/main.rego"), GOOD.to_owned())].into()
+        );
+    }
+
+    #[tokio::test]
+    async fn removed_keys_configmaps_and_orphans_are_deleted() {
+        let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+        engine
+            .put_policy(&format!("{NS}/old/gone.rego"), "package old\n")
+            .await
+            .unwrap();
+        engine
+            .put_policy("elsewhere/keep.rego", "package keep\n")
+            .await
+            .unwrap();
+        let set = ModuleSet::new(
+            vec![NS.into()],
+            engine.clone(),
+            vec!["kubernetes".into()],
+            "io/k8s/federation/admission",
+        );
+        set.sync(
+            A,
+            Some(&data(&[
+                ("one.rego", "package one\n"),
+                ("two.rego", "package two\n"),
+            ])),
+            false,
+        )
+        .await
+        .unwrap();
+        let out = set
+            .sync(A, Some(&data(&[("one.rego", "package one\n")])), false)
+            .await
+            .unwrap();
+        assert!(out.changed);
+        let ids: Vec<String> = engine.policies().await.unwrap().into_keys().collect();
+        assert_eq!(
+            ids,
+            [
+                "elsewhere/keep.rego".to_owned(),
+                format!("{NS}/a/one.rego"),
+                format!("{NS}/old/gone.rego")
+            ]
+        );
+
+        assert!(set.remove_orphans().await.unwrap());
+        let out = set.sync(A, None, false).await.unwrap();
+        assert_eq!(
+            out,
+            ModuleSync {
+                changed: true,
+                status: None
+            }
+        );
+        assert_eq!(
+            engine
+                .policies()
+                .await
+                .unwrap()
+                .into_keys()
+                .collect::<Vec<_>>(),
+            ["elsewhere/keep.rego"]
+        );
+        assert!(set.configmaps().is_empty());
+    }
+}
