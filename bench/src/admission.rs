@@ -173,9 +173,15 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     ];
 
     let patches = verify(&contenders, &body, &certs.ca)?;
+    let before = cache_counters(embedded_metrics)?;
     let agreement = verify_varied(&contenders, &varied, &certs.ca)?;
+    let after = cache_counters(embedded_metrics)?;
     report.note(format!(
-        "Scenario 1 check of the varied set before measuring: placement-webhook embedded (b), with OPA (c) and OPA-itself (d) gave the same answer to each of the {VARIED_REVIEWS} reviews ({agreement})."
+        "Scenario 1 check of the varied set before measuring: placement-webhook embedded (b), with OPA (c) and OPA-itself (d) gave the same answer to each of the {VARIED_REVIEWS} reviews ({agreement}). \
+         The embedded webhook evaluated {} of them and answered {} from its decision cache: the {VARIED_REVIEWS} distinct reviews hold {} distinct decision keys under the shipped policy.",
+        after.1 - before.1,
+        after.0 - before.0,
+        after.1 - before.1,
     ));
     report.note(format!(
         "Scenario 1 check before measuring: every contender answered the {}-byte review with `allowed: true` and its uid; the patch of (d) OPA-itself {} the patch of placement-webhook (b) and (c) ({}).",

@@ -8,6 +8,7 @@ use base64::Engine as _;
 use policy_client::text::{bounded, truncate};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 pub(crate) const API_VERSION: &str = "admission.k8s.io/v1";
 pub(crate) const KIND: &str = "AdmissionReview";
@@ -195,41 +196,64 @@ pub(crate) enum Parsed {
     Malformed { uid: String, message: String },
 }
 
+/// The review around the request, with the request left unparsed: the
+/// request is parsed once, straight into [`AdmissionRequest`].
+#[derive(Deserialize)]
+struct Envelope<'a> {
+    #[serde(rename = "apiVersion", default)]
+    api_version: Value,
+    #[serde(default)]
+    kind: Value,
+    #[serde(borrow, default)]
+    request: Option<&'a RawValue>,
+}
+
+/// Only the uid of a request that does not parse, to answer it.
+#[derive(Deserialize)]
+struct UidOnly {
+    #[serde(default)]
+    uid: Value,
+}
+
 /// Parse a request body.
 pub(crate) fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
-    let mut value: Value =
-        serde_json::from_slice(body).map_err(|e| ReviewError::NotJson(e.to_string()))?;
-    let api_version = value
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let kind = value
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
+    let envelope: Envelope<'_> = match serde_json::from_slice(body) {
+        Ok(envelope) => envelope,
+        // Valid JSON that is not a review object (an array, a string, a
+        // duplicate field) has no version to accept.
+        Err(e) if e.is_data() => Envelope {
+            api_version: Value::Null,
+            kind: Value::Null,
+            request: None,
+        },
+        Err(e) => return Err(ReviewError::NotJson(e.to_string())),
+    };
+    let api_version = envelope.api_version.as_str().unwrap_or_default();
+    let kind = envelope.kind.as_str().unwrap_or_default();
     if api_version != API_VERSION || kind != KIND {
         return Err(ReviewError::UnsupportedVersion {
             api_version: api_version.to_owned(),
             kind: kind.to_owned(),
         });
     }
-    let request = value
-        .get_mut("request")
-        .map(Value::take)
-        .unwrap_or(Value::Null);
-    let uid = request
-        .get("uid")
-        .and_then(Value::as_str)
-        .filter(|u| !u.is_empty())
-        .ok_or(ReviewError::MissingUid)?
-        .to_owned();
-    match serde_json::from_value::<AdmissionRequest>(request) {
+    let raw = envelope.request.map_or("null", RawValue::get);
+    let uid_of = |request: &str| -> Result<String, ReviewError> {
+        serde_json::from_str::<UidOnly>(request)
+            .ok()
+            .and_then(|r| r.uid.as_str().filter(|u| !u.is_empty()).map(str::to_owned))
+            .ok_or(ReviewError::MissingUid)
+    };
+    match serde_json::from_str::<AdmissionRequest>(raw) {
+        Ok(request) if request.uid.is_empty() => Err(ReviewError::MissingUid),
         Ok(request) => match not_an_object(&request) {
             None => Ok(Parsed::Request(Box::new(request))),
-            Some(message) => Ok(Parsed::Malformed { uid, message }),
+            Some(message) => Ok(Parsed::Malformed {
+                uid: request.uid,
+                message,
+            }),
         },
         Err(e) => Ok(Parsed::Malformed {
-            uid,
+            uid: uid_of(raw)?,
             message: bounded(format!("malformed AdmissionReview request: {e}")),
         }),
     }
@@ -301,6 +325,20 @@ mod tests {
             parse(&review(json!({"operation": "CREATE"}))),
             Err(ReviewError::MissingUid)
         ));
+        assert!(matches!(
+            parse(&review(
+                json!({"uid": "", "operation": "CREATE", "kind": {}, "resource": {}})
+            )),
+            Err(ReviewError::MissingUid)
+        ));
+        // JSON that is not a review object has no version to accept.
+        for body in [&b"[]"[..], b"\"x\"", b"null"] {
+            assert!(
+                matches!(parse(body), Err(ReviewError::UnsupportedVersion { .. })),
+                "{}",
+                String::from_utf8_lossy(body)
+            );
+        }
     }
 
     #[test]
