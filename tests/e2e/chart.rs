@@ -1434,3 +1434,118 @@ fn base64_pem(n: u32) -> String {
         "-----BEGIN CERTIFICATE-----\nMIIB{n}\n-----END CERTIFICATE-----\n"
     ))
 }
+
+/// The webhook's account recreates its own Secrets when they are deleted,
+/// and RBAC cannot limit a create to a name: the real API server lets it
+/// create those (type Opaque) and refuses any other Secret, a token Secret of
+/// another account above all.
+#[test]
+fn the_webhooks_account_creates_only_its_own_secrets() {
+    let (release, namespace) = ("pp-sec", "pp-sec");
+    let docs = render_release(release, namespace, &[]);
+    let plane = ControlPlane::shared();
+    plane.create_namespace(namespace);
+    // Its roles and policy, not the Secrets (created below as the webhook).
+    let objects: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+            ]
+            .iter()
+            .any(|k| d["kind"] == *k)
+                && d["metadata"]["namespace"]
+                    .as_str()
+                    .is_none_or(|ns| ns == namespace)
+        })
+        .cloned()
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let out = plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
+    assert!(
+        out.status.success(),
+        "apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let webhook = format!("system:serviceaccount:{namespace}:pp-sec-webhook");
+    let out = plane.kubectl(&[
+        "auth",
+        "can-i",
+        "create",
+        "secrets",
+        "-n",
+        namespace,
+        &format!("--as={webhook}"),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "yes");
+    let create = |name: &str, kind: &str, annotations: Value| {
+        let secret = json!({
+            "apiVersion": "v1", "kind": "Secret", "type": kind,
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        });
+        kubectl_stdin_as(plane, &webhook, &secret)
+    };
+    let refused = |out: &std::process::Output, what: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} was created");
+        assert!(
+            stderr.contains("ValidatingAdmissionPolicy")
+                && stderr.contains("pp-sec-secret-creates"),
+            "{what}: refused, but not by the policy: {stderr}"
+        );
+    };
+    // In force once the API server has loaded it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut n = 0;
+    loop {
+        let name = format!("other-{n}");
+        let out = create(&name, "Opaque", json!({}));
+        if !out.status.success() {
+            refused(&out, "another Secret");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the policy was not in force after 30 s"
+        );
+        plane.kubectl_ok(&["delete", "secret", &name, "-n", namespace]);
+        n += 1;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    refused(
+        &create(
+            "pp-sec-ownership",
+            "kubernetes.io/service-account-token",
+            json!({"kubernetes.io/service-account.name": "pp-sec-remediator"}),
+        ),
+        "a token Secret of another account under its own name",
+    );
+    refused(
+        &create(
+            "remediator-token",
+            "kubernetes.io/service-account-token",
+            json!({"kubernetes.io/service-account.name": "pp-sec-remediator"}),
+        ),
+        "a token Secret of another account",
+    );
+    for name in ["pp-sec-ownership", "pp-sec-webhook-tls"] {
+        let out = create(name, "Opaque", json!({}));
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `kubectl create -f -` of `object` as `who`.
+fn kubectl_stdin_as(plane: &ControlPlane, who: &str, object: &Value) -> std::process::Output {
+    plane.kubectl_stdin(
+        &["create", "-f", "-", &format!("--as={who}")],
+        &object.to_string(),
+    )
+}
