@@ -809,6 +809,43 @@ fn only_the_containers_that_call_the_api_get_a_token() {
     }
 }
 
+/// The accounts (as API users) that a ClusterRoleBinding of `docs` lets
+/// write ConfigMaps in every namespace.
+fn cluster_configmap_writers(docs: &[Value], namespace: &str) -> Vec<String> {
+    let writes = |rule: &Value| {
+        let any = |field: &str, values: &[&str]| {
+            rule[field]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| values.iter().any(|w| v == w))
+        };
+        any("apiGroups", &["", "*"])
+            && any("resources", &["configmaps", "*"])
+            && any("verbs", &["patch", "update", "create", "delete", "*"])
+            && rule["resourceNames"].is_null()
+    };
+    let mut writers: Vec<String> = Vec::new();
+    for binding in of_kind(docs, "ClusterRoleBinding") {
+        let role = named(
+            docs,
+            "ClusterRole",
+            binding["roleRef"]["name"].as_str().unwrap_or_default(),
+        );
+        if role["rules"].as_array().into_iter().flatten().any(writes) {
+            for subject in binding["subjects"].as_array().into_iter().flatten() {
+                assert_eq!(subject["kind"], "ServiceAccount", "{binding}");
+                writers.push(format!(
+                    "system:serviceaccount:{namespace}:{}",
+                    subject["name"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    writers.sort();
+    writers
+}
+
 /// ConfigMaps in every namespace (`policy.namespaces: ["*"]`), least
 /// privilege: RBAC cannot limit the status writes of placement-sync to
 /// labelled ConfigMaps or to their status annotations, so every account of
@@ -834,37 +871,20 @@ fn with_every_namespace_configmap_writes_are_bounded_by_the_api_server() {
     );
     let account = |name: &str| format!("system:serviceaccount:{namespace}:{name}");
 
-    // Who gets which ConfigMap rights cluster-wide.
-    let writes = |rule: &Value| {
-        let any = |field: &str, values: &[&str]| {
-            rule[field]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|v| values.iter().any(|w| v == w))
-        };
-        any("apiGroups", &["", "*"])
-            && any("resources", &["configmaps", "*"])
-            && any("verbs", &["patch", "update", "create", "delete", "*"])
-            && rule["resourceNames"].is_null()
-    };
-    let mut cluster_writers: Vec<String> = Vec::new();
-    for binding in of_kind(&docs, "ClusterRoleBinding") {
-        let role = named(
-            &docs,
-            "ClusterRole",
-            binding["roleRef"]["name"].as_str().unwrap_or_default(),
-        );
-        if role["rules"].as_array().into_iter().flatten().any(writes) {
-            for subject in binding["subjects"].as_array().into_iter().flatten() {
-                assert_eq!(subject["kind"], "ServiceAccount", "{binding}");
-                cluster_writers.push(account(subject["name"].as_str().unwrap_or_default()));
-            }
-        }
-    }
+    // Who may write ConfigMaps cluster-wide: with the embedded engine
+    // nobody (the webhook only watches them).
+    let embedded = render_release(
+        release,
+        namespace,
+        &["policy.namespaces={*}", "engine.type=embedded"],
+    );
+    assert_eq!(
+        cluster_configmap_writers(&embedded, namespace),
+        Vec::<String>::new()
+    );
+    let cluster_writers = cluster_configmap_writers(&docs, namespace);
     // Both placement-sync sidecars write the status, so both accounts patch
     // ConfigMaps cluster-wide: what is bounded below.
-    cluster_writers.sort();
     assert_eq!(
         cluster_writers,
         [
