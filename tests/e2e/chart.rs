@@ -8,12 +8,17 @@ use serde_json::{Value, json};
 /// `helm template` of the chart with `values` (`--set` arguments), as JSON
 /// documents.
 fn render(values: &[&str]) -> Vec<Value> {
+    render_release("placement-policy", "placement-system", values)
+}
+
+/// `helm template` of release `release` in `namespace`.
+fn render_release(release: &str, namespace: &str, values: &[&str]) -> Vec<Value> {
     let mut args = vec![
         "template",
-        "placement-policy",
+        release,
         "charts/placement-policy",
         "-n",
-        "placement-system",
+        namespace,
         "--include-crds",
     ];
     for value in values {
@@ -688,4 +693,879 @@ fn who_may_reach_the_webhook_is_a_value() {
         "networkPolicy.enabled=true",
         "networkPolicy.enabled needs networkPolicy.admissionFrom",
     );
+}
+
+/// Where the kubelet and client libraries put a pod's API credentials.
+const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// Whether `container` of `deployment` gets a service-account token: a mount
+/// at the token path, or of a volume with a service-account token in it.
+fn gets_a_token(deployment: &Value, container: &Value) -> bool {
+    let volumes = deployment["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let has_token = |name: &Value| {
+        volumes.iter().any(|v| {
+            v["name"] == *name
+                && (v["secret"].is_object()
+                    && v["secret"]["secretName"]
+                        .as_str()
+                        .is_some_and(|s| s.contains("token"))
+                    || v["projected"]["sources"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|s| s["serviceAccountToken"].is_object()))
+        })
+    };
+    container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m["mountPath"].as_str() == Some(TOKEN_PATH) || has_token(&m["name"]))
+}
+
+/// Tokens per container: no pod automounts its account's token (which every
+/// container would get); the containers that call the API server (the
+/// webhook, placement-sync) mount a bound token with the cluster's CA and the
+/// namespace at the usual path, and OPA, which evaluates what tenants write,
+/// gets none. The accounts themselves do not automount either.
+#[test]
+fn only_the_containers_that_call_the_api_get_a_token() {
+    for values in [
+        &[][..],
+        &["policy.namespaces={*}"][..],
+        &["engine.type=embedded"][..],
+        &[
+            "webhook.certificates.mode=cert-manager",
+            "webhook.clientCA.configMap=apiserver-client-ca",
+        ][..],
+        &["karmada.enabled=true"][..],
+    ] {
+        let docs = render(values);
+        for account in of_kind(&docs, "ServiceAccount") {
+            assert_eq!(
+                account["automountServiceAccountToken"], false,
+                "{values:?}: {account}"
+            );
+        }
+        let deployments = of_kind(&docs, "Deployment");
+        assert!(!deployments.is_empty(), "{values:?}");
+        let mut with_token = 0;
+        for deployment in deployments {
+            let name = deployment["metadata"]["name"].as_str().unwrap_or_default();
+            let pod = &deployment["spec"]["template"]["spec"];
+            assert_eq!(
+                pod["automountServiceAccountToken"], false,
+                "{name} {values:?}: the pod automounts no token"
+            );
+            for container in containers(deployment) {
+                let c = container["name"].as_str().unwrap_or_default();
+                let expected = match (name, c) {
+                    (_, "opa") => false,
+                    // Karmada's API server, through the kubeconfig Secret.
+                    ("placement-policy-karmada-scheduler", _) => false,
+                    (_, "webhook" | "placement-sync") => true,
+                    other => panic!("unexpected container {other:?}"),
+                };
+                assert_eq!(
+                    gets_a_token(deployment, container),
+                    expected,
+                    "{name}/{c} {values:?}: {container}"
+                );
+                if expected {
+                    with_token += 1;
+                    let mount = container["volumeMounts"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|m| m["mountPath"] == TOKEN_PATH)
+                        .unwrap_or_else(|| panic!("{name}/{c}: no mount at {TOKEN_PATH}"));
+                    assert_eq!(mount["readOnly"], true, "{name}/{c}");
+                    let volume = pod["volumes"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .find(|v| v["name"] == mount["name"])
+                        .unwrap_or_else(|| panic!("{name}: no volume {}", mount["name"]));
+                    let sources = &volume["projected"]["sources"];
+                    let token = &sources[0]["serviceAccountToken"];
+                    assert_eq!(token["path"], "token", "{volume}");
+                    assert!(
+                        token["expirationSeconds"].as_u64().unwrap_or(u64::MAX) <= 3607,
+                        "a short-lived token: {volume}"
+                    );
+                    assert_eq!(sources[1]["configMap"]["name"], "kube-root-ca.crt");
+                    assert_eq!(sources[1]["configMap"]["items"][0]["path"], "ca.crt");
+                    assert_eq!(
+                        sources[2]["downwardAPI"]["items"][0],
+                        json!({"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}})
+                    );
+                }
+            }
+        }
+        assert!(with_token > 0, "{values:?}: some container calls the API");
+    }
+}
+
+/// The accounts (as API users) that a ClusterRoleBinding of `docs` lets
+/// write ConfigMaps in every namespace.
+fn cluster_configmap_writers(docs: &[Value], namespace: &str) -> Vec<String> {
+    let writes = |rule: &Value| {
+        let any = |field: &str, values: &[&str]| {
+            rule[field]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|v| values.iter().any(|w| v == w))
+        };
+        any("apiGroups", &["", "*"])
+            && any("resources", &["configmaps", "*"])
+            && any("verbs", &["patch", "update", "create", "delete", "*"])
+            && rule["resourceNames"].is_null()
+    };
+    let mut writers: Vec<String> = Vec::new();
+    for binding in of_kind(docs, "ClusterRoleBinding") {
+        let role = named(
+            docs,
+            "ClusterRole",
+            binding["roleRef"]["name"].as_str().unwrap_or_default(),
+        );
+        if role["rules"].as_array().into_iter().flatten().any(writes) {
+            for subject in binding["subjects"].as_array().into_iter().flatten() {
+                assert_eq!(subject["kind"], "ServiceAccount", "{binding}");
+                writers.push(format!(
+                    "system:serviceaccount:{namespace}:{}",
+                    subject["name"].as_str().unwrap_or_default()
+                ));
+            }
+        }
+    }
+    writers.sort();
+    writers
+}
+
+/// ConfigMaps in every namespace (`policy.namespaces: ["*"]`), least
+/// privilege: RBAC cannot limit the status writes of placement-sync to
+/// labelled ConfigMaps or to their status annotations, so every account of
+/// the release that may write ConfigMaps cluster-wide is held by a
+/// ValidatingAdmissionPolicy; the real API server then lets it change the
+/// status annotations of policy and data ConfigMaps (and the last good set),
+/// and refuses any other change, of a labelled ConfigMap or not.
+#[test]
+fn with_every_namespace_configmap_writes_are_bounded_by_the_api_server() {
+    let (release, namespace, policies, tenant) = (
+        "pp-bounds",
+        "pp-bounds",
+        "pp-bounds-policies",
+        "pp-bounds-tenant",
+    );
+    let docs = render_release(
+        release,
+        namespace,
+        &[
+            "policy.namespaces={*}",
+            &format!("policy.namespace={policies}"),
+        ],
+    );
+    let account = |name: &str| format!("system:serviceaccount:{namespace}:{name}");
+
+    // Who may write ConfigMaps cluster-wide: with the embedded engine
+    // nobody (the webhook only watches them).
+    let embedded = render_release(
+        release,
+        namespace,
+        &["policy.namespaces={*}", "engine.type=embedded"],
+    );
+    assert_eq!(
+        cluster_configmap_writers(&embedded, namespace),
+        Vec::<String>::new()
+    );
+    let cluster_writers = cluster_configmap_writers(&docs, namespace);
+    // Both placement-sync sidecars write the status, so both accounts patch
+    // ConfigMaps cluster-wide: what is bounded below.
+    assert_eq!(
+        cluster_writers,
+        [
+            account("pp-bounds-remediator"),
+            account("pp-bounds-webhook")
+        ],
+        "who may write ConfigMaps in every namespace"
+    );
+    let vap = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "pp-bounds-configmap-writes",
+    );
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail", "{vap}");
+    let rule = &vap["spec"]["matchConstraints"]["resourceRules"][0];
+    assert_eq!(rule["resources"], json!(["configmaps"]), "{vap}");
+    assert_eq!(
+        rule["operations"],
+        json!(["CREATE", "UPDATE", "DELETE"]),
+        "{vap}"
+    );
+    let conditions = vap["spec"]["matchConditions"].to_string();
+    for writer in &cluster_writers {
+        assert!(
+            conditions.contains(writer.as_str()),
+            "{writer}: {conditions}"
+        );
+    }
+    let binding = named(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "pp-bounds-configmap-writes",
+    );
+    assert_eq!(binding["spec"]["policyName"], "pp-bounds-configmap-writes");
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+    assert!(
+        binding["spec"]["matchResources"].is_null(),
+        "every namespace: {binding}"
+    );
+
+    // The real API server: the release's accounts, roles and policy (not its
+    // workloads or webhook configurations), and ConfigMaps to write.
+    let plane = ControlPlane::shared();
+    plane.create_namespace(namespace);
+    plane.create_namespace(tenant);
+    let objects: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            [
+                "Namespace",
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "Role",
+                "RoleBinding",
+                "ConfigMap",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+            ]
+            .iter()
+            .any(|k| d["kind"] == *k)
+        })
+        .cloned()
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let out = plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
+    assert!(
+        out.status.success(),
+        "apply the release's RBAC: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let configmap = |ns: &str, name: &str, labels: Value| {
+        let cm = json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns, "labels": labels,
+                         "annotations": {"team": "a"}},
+            "data": {"main.rego": "package a"},
+        });
+        let out = plane.kubectl_stdin(&["apply", "-f", "-"], &cm.to_string());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    configmap(
+        tenant,
+        "policy",
+        json!({"openpolicyagent.org/policy": "rego"}),
+    );
+    configmap(tenant, "data", json!({"openpolicyagent.org/data": "opa"}));
+    configmap(tenant, "plain", json!({}));
+    configmap(
+        tenant,
+        "wrong-value",
+        json!({"openpolicyagent.org/policy": "yaml"}),
+    );
+    configmap(policies, "unlabelled-policy", json!({}));
+
+    let status = |n: u32| json!({"metadata": {"annotations": {"placement-policy.io/policy-status": format!("{{\"status\":\"ok\",\"n\":{n}}}")}}});
+    let patch = |who: &str, ns: &str, name: &str, patch: &Value| {
+        let mut args = vec!["patch", "configmap", name, "-n", ns, "--type=merge", "-p"];
+        let patch = patch.to_string();
+        args.push(&patch);
+        let who = who.to_owned();
+        let mut args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+        if !who.is_empty() {
+            args.push(format!("--as={who}"));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        plane.kubectl(&args)
+    };
+    let webhook = account("pp-bounds-webhook");
+    let remediator = account("pp-bounds-remediator");
+    // RBAC lets both patch any ConfigMap anywhere: each refusal below is the
+    // policy's, not RBAC's.
+    for who in [&webhook, &remediator] {
+        for ns in [tenant, policies, "default"] {
+            let out = plane.kubectl(&[
+                "auth",
+                "can-i",
+                "patch",
+                "configmaps",
+                "-n",
+                ns,
+                &format!("--as={who}"),
+            ]);
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout).trim(),
+                "yes",
+                "{who} in {ns}"
+            );
+        }
+    }
+    let refused_by_policy = |out: &std::process::Output, what: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} was allowed");
+        assert!(
+            stderr.contains("ValidatingAdmissionPolicy")
+                && stderr.contains("pp-bounds-configmap-writes"),
+            "{what}: refused, but not by the policy: {stderr}"
+        );
+    };
+    // The policy is in force once the API server has loaded it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let out = patch(&webhook, tenant, "plain", &json!({"data": {"x": "y"}}));
+        if !out.status.success() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the policy was not in force after 30 s: the webhook's account changed an unlabelled ConfigMap"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+
+    let mut n = 0;
+    for who in [&webhook, &remediator] {
+        // Refused: anything but the status annotations, and anything of a
+        // ConfigMap that is no policy or data.
+        for (ns, name, body, what) in [
+            (
+                tenant,
+                "plain",
+                status(0),
+                "the status of an unlabelled ConfigMap",
+            ),
+            (
+                tenant,
+                "plain",
+                json!({"data": {"x": "y"}}),
+                "the data of an unlabelled ConfigMap",
+            ),
+            (
+                tenant,
+                "wrong-value",
+                status(0),
+                "the status of a ConfigMap labelled with another value",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"data": {"main.rego": "package evil"}}),
+                "a policy's Rego",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"data": {"more.rego": "package evil"}}),
+                "a module added to a policy",
+            ),
+            (
+                tenant,
+                "data",
+                json!({"data": {"x": "y"}}),
+                "a data ConfigMap's data",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"metadata": {"labels": {"openpolicyagent.org/policy": null}}}),
+                "a policy's label",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"metadata": {"labels": {"extra": "x"}}}),
+                "a label added to a policy",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"metadata": {"annotations": {"team": "b"}}}),
+                "another annotation",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"metadata": {"annotations": {"team": null}}}),
+                "another annotation removed",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"metadata": {"annotations": {"placement-policy.io/confirm-remediation": "x"}}}),
+                "a confirmation",
+            ),
+            (
+                tenant,
+                "policy",
+                json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+                "a finalizer",
+            ),
+            (tenant, "policy", json!({"immutable": true}), "immutable"),
+            (
+                tenant,
+                "policy",
+                json!({"binaryData": {"b": "eA=="}}),
+                "binary data",
+            ),
+            (
+                policies,
+                "unlabelled-policy",
+                json!({"data": {"main.rego": "package evil"}}),
+                "a policy's Rego in the policy namespace",
+            ),
+        ] {
+            let out = patch(who, ns, name, &body);
+            refused_by_policy(&out, &format!("{who}: {what} ({ns}/{name}, {body})"));
+        }
+        // Allowed: the status annotations (ours and kube-mgmt's) of policy and
+        // data ConfigMaps, the held-change report and removing a used
+        // confirmation, and the last good set.
+        for (ns, name, body) in [
+            (tenant, "policy", status(n)),
+            (tenant, "data", status(n)),
+            (policies, "unlabelled-policy", status(n)),
+            (
+                tenant,
+                "policy",
+                json!({"metadata": {"annotations": {
+                    "openpolicyagent.org/kube-mgmt-status": format!("{{\"status\":\"ok\",\"n\":{n}}}"),
+                    "openpolicyagent.org/kube-mgmt-retries": "0",
+                }}}),
+            ),
+            (
+                policies,
+                "unlabelled-policy",
+                json!({"metadata": {"annotations": {"placement-policy.io/remediation-held": format!("{{\"n\":{n}}}")}}}),
+            ),
+            (
+                namespace,
+                "pp-bounds-last-good-policies",
+                json!({"data": {"policy-set.json": format!("{{\"n\":{n}}}")}}),
+            ),
+        ] {
+            let out = patch(who, ns, name, &body);
+            assert!(
+                out.status.success(),
+                "{who}: {ns}/{name} {body}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            n += 1;
+        }
+        // A confirmation an administrator wrote is removed once used.
+        let out = patch(
+            "",
+            policies,
+            "unlabelled-policy",
+            &json!({"metadata": {"annotations": {"placement-policy.io/confirm-remediation": "c1"}}}),
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = patch(
+            who,
+            policies,
+            "unlabelled-policy",
+            &json!({"metadata": {"annotations": {"placement-policy.io/confirm-remediation": null}}}),
+        );
+        assert!(
+            out.status.success(),
+            "{who}: removing a confirmation: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Creating and deleting: RBAC grants neither, nor does the policy.
+        let out = plane.kubectl(&[
+            "delete",
+            "configmap",
+            "policy",
+            "-n",
+            tenant,
+            &format!("--as={who}"),
+        ]);
+        assert!(!out.status.success(), "{who} deleted a policy");
+    }
+    // The policy holds the release's accounts only: an administrator still
+    // edits any ConfigMap.
+    let out = patch("", tenant, "plain", &json!({"data": {"x": "y"}}));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The webhook's account writes its CA into the release's webhook
+/// configurations (RBAC: patch, by name); the real API server refuses it any
+/// other change of them (another endpoint, wider rules or selectors, another
+/// failure policy, a webhook added or removed, labels or annotations), which
+/// would hand every write in the cluster to whoever holds its token. With
+/// cert-manager the account has no right on them at all.
+#[test]
+fn the_webhooks_account_changes_only_the_ca_bundle_of_its_configurations() {
+    let (release, namespace) = ("pp-cab", "pp-cab");
+    let cert_manager = render_release(
+        release,
+        namespace,
+        &["webhook.certificates.mode=cert-manager"],
+    );
+    assert!(
+        !named(&cert_manager, "ClusterRole", "pp-cab-webhook")["rules"]
+            .to_string()
+            .contains("webhookconfigurations"),
+        "with cert-manager the webhook writes no configuration"
+    );
+    let docs = render_release(release, namespace, &[]);
+    let vap = named(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "pp-cab-webhook-configuration-writes",
+    );
+    assert_eq!(vap["spec"]["failurePolicy"], "Fail", "{vap}");
+    let binding = named(
+        &docs,
+        "ValidatingAdmissionPolicyBinding",
+        "pp-cab-webhook-configuration-writes",
+    );
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+
+    let plane = ControlPlane::shared();
+    plane.create_namespace(namespace);
+    let objects: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "ClusterRole",
+                "ClusterRoleBinding",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+                "MutatingWebhookConfiguration",
+                "ValidatingWebhookConfiguration",
+            ]
+            .iter()
+            .any(|k| d["kind"] == *k)
+        })
+        .cloned()
+        .map(|mut d| {
+            // No request of another test may reach these (their Service does
+            // not exist): they select no object.
+            if d["kind"]
+                .as_str()
+                .unwrap_or_default()
+                .ends_with("WebhookConfiguration")
+            {
+                d["webhooks"][0]["objectSelector"] =
+                    json!({"matchLabels": {"pp-cab-selects": "nothing"}});
+            }
+            d
+        })
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let out = plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
+    assert!(
+        out.status.success(),
+        "apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let webhook = format!("--as=system:serviceaccount:{namespace}:pp-cab-webhook");
+    let patch = |kind: &str, patch_type: &str, body: &Value, who: &str| {
+        let body = body.to_string();
+        let mut args = vec!["patch", kind, release, "--type", patch_type, "-p", &body];
+        if !who.is_empty() {
+            args.push(who);
+        }
+        plane.kubectl(&args)
+    };
+    let name = "placement.placement-policy.io";
+    let ca =
+        |n: u32| json!({"webhooks": [{"name": name, "clientConfig": {"caBundle": base64_pem(n)}}]});
+    for kind in [
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    ] {
+        let out = plane.kubectl(&[
+            "auth",
+            "can-i",
+            "patch",
+            &format!("{kind}/{release}"),
+            &webhook,
+        ]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "yes", "{kind}");
+        // In force once the API server has loaded it.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let evil =
+            json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]);
+        while patch(kind, "json", &evil, &webhook).status.success() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{kind}: the policy was not in force after 30 s"
+            );
+            // Undo, as the administrator.
+            let undo =
+                json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Fail"}]);
+            assert!(patch(kind, "json", &undo, "").status.success());
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+        let pods = json!([{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods", "secrets"], "operations": ["CREATE", "UPDATE"], "scope": "*"}]);
+        let mut refused = vec![
+            (
+                "strategic",
+                json!({"webhooks": [{"name": name, "clientConfig": {"service": {"name": "evil"}}}]}),
+                "another Service",
+            ),
+            (
+                "strategic",
+                json!({"webhooks": [{"name": name, "clientConfig": {"service": null, "url": "https://evil.example/"}}]}),
+                "a URL",
+            ),
+            (
+                "json",
+                json!([{"op": "replace", "path": "/webhooks/0/rules", "value": pods}]),
+                "wider rules",
+            ),
+            (
+                "json",
+                json!([{"op": "replace", "path": "/webhooks/0/failurePolicy", "value": "Ignore"}]),
+                "another failure policy",
+            ),
+            (
+                "json",
+                json!([{"op": "replace", "path": "/webhooks/0/namespaceSelector", "value": {}}]),
+                "every namespace",
+            ),
+            (
+                "json",
+                json!([{"op": "remove", "path": "/webhooks/0/objectSelector"}]),
+                "every object",
+            ),
+            (
+                "json",
+                json!([{"op": "remove", "path": "/webhooks/0/matchConditions"}]),
+                "no match conditions",
+            ),
+            (
+                "json",
+                json!([{"op": "replace", "path": "/webhooks/0/timeoutSeconds", "value": 30}]),
+                "another timeout",
+            ),
+            (
+                "json",
+                json!([{"op": "replace", "path": "/webhooks/0/sideEffects", "value": "None"}]),
+                "other side effects",
+            ),
+            (
+                "json",
+                json!([{"op": "replace", "path": "/webhooks/0/matchPolicy", "value": "Exact"}]),
+                "another match policy",
+            ),
+            (
+                "json",
+                json!([{"op": "add", "path": "/webhooks/-", "value": {"name": "more.placement-policy.io", "admissionReviewVersions": ["v1"], "sideEffects": "None", "clientConfig": {"url": "https://evil.example/"}, "rules": pods}}]),
+                "a webhook added",
+            ),
+            (
+                "json",
+                json!([{"op": "remove", "path": "/webhooks/0"}]),
+                "the webhook removed",
+            ),
+            (
+                "merge",
+                json!({"metadata": {"labels": {"extra": "x"}}}),
+                "a label",
+            ),
+            (
+                "merge",
+                json!({"metadata": {"annotations": {"cert-manager.io/inject-ca-from": "elsewhere/ca"}}}),
+                "an annotation",
+            ),
+            (
+                "merge",
+                json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+                "a finalizer",
+            ),
+        ];
+        if kind == "mutatingwebhookconfigurations" {
+            refused.push((
+                "json",
+                json!([{"op": "replace", "path": "/webhooks/0/reinvocationPolicy", "value": "Never"}]),
+                "another reinvocation policy",
+            ));
+        }
+        for (patch_type, body, what) in refused {
+            let out = patch(kind, patch_type, &body, &webhook);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(!out.status.success(), "{kind}: {what} was allowed");
+            assert!(
+                stderr.contains("ValidatingAdmissionPolicy")
+                    && stderr.contains("pp-cab-webhook-configuration-writes"),
+                "{kind}: {what}: refused, but not by the policy: {stderr}"
+            );
+        }
+        // The caBundle, as the webhook writes it (a strategic merge patch
+        // keyed by webhook name).
+        for n in 0..2 {
+            let out = patch(kind, "strategic", &ca(n), &webhook);
+            assert!(
+                out.status.success(),
+                "{kind}: the caBundle: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // An administrator is not held.
+        let out = patch(
+            kind,
+            "merge",
+            &json!({"metadata": {"labels": {"extra": "x"}}}),
+            "",
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A caBundle value (base64 of a PEM block; its content does not matter
+/// to the API server).
+fn base64_pem(n: u32) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(format!(
+        "-----BEGIN CERTIFICATE-----\nMIIB{n}\n-----END CERTIFICATE-----\n"
+    ))
+}
+
+/// The webhook's account recreates its own Secrets when they are deleted,
+/// and RBAC cannot limit a create to a name: the real API server lets it
+/// create those (type Opaque) and refuses any other Secret, a token Secret of
+/// another account above all.
+#[test]
+fn the_webhooks_account_creates_only_its_own_secrets() {
+    let (release, namespace) = ("pp-sec", "pp-sec");
+    let docs = render_release(release, namespace, &[]);
+    let plane = ControlPlane::shared();
+    plane.create_namespace(namespace);
+    // Its roles and policy, not the Secrets (created below as the webhook).
+    let objects: Vec<Value> = docs
+        .iter()
+        .filter(|d| {
+            [
+                "ServiceAccount",
+                "Role",
+                "RoleBinding",
+                "ValidatingAdmissionPolicy",
+                "ValidatingAdmissionPolicyBinding",
+            ]
+            .iter()
+            .any(|k| d["kind"] == *k)
+                && d["metadata"]["namespace"]
+                    .as_str()
+                    .is_none_or(|ns| ns == namespace)
+        })
+        .cloned()
+        .collect();
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": objects});
+    let out = plane.kubectl_stdin(&["apply", "-f", "-"], &list.to_string());
+    assert!(
+        out.status.success(),
+        "apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let webhook = format!("system:serviceaccount:{namespace}:pp-sec-webhook");
+    let out = plane.kubectl(&[
+        "auth",
+        "can-i",
+        "create",
+        "secrets",
+        "-n",
+        namespace,
+        &format!("--as={webhook}"),
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "yes");
+    let create = |name: &str, kind: &str, annotations: Value| {
+        let secret = json!({
+            "apiVersion": "v1", "kind": "Secret", "type": kind,
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+        });
+        kubectl_stdin_as(plane, &webhook, &secret)
+    };
+    let refused = |out: &std::process::Output, what: &str| {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what} was created");
+        assert!(
+            stderr.contains("ValidatingAdmissionPolicy")
+                && stderr.contains("pp-sec-secret-creates"),
+            "{what}: refused, but not by the policy: {stderr}"
+        );
+    };
+    // In force once the API server has loaded it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut n = 0;
+    loop {
+        let name = format!("other-{n}");
+        let out = create(&name, "Opaque", json!({}));
+        if !out.status.success() {
+            refused(&out, "another Secret");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the policy was not in force after 30 s"
+        );
+        plane.kubectl_ok(&["delete", "secret", &name, "-n", namespace]);
+        n += 1;
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    refused(
+        &create(
+            "pp-sec-ownership",
+            "kubernetes.io/service-account-token",
+            json!({"kubernetes.io/service-account.name": "pp-sec-remediator"}),
+        ),
+        "a token Secret of another account under its own name",
+    );
+    refused(
+        &create(
+            "remediator-token",
+            "kubernetes.io/service-account-token",
+            json!({"kubernetes.io/service-account.name": "pp-sec-remediator"}),
+        ),
+        "a token Secret of another account",
+    );
+    for name in ["pp-sec-ownership", "pp-sec-webhook-tls"] {
+        let out = create(name, "Opaque", json!({}));
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `kubectl create -f -` of `object` as `who`.
+fn kubectl_stdin_as(plane: &ControlPlane, who: &str, object: &Value) -> std::process::Output {
+    plane.kubectl_stdin(
+        &["create", "-f", "-", &format!("--as={who}")],
+        &object.to_string(),
+    )
 }

@@ -444,6 +444,144 @@ fn helm_install_with_defaults_places_user_and_controller_workloads() {
     );
 }
 
+/// Least privilege in the real cluster, with policies in every namespace
+/// (`policy.namespaces: ["*"]`): the running pods (as admitted, not only as
+/// rendered) give a service-account token to the webhook and placement-sync
+/// only, never to OPA; the sidecars still write the status of a labelled
+/// policy ConfigMap in a tenant's namespace, through the
+/// ValidatingAdmissionPolicy that refuses their accounts any other change of
+/// a ConfigMap; and workloads are placed.
+#[test]
+fn with_policies_in_every_namespace_only_the_status_is_written() {
+    let _serial = serial();
+    let release = Release::install(&["policy.namespaces={*}"]);
+    release.wait_policy_ok();
+    let cluster = release.cluster;
+    const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    for component in ["webhook", "remediator"] {
+        for pod in running_pods(cluster, component) {
+            let pod = get_json(cluster, &["pod", &pod, "-n", NAMESPACE]);
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            let containers = pod["spec"]["containers"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            assert!(!containers.is_empty(), "{name}");
+            for container in containers {
+                let c = container["name"].as_str().unwrap_or_default();
+                let mounted = container["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|m| m["mountPath"] == TOKEN_PATH);
+                assert_eq!(
+                    mounted,
+                    c != "opa",
+                    "{name}/{c}: {}",
+                    container["volumeMounts"]
+                );
+            }
+        }
+    }
+
+    let ns = workload_namespace(cluster, "tenant");
+    let configmap = |name: &str, rego: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": &*ns,
+                         "labels": {"openpolicyagent.org/policy": "rego"}},
+            "data": {"main.rego": rego},
+        })
+    };
+    let status = |name: &str| {
+        cluster
+            .kubectl(&[
+                "get",
+                "configmap",
+                name,
+                "-n",
+                &ns,
+                "-o",
+                "jsonpath={.metadata.annotations.placement-policy\\.io/policy-status}",
+            ])
+            .stdout
+            .into_iter()
+            .map(char::from)
+            .collect::<String>()
+    };
+    for (name, rego, expected) in [
+        (
+            "tenant-ok",
+            "package tenant.extra\n\nlimit := 3\n",
+            "\"ok\"",
+        ),
+        (
+            "tenant-broken",
+            "package tenant.broken\n\nlimit := \n",
+            "\"error\"",
+        ),
+    ] {
+        let out = cluster.kubectl_stdin(&["apply", "-f", "-"], &configmap(name, rego).to_string());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        release.wait_for(
+            &format!("the status of {ns}/{name}"),
+            Duration::from_secs(120),
+            || status(name).contains(expected).then_some(()),
+        );
+    }
+    // The same accounts may change nothing else of it, nor a ConfigMap that
+    // is no policy.
+    let _ = cluster.kubectl(&[
+        "create",
+        "configmap",
+        "plain",
+        "-n",
+        &ns,
+        "--from-literal=a=b",
+    ]);
+    for account in ["webhook", "remediator"] {
+        let who = format!("--as=system:serviceaccount:{NAMESPACE}:{RELEASE}-{account}");
+        for (name, patch) in [
+            ("tenant-ok", r#"{"data":{"main.rego":"package evil"}}"#),
+            (
+                "plain",
+                r#"{"metadata":{"annotations":{"placement-policy.io/policy-status":"{}"}}}"#,
+            ),
+        ] {
+            let out = cluster.kubectl(&[
+                "patch",
+                "configmap",
+                name,
+                "-n",
+                &ns,
+                "--type=merge",
+                "-p",
+                patch,
+                &who,
+            ]);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                !out.status.success() && stderr.contains("ValidatingAdmissionPolicy"),
+                "{account} patched {name}: {stderr}"
+            );
+        }
+    }
+
+    let workloads = workload_namespace(cluster, "everywhere");
+    let created = create(cluster, &eu_replicaset(&workloads, "nginx-eu"));
+    assert!(created.ok, "{}", created.stderr);
+    assert_eq!(
+        placed_clusters(&created.object),
+        eu_pci(),
+        "{}",
+        created.object
+    );
+}
+
 /// Case 2: a `Cluster` goes offline: every workload the policy placed on it
 /// is re-placed, and a Deployment's rollout (image change), scale and
 /// foreground deletion all complete; the one whose developer asked for that

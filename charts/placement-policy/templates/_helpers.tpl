@@ -195,3 +195,32 @@ data, with the settings module's weighting from policy.weighting.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+API access, for the containers that call the API server only: the pods do not
+automount their service account's token (every container would get it, OPA
+too); this volume holds what the automount would (a bound, short-lived token
+the kubelet renews, the cluster's CA and the namespace), at the path client
+libraries look for it.
+*/}}
+{{- define "pp.apiAccessVolume" -}}
+- name: kube-api-access
+  projected:
+    defaultMode: 292 # 0444: readable, not writable
+    sources:
+      - serviceAccountToken:
+          path: token
+          expirationSeconds: 3607
+      - configMap:
+          name: kube-root-ca.crt
+          items:
+            - {key: ca.crt, path: ca.crt}
+      - downwardAPI:
+          items:
+            - path: namespace
+              fieldRef: {apiVersion: v1, fieldPath: metadata.namespace}
+{{- end -}}
+
+{{- define "pp.apiAccessMount" -}}
+- {name: kube-api-access, mountPath: /var/run/secrets/kubernetes.io/serviceaccount, readOnly: true}
+{{- end -}}
