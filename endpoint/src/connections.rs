@@ -323,14 +323,20 @@ impl Connection {
         // Every response says `Connection: close` once this is cancelled:
         // when the listener drains, or the connection reached its age.
         let closing = self.stopping.draining.child_token();
+        // Cancelled once a response said `Connection: close`: that response
+        // is the connection's last (a fast one may come and go between two
+        // polls of the select below, so the service itself tells).
+        let retired = CancellationToken::new();
         let service = {
             let (activity, closing) = (Arc::clone(&activity), closing.clone());
+            let retired = retired.clone();
             hyper::service::service_fn(move |mut request: Request<Incoming>| {
                 request.extensions_mut().insert(ConnectInfo(peer));
                 request.extensions_mut().insert(certificate);
                 let busy = Busy::start(&activity);
                 let app = app.clone();
                 let closing = closing.clone();
+                let retired = retired.clone();
                 async move {
                     let mut response = app.oneshot(request).await;
                     if closing.is_cancelled() {
@@ -341,6 +347,7 @@ impl Connection {
                             response
                                 .headers_mut()
                                 .insert(CONNECTION, HeaderValue::from_static("close"));
+                            retired.cancel();
                         }
                     }
                     drop(busy);
@@ -350,18 +357,26 @@ impl Connection {
         };
         let connection = self.builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
+        let closing_reason = || {
+            if self.stopping.draining.is_cancelled() {
+                "draining"
+            } else {
+                "max_age"
+            }
+        };
         let reason = tokio::select! {
             result = connection.as_mut() => {
                 if let Err(e) = result {
                     tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "connection ended with an error");
                 }
+                if retired.is_cancelled() {
+                    self.metrics.closed(self.name, closing_reason());
+                }
                 return;
             }
-            () = idle_for(idle.clone(), self.limits.idle_timeout) => "idle",
+            () = idle_for(idle, self.limits.idle_timeout) => "idle",
             () = self.slot.activity.evicted.cancelled() => "evicted",
-            () = busy_while_closing(&closing, idle) => {
-                if self.stopping.draining.is_cancelled() { "draining" } else { "max_age" }
-            }
+            () = retired.cancelled() => closing_reason(),
             () = retire_after(&closing, self.limits.max_age) => unreachable!("retire_after never ends"),
             () = self.stopping.stop.cancelled() => "shutdown",
         };
@@ -400,15 +415,6 @@ async fn retire_after(closing: &CancellationToken, age: Duration) {
     tokio::time::sleep(age).await;
     closing.cancel();
     std::future::pending().await
-}
-
-/// Resolves once the connection is closing and a request is in progress (its
-/// response is the connection's last).
-async fn busy_while_closing(closing: &CancellationToken, mut in_flight: watch::Receiver<usize>) {
-    closing.cancelled().await;
-    if in_flight.wait_for(|n| *n > 0).await.is_err() {
-        std::future::pending::<()>().await;
-    }
 }
 
 /// Resolves once no request has been in progress for `idle`.
