@@ -16,11 +16,9 @@ use crate::replication::gvr::Gvr;
 use policy_client::OwnershipKeys;
 use policy_client::configmaps::{
     ConfigMapSelection, DEFAULT_DATA_LABEL, DEFAULT_DATA_VALUE, DEFAULT_POLICY_LABEL,
-    DEFAULT_POLICY_VALUE,
+    DEFAULT_POLICY_NAMESPACE, DEFAULT_POLICY_VALUE,
 };
 
-/// Default namespace whose ConfigMaps hold the Rego modules.
-const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
 /// Default engine path below which replicated objects are stored.
 const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
 /// Default engine document the sidecar uses to notice engine restarts.

@@ -9,15 +9,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
 
 use crate::process::{Process, free_port, port_open, wait_for};
 use crate::{peer, scratch_dir};
 
 /// Namespace the project's components run in (see `deploy/`).
 pub const SYSTEM_NAMESPACE: &str = "placement-system";
-/// Namespace whose ConfigMaps are policies.
-pub const POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
+/// Namespace whose ConfigMaps are policies: the components' default.
+pub const POLICY_NAMESPACE: &str = policy_client::configmaps::DEFAULT_POLICY_NAMESPACE;
 
 /// Who talks to the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -484,11 +483,9 @@ impl ControlPlane {
 /// A kube client from a kubeconfig file (bound to the calling runtime).
 pub async fn kube_client(kubeconfig: &Path) -> kube::Client {
     crate::install_crypto();
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    policy_client::kube_client::client(Some(kubeconfig))
         .await
-        .expect("kubeconfig");
-    kube::Client::try_from(config).expect("kube client")
+        .expect("kube client")
 }
 
 /// The static token of an identity in this test bed.

@@ -4,7 +4,6 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use placement_endpoint::{ConnectionLimits, connection_cap};
 use policy_client::ownership_keys::KeyError;
@@ -63,24 +62,19 @@ pub enum RunError {
 /// Build a Kubernetes client. `explicit` wins; otherwise the usual inference
 /// (in-cluster, then `$KUBECONFIG` / `~/.kube/config`) when `infer` is set.
 async fn kube_client(explicit: Option<&Path>, infer: bool) -> Result<Option<Client>, RunError> {
+    use policy_client::kube_client::{KubeClientError, config};
     let config = match explicit {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?
-        }
-        None if infer => match Config::infer().await {
+        None if !infer => match Config::incluster() {
             Ok(config) => config,
-            Err(e) => {
+            Err(_) => return Ok(None),
+        },
+        explicit => match config(explicit).await {
+            Ok(config) => config,
+            Err(KubeClientError::Infer(e)) => {
                 tracing::info!(error = %e, "no Kubernetes API configuration found");
                 return Ok(None);
             }
-        },
-        None => match Config::incluster() {
-            Ok(config) => config,
-            Err(_) => return Ok(None),
+            Err(e) => return Err(RunError::Kube(e.to_string())),
         },
     };
     Client::try_from(config)
