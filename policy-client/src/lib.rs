@@ -30,7 +30,7 @@ pub use memo::DecisionCacheStats;
 pub use opa::{Opa, OpaConfig, Token};
 pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 pub use reqwest::Url;
-pub use retry::RetryPolicy;
+pub use retry::Backoff;
 
 /// The decision path of the seed design.
 pub const DEFAULT_DECISION_PATH: &str = "io/k8s/federation/admission";

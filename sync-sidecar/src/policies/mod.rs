@@ -50,7 +50,7 @@ use crate::engine_sync::SyncState;
 use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
-use crate::queue::{Backoff, KeyedQueue};
+use crate::queue::{KEY_BACKOFF, KeyedQueue};
 use crate::replication::demand::Demand;
 use data::DataSet;
 use last_good::LastGood;
@@ -554,7 +554,7 @@ pub(crate) async fn run(
                 async move { loader.sync_single(key).await }
             },
             ctx.permits.clone(),
-            Backoff::default(),
+            KEY_BACKOFF,
             cancel.clone(),
         )
     };
