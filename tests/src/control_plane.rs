@@ -9,7 +9,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-
 use crate::process::{Process, free_port, port_open, wait_for};
 use crate::{peer, scratch_dir};
 

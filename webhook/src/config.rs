@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use policy_client::configmaps::{ConfigMapFlags, ConfigMapFlagsEnv};
 use policy_client::{DEFAULT_DECISION_PATH, Embedded, Opa, OpaConfig, PolicyEngine, Token, Url};
 use serde::Deserialize;
 
@@ -31,6 +32,8 @@ pub enum ConfigError {
     Engine(#[from] policy_client::EngineError),
     #[error("{0}")]
     Limits(String),
+    #[error("{0}")]
+    Flag(String),
 }
 
 #[derive(Debug, Parser)]
@@ -309,50 +312,22 @@ pub struct CertsArgs {
 }
 
 /// Which ConfigMaps are policies (fail closed iff one exists): the same flags,
-/// with the same meaning, as placement-sync's (and kube-mgmt's).
-#[derive(Debug, Clone, Args)]
-pub(crate) struct PolicySelectionArgs {
-    /// Namespace whose ConfigMaps are all policies (unless labelled as data)
-    /// [default: kube-federation-scheduling-policy, unless --namespaces is given].
-    #[arg(long, env = "PLACEMENT_POLICY_NAMESPACE")]
-    pub(crate) policy_namespace: Option<String>,
-    /// Namespaces of labelled policy ConfigMaps, as kube-mgmt discovers them
-    /// (comma-separated; `*` for all).
-    #[arg(long, env = "PLACEMENT_NAMESPACES", value_delimiter = ',')]
-    pub(crate) namespaces: Vec<String>,
-    /// Whether ConfigMaps are policies at all.
-    #[arg(long, env = "PLACEMENT_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub(crate) enable_policies: bool,
-    /// Label name of policy ConfigMaps in --namespaces.
-    #[arg(long, env = "PLACEMENT_POLICY_LABEL", default_value = policy_client::configmaps::DEFAULT_POLICY_LABEL)]
-    pub(crate) policy_label: String,
-    /// Label value of policy ConfigMaps.
-    #[arg(long, env = "PLACEMENT_POLICY_VALUE", default_value = policy_client::configmaps::DEFAULT_POLICY_VALUE)]
-    pub(crate) policy_value: String,
-    /// Label name of data ConfigMaps (never policies).
-    #[arg(long, env = "PLACEMENT_DATA_LABEL", default_value = policy_client::configmaps::DEFAULT_DATA_LABEL)]
-    pub(crate) data_label: String,
-    /// Label value of data ConfigMaps.
-    #[arg(long, env = "PLACEMENT_DATA_VALUE", default_value = policy_client::configmaps::DEFAULT_DATA_VALUE)]
-    pub(crate) data_value: String,
-}
+/// with the same meaning, as placement-sync's (and kube-mgmt's), read from
+/// the webhook's environment variables.
+pub(crate) type PolicySelectionArgs = ConfigMapFlags<WebhookEnv>;
 
-impl PolicySelectionArgs {
-    pub(crate) fn selection(&self) -> policy_client::configmaps::ConfigMapSelection {
-        use policy_client::configmaps::ConfigMapSelection;
-        ConfigMapSelection::resolve(
-            self.policy_namespace.clone(),
-            self.namespaces.clone(),
-            ConfigMapSelection {
-                enable_policies: self.enable_policies,
-                policy_label: self.policy_label.clone(),
-                policy_value: self.policy_value.clone(),
-                data_label: self.data_label.clone(),
-                data_value: self.data_value.clone(),
-                ..ConfigMapSelection::default()
-            },
-        )
-    }
+/// The webhook's environment variables of the ConfigMap selection flags.
+#[derive(Debug, Clone)]
+pub(crate) struct WebhookEnv;
+
+impl ConfigMapFlagsEnv for WebhookEnv {
+    const POLICY_NAMESPACE: &'static str = "PLACEMENT_POLICY_NAMESPACE";
+    const NAMESPACES: &'static str = "PLACEMENT_NAMESPACES";
+    const ENABLE_POLICIES: &'static str = "PLACEMENT_ENABLE_POLICIES";
+    const POLICY_LABEL: &'static str = "PLACEMENT_POLICY_LABEL";
+    const POLICY_VALUE: &'static str = "PLACEMENT_POLICY_VALUE";
+    const DATA_LABEL: &'static str = "PLACEMENT_DATA_LABEL";
+    const DATA_VALUE: &'static str = "PLACEMENT_DATA_VALUE";
 }
 
 /// The seed's admission config file.

@@ -257,17 +257,42 @@ impl Collector for DecisionCacheCollector {
         let enabled = stats.refused.is_none() && stats.budget_bytes > 0;
         let gauge = |value: u64| ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
         let counters = [
-            ("decision_cache_hits", "Decisions answered from the decision cache", stats.hits),
-            ("decision_cache_misses", "Decisions evaluated because the cache did not hold them", stats.misses),
+            (
+                "decision_cache_hits",
+                "Decisions answered from the decision cache",
+                stats.hits,
+            ),
+            (
+                "decision_cache_misses",
+                "Decisions evaluated because the cache did not hold them",
+                stats.misses,
+            ),
         ];
         for (name, help, value) in counters {
             let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
         }
         let gauges = [
-            ("decision_cache_enabled", "1 when decisions are cached; 0 when the cache is off or the policy set cannot be cached (the log says why)", u64::from(enabled)),
-            ("decision_cache_entries", "Decisions held by the decision cache", stats.entries),
-            ("decision_cache_bytes", "Bytes held by the decision cache (estimate)", stats.bytes),
+            (
+                "decision_cache_enabled",
+                "1 when decisions are cached; 0 when the cache is off or the policy set cannot be cached (the log says why)",
+                u64::from(enabled),
+            ),
+            (
+                "decision_cache_entries",
+                "Decisions held by the decision cache",
+                stats.entries,
+            ),
+            (
+                "decision_cache_bytes",
+                "Bytes held by the decision cache (estimate)",
+                stats.bytes,
+            ),
         ];
         for (name, help, value) in gauges {
             let gauge = gauge(value);

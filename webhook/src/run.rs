@@ -202,6 +202,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         },
     );
     let settings = serve_settings(&args, &memory)?;
+    let policy_configmaps = args.policies.selection(true).map_err(ConfigError::Flag)?;
     let resolved = args.engine.resolve()?;
     if matches!(resolved.kind, EngineKind::Embedded { .. }) {
         let limit = u64::try_from(memory.engine_memory_limit).unwrap_or(u64::MAX);
@@ -220,7 +221,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
             format!("{modules} Rego module(s) in {}", dir.display()),
         ),
         (EngineKind::Opa { .. }, Some(client)) => {
-            PolicyPresence::watch_config_maps(client.clone(), args.policies.selection())
+            PolicyPresence::watch_config_maps(client.clone(), policy_configmaps)
         }
         (EngineKind::Opa { .. }, None) => {
             tracing::warn!(
