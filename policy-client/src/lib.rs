@@ -32,5 +32,5 @@ pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 pub use reqwest::Url;
 pub use retry::Backoff;
 
-/// The decision path of the seed design.
+/// The decision the shipped policies define (`package io.k8s.federation.admission`).
 pub const DEFAULT_DECISION_PATH: &str = "io/k8s/federation/admission";

@@ -1,6 +1,5 @@
-//! A per-key work queue, after the controller pipeline of
-//! `seeds/controller-pipeline-design.txt`: work for one key runs one at a time and
-//! in order, different keys run concurrently, and a failure is retried with
+//! A per-key work queue, as Kubernetes controllers' work queues are: work for
+//! one key runs one at a time and in order, different keys run concurrently, and a failure is retried with
 //! jittered exponential backoff for that key alone, without holding up the others.
 //!
 //! Work is level-triggered: a key is pushed when its object changed, and the

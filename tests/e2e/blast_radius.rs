@@ -151,7 +151,7 @@ fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &S
     }
 }
 
-/// Issue 21, part 2. A Cluster going offline re-places every workload at
+/// A Cluster going offline re-places every workload at
 /// once, however many it moves (failover needs no one); a policy edit that
 /// moves them all is held. Its confirmation names the change, not the
 /// workloads: ReplicaSets deleted and created during the hold leave the id as
@@ -389,7 +389,7 @@ fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
     );
 }
 
-/// Issue 21, part 2: three of four clusters turning unhealthy together looks
+/// Three of four clusters turning unhealthy together looks
 /// like the control plane cut off from them, not an outage: held like an
 /// edit, until they come back (or someone confirms). The same clusters going
 /// one after another, further apart than the window, are outages: each is
@@ -604,7 +604,7 @@ fn queries_never_see_half_a_policy_set() {
     assert!(seen.is_empty(), "answers from half a policy set: {seen:?}");
 }
 
-/// Issue 21, part 3: after a key rotation the remediator signs every record
+/// After a key rotation the remediator signs every record
 /// again with the new key. That changes no annotation the policy owns, so it
 /// is no placement change for the guard: a pass over all 12 placed workloads
 /// re-signs them all, held by nothing.
@@ -725,7 +725,7 @@ fn policy_status(plane: &ControlPlane) -> String {
     )
 }
 
-/// Issue 21, part 4: the policy set survives what users do. Removing the
+/// The policy set survives what users do. Removing the
 /// decision module while its rules stay, and removing one of the two files of
 /// a package, are refused whole (the ConfigMap's status says why, and the
 /// last good set answers); and a sidecar restarted beside a fresh OPA while
@@ -846,7 +846,7 @@ fn the_policy_set_survives_what_users_do() {
     assert!(policy_status(&plane).contains("\"error\""));
 }
 
-/// Issue 21, part 2: a failover during an outage needs no one either. The
+/// A failover during an outage needs no one either. The
 /// remediation leader dies (SIGKILL, its Lease runs out) as a Cluster goes
 /// offline; the standby takes over and re-places all 12 workloads,
 /// unconfirmed: the revision the dead leader recorded on the Lease is the

@@ -247,8 +247,8 @@ fn slugs_are_githubs() {
         "opa-restarts-and-readyz"
     );
     assert_eq!(
-        slug("The seed's configuration file"),
-        "the-seeds-configuration-file"
+        slug("The webhook's configuration file"),
+        "the-webhooks-configuration-file"
     );
     let twice = anchors("# A\n## Run\n```sh\n# Run\n```\n## Run\n");
     assert_eq!(

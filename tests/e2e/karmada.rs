@@ -543,7 +543,7 @@ fn split(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
     pairs.iter().map(|(n, r)| ((*n).to_owned(), *r)).collect()
 }
 
-/// The first scenario: a Deployment of 6 replicas with EU
+/// The first scenario of scheduling by policy: a Deployment of 6 replicas with EU
 /// jurisdiction and PCI 2, handed to placement-policy, gets Works only for
 /// the two EU members, 3 + 3 by the policy's even weights, read back from
 /// each member's own API server; the binding is `Scheduled=True` for its

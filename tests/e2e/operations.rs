@@ -572,7 +572,7 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     set_phase(cluster, "gce-europe-west2", "running");
 }
 
-/// Issue 21, part 2: failover needs no one. With the chart's defaults (the
+/// Failover needs no one. With the chart's defaults (the
 /// guard holds changes beyond half of the placed workloads, and beyond 10),
 /// a Cluster going offline re-places all 12 workloads placed on it at once,
 /// and its return brings them back. A policy edit that moves all of them is

@@ -178,7 +178,7 @@ fn set_secret_keys(plane: &ControlPlane, text: Option<&str>) {
     );
 }
 
-/// Issue 21, part 3: the ownership keys outlive what users do to their
+/// The ownership keys outlive what users do to their
 /// Secret. A running webhook puts its key back when the Secret is deleted,
 /// or recreated empty, so records keep verifying; a webhook that starts while
 /// the keys cannot be loaded listens at once and fails closed, and places

@@ -1561,9 +1561,9 @@ async fn only_the_types_the_policies_read_are_written_body() {
     );
 }
 
-/// Issue 21, part 1, in the remediator: a decision with errors never removes
+/// In the remediator, a decision with errors never removes
 /// or replaces a placement, also when the policy gives annotations beside its
-/// errors (the seed's conflict: a requested cluster is no longer allowed, the
+/// errors (a request in conflict with the policy: a requested cluster is no longer allowed, the
 /// rest of the request still is). The workload whose developer asked for the
 /// cluster that went offline keeps its placement and gets a Warning Event
 /// naming the error; the one the policy placed by itself is re-placed.
@@ -1579,7 +1579,7 @@ async fn a_conflict_keeps_the_placement_and_tells_the_developer_body() {
     plane.create_namespace(&ns);
     cluster(&plane, "a", "europe-west1", "running");
     cluster(&plane, "b", "europe-west2", "running");
-    // The seed's conflict rule: a requested cluster that is not allowed is an
+    // The conflict rule: a requested cluster that is not allowed is an
     // error, and the decision still carries the allowed part of the request.
     let policy = placement_policy(&["running"]).replace(
         "errors := []",

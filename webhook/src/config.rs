@@ -79,7 +79,7 @@ pub(crate) struct EngineArgs {
     /// PEM CA to trust for an https OPA.
     #[arg(long, env = "PLACEMENT_OPA_CA_FILE")]
     pub(crate) opa_ca_file: Option<PathBuf>,
-    /// Seed-format config file: {"EnforceSchedulingPolicy": {"url": ..., "token": ...}}.
+    /// Admission config file: {"EnforceSchedulingPolicy": {"url": ..., "token": ...}}.
     /// Flags take precedence over it.
     #[arg(long, env = "PLACEMENT_CONFIG")]
     pub(crate) config: Option<PathBuf>,
@@ -330,15 +330,17 @@ impl ConfigMapFlagsEnv for WebhookEnv {
     const DATA_VALUE: &'static str = "PLACEMENT_DATA_VALUE";
 }
 
-/// The seed's admission config file.
+/// The admission config file (`--config`):
+/// `{"EnforceSchedulingPolicy": {"url": ..., "token": ...}}`.
 #[derive(Debug, Deserialize)]
-struct SeedConfig {
+struct AdmissionConfigFile {
     #[serde(rename = "EnforceSchedulingPolicy")]
-    enforce: SeedEnforce,
+    enforce: EnforceSchedulingPolicy,
 }
 
+/// The file's one section: where the policy engine is and its token.
 #[derive(Debug, Deserialize)]
-struct SeedEnforce {
+struct EnforceSchedulingPolicy {
     url: Option<String>,
     token: Option<String>,
 }
@@ -359,15 +361,15 @@ pub(crate) enum EngineKind {
 
 impl EngineArgs {
     pub(crate) fn resolve(&self) -> Result<ResolvedEngine, ConfigError> {
-        let seed = match &self.config {
-            Some(path) => Some(read_seed_config(path)?),
+        let file = match &self.config {
+            Some(path) => Some(read_admission_config_file(path)?),
             None => None,
         };
-        let (seed_url, seed_token) = match seed {
-            Some(SeedConfig { enforce }) => (enforce.url, enforce.token),
+        let (file_url, file_token) = match file {
+            Some(AdmissionConfigFile { enforce }) => (enforce.url, enforce.token),
             None => (None, None),
         };
-        let url = self.opa_url.clone().or(seed_url);
+        let url = self.opa_url.clone().or(file_url);
         let Some(url) = url else {
             let engine = Embedded::from_dir(&self.policy_dir)
                 .map_err(|e| ConfigError::Policies {
@@ -391,7 +393,7 @@ impl EngineArgs {
         let (base, url_decision) = split_decision_url(&url)?;
         let token = match &self.opa_token_file {
             Some(path) => Some(read_token(path)?),
-            None => seed_token.map(Token::new),
+            None => file_token.map(Token::new),
         };
         let mut config = OpaConfig::new(base.clone());
         config.token = token;
@@ -418,7 +420,7 @@ impl EngineArgs {
     }
 }
 
-fn read_seed_config(path: &Path) -> Result<SeedConfig, ConfigError> {
+fn read_admission_config_file(path: &Path) -> Result<AdmissionConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         what: "config file",
         path: path.to_owned(),
@@ -442,7 +444,7 @@ fn read_token(path: &Path) -> Result<Token, ConfigError> {
     Ok(Token::new(text))
 }
 
-/// The seed's `url` names the decision itself
+/// The admission config file's `url` names the decision itself
 /// (`https://opa:8181/v1/data/io/k8s/federation/annotations`); split it into the
 /// base URL and the decision path.
 pub(crate) fn split_decision_url(url: &str) -> Result<(Url, Option<String>), ConfigError> {
@@ -475,7 +477,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_url_splits_into_base_and_decision() {
+    fn a_decision_url_splits_into_base_and_decision() {
         let (base, decision) = split_decision_url(
             "https://opa.federation.svc.cluster.local:8181/v1/data/io/k8s/federation/annotations",
         )
@@ -516,7 +518,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_config_file_is_read_and_flags_win() {
+    fn the_admission_config_file_is_read_and_flags_win() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admission.json");
         std::fs::write(
