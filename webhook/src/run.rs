@@ -4,6 +4,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Api, Client, Config};
 use placement_endpoint::{ConnectionLimits, connection_cap};
 use policy_client::ownership_keys::KeyError;
@@ -493,13 +494,16 @@ pub(crate) fn wrap_manifest(object: &Value, index: usize) -> Value {
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
         .unwrap_or_default();
+    // The resource as kube names a kind's (its lower-case plural, with the
+    // irregular ones of the built-in types); no API server to ask offline.
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind)).plural;
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
             "uid": format!("offline-review-{index}"),
             "kind": {"group": group, "version": version, "kind": kind},
-            "resource": {"group": group, "version": version, "resource": plural(kind)},
+            "resource": {"group": group, "version": version, "resource": resource},
             "namespace": namespace,
             "name": name,
             "operation": "CREATE",
@@ -508,21 +512,6 @@ pub(crate) fn wrap_manifest(object: &Value, index: usize) -> Value {
             "dryRun": true,
         }
     })
-}
-
-/// The usual lower-case plural of a kind (ReplicaSet -> replicasets).
-fn plural(kind: &str) -> String {
-    let lower = kind.to_ascii_lowercase();
-    if lower.ends_with('s') || lower.ends_with('x') {
-        format!("{lower}es")
-    } else if let Some(stem) = lower
-        .strip_suffix('y')
-        .filter(|s| !s.ends_with(['a', 'e', 'o', 'u']))
-    {
-        format!("{stem}ies")
-    } else {
-        format!("{lower}s")
-    }
 }
 
 /// `placement-webhook certs`.
@@ -547,11 +536,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plurals() {
-        assert_eq!(plural("ReplicaSet"), "replicasets");
-        assert_eq!(plural("Policy"), "policies");
-        assert_eq!(plural("Gateway"), "gateways");
-        assert_eq!(plural("Ingress"), "ingresses");
+    fn a_manifest_names_its_resource_by_the_kinds_plural() {
+        let resource = |kind: &str| {
+            wrap_manifest(&json!({"apiVersion": "x.io/v1", "kind": kind}), 0)["request"]["resource"]
+                ["resource"]
+                .clone()
+        };
+        assert_eq!(resource("ReplicaSet"), "replicasets");
+        assert_eq!(resource("Policy"), "policies");
+        assert_eq!(resource("Gateway"), "gateways");
+        assert_eq!(resource("Ingress"), "ingresses");
+        assert_eq!(resource("Endpoints"), "endpoints");
     }
 
     #[test]
