@@ -127,6 +127,25 @@ fn replicaset(plane: &ControlPlane, ns: &str, name: &str) {
     );
 }
 
+/// The bed of the guard's tests: a runtime for their async parts, a control
+/// plane of the test's own, a namespace `prefix-...` for its workloads, the
+/// Clusters `clusters` running and the placement policy loaded.
+fn guarded_bed(prefix: &str, clusters: &[&str]) -> (tokio::runtime::Runtime, ControlPlane, String) {
+    placement_tests::install_crypto();
+    let runtime = placement_tests::current_thread_runtime();
+    let plane = ControlPlane::start();
+    let ns = unique_name(prefix);
+    plane.create_namespace(&ns);
+    for name in clusters {
+        cluster(&plane, name, "running");
+    }
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    (runtime, plane, ns)
+}
+
 fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &SidecarProcess) {
     let want = Some(clusters.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>());
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -160,21 +179,8 @@ fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &S
 /// through, once.
 #[test]
 fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("blast", &["a", "b"]);
     let opa = OpaServer::start();
-    let ns = unique_name("blast");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "running");
-    cluster(&plane, "b", "running");
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     // A tenant's labelled policy ConfigMap in a namespace of its own, which
     // the sidecar loads as kube-mgmt would (and may write the status of).
     let tenant = unique_name("tenant");
@@ -396,22 +402,8 @@ fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
 /// re-placed at once.
 #[test]
 fn clusters_turning_unhealthy_together_are_held_as_a_partition() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("partition", &["a", "b", "c", "d"]);
     let opa = OpaServer::start();
-    let ns = unique_name("partition");
-    plane.create_namespace(&ns);
-    for name in ["a", "b", "c", "d"] {
-        cluster(&plane, name, "running");
-    }
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     for n in 0..12 {
         replicaset(&plane, &ns, &format!("rs-{n}"));
     }
@@ -610,21 +602,8 @@ fn queries_never_see_half_a_policy_set() {
 /// re-signs them all, held by nothing.
 #[test]
 fn re_signing_records_after_a_key_rotation_is_not_held() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("rotation", &["a", "b"]);
     let opa = OpaServer::start();
-    let ns = unique_name("rotation");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "running");
-    cluster(&plane, "b", "running");
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     let old_key = policy_client::OwnershipKeys::generate_text().unwrap();
     let new_key = policy_client::OwnershipKeys::generate_text().unwrap();
     let keys_secret = |text: &str| {
@@ -734,10 +713,7 @@ fn policy_status(plane: &ControlPlane) -> String {
 #[test]
 fn the_policy_set_survives_what_users_do() {
     placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = placement_tests::current_thread_runtime();
     let plane = ControlPlane::start();
     let mut opa = OpaServer::start();
     cluster(&plane, "a", "running");
@@ -853,21 +829,8 @@ fn the_policy_set_survives_what_users_do() {
 /// revision now, so only health changed.
 #[test]
 fn a_new_leader_re_places_an_outage_unconfirmed() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("failover", &["a", "b"]);
     let (opa, standby_opa) = (OpaServer::start(), OpaServer::start());
-    let ns = unique_name("failover");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "running");
-    cluster(&plane, "b", "running");
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     for n in 0..12 {
         replicaset(&plane, &ns, &format!("rs-{n}"));
     }

@@ -1041,22 +1041,7 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
         ownership_keys(cluster).as_deref(),
         Some(keys_before.as_str())
     );
-    let out = cluster.kubectl(&[
-        "label",
-        "rs",
-        "asked",
-        "-n",
-        &ns,
-        "touched=yes",
-        "-o",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let updated = placement_tests::kubectl::touch_replicaset(&cluster.kubeconfig(), &ns, "asked");
     assert_eq!(
         requested_in_record(&updated, &keys_before).as_deref(),
         Some(requested),

@@ -24,20 +24,8 @@ const OWNED: &str = "placement-policy.io/policy-owned";
 const STATUS: &str = "placement-policy.io/policy-status";
 const CLUSTERS: &str = "placement-policy.io/v1alpha1/clusters";
 
-/// One test at a time: each starts a control plane.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Run one test body on its own runtime, after the previous test finished.
-fn run(test: impl std::future::Future<Output = ()>) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    placement_tests::install_crypto();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(test);
-}
+// One test at a time, each on its own runtime: each starts a control plane.
+use placement_tests::run_serially as run;
 
 // ---------------------------------------------------------------------------
 // The sidecar process

@@ -76,22 +76,8 @@ impl ControlPlane {
     /// own namespaces). Started on first use; its processes end with the test
     /// process.
     pub fn shared() -> &'static ControlPlane {
-        // A failed start is remembered, so the other tests fail at once instead
-        // of each starting (and failing) a control plane of its own.
         static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        let started = SHARED.get_or_init(|| {
-            std::panic::catch_unwind(ControlPlane::start).map_err(|panic| {
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "unknown panic".to_owned())
-            })
-        });
-        match started {
-            Ok(plane) => plane,
-            Err(message) => panic!("the shared control plane did not start: {message}"),
-        }
+        crate::shared(&SHARED, "control plane", ControlPlane::start)
     }
 
     /// A control plane of one's own (for tests that restart the API server).
