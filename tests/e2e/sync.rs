@@ -163,6 +163,17 @@ fn two_running_clusters(prefix: &str) -> (ControlPlane, OpaServer, String) {
     (plane, opa, ns)
 }
 
+/// A sidecar replicating the Clusters and keeping ReplicaSets placed as
+/// `extra` says (`--remediation=...` and more), once it is ready.
+async fn remediator(plane: &ControlPlane, opa: &OpaServer, extra: &[&str]) -> Sidecar {
+    let clusters = format!("--replicate-cluster={CLUSTERS}");
+    let mut args = vec![clusters.as_str(), "--remediate=apps/v1/replicasets"];
+    args.extend_from_slice(extra);
+    let sidecar = Sidecar::start(plane, opa, &args);
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    sidecar
+}
+
 /// Test placement policy: the allowed clusters are those whose phase is in
 /// `phases`; a developer's request (`replica-set-preferences`) narrows the
 /// selection to the requested allowed clusters; every selected cluster gets
@@ -891,17 +902,12 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
         &replicaset(&ns, "requested", &[(PREFS, developer_request)]),
     );
 
-    let sidecar = Sidecar::start(
+    let sidecar = remediator(
         &plane,
         &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-            "--remediation-rate=50",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+        &["--remediation=auto", "--remediation-rate=50"],
+    )
+    .await;
     let ctx = || sidecar.log_tail();
     let rs = |name: &str| get_json(&plane, &["replicaset", "-n", &ns, name]);
     let placed = |name: &'static str, want: &'static [&'static str]| {
@@ -1002,16 +1008,7 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
     sidecar.stop();
 
     // Report mode: nothing is patched, an Event names each stale object.
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=report",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let sidecar = remediator(&plane, &opa, &["--remediation=report"]).await;
     let ctx = || sidecar.log_tail();
     let free_before = rs("free");
     let requested_before = rs("requested");
@@ -1101,17 +1098,12 @@ async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
     // (it reads no replicated data) instead of assuming it reads everything.
     let (plane, opa, ns) = two_running_clusters("sync-churn");
     apply(&plane, &replicaset(&ns, "web", &[]));
-    let sidecar = Sidecar::start(
+    let sidecar = remediator(
         &plane,
         &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--replicate=apps/v1/replicasets",
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+        &["--replicate=apps/v1/replicasets", "--remediation=auto"],
+    )
+    .await;
     let ctx = || sidecar.log_tail();
     let rs = || get_json(&plane, &["replicaset", "-n", &ns, "web"]);
     eventually(
@@ -1382,16 +1374,7 @@ async fn a_failing_workload_is_retried_alone_body() {
         apply(&plane, &replicaset(&ns, name, &[]));
     }
     apply(&plane, &replicaset(&ns, "broken", &[]));
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let sidecar = remediator(&plane, &opa, &["--remediation=auto"]).await;
     let ctx = || sidecar.log_tail();
     for name in &names {
         eventually("placed on a", Duration::from_secs(30), ctx, || async {
@@ -1443,19 +1426,17 @@ async fn only_the_types_the_policies_read_are_written_body() {
     apply(&plane, &replicaset(&ns, "web", &[]));
     plane.kubectl_ok(&["label", "replicaset", "web", "-n", &ns, "tier=web"]);
     apply(&plane, &replicaset(&ns, "batch", &[]));
-    let sidecar = Sidecar::start(
+    let sidecar = remediator(
         &plane,
         &opa,
         &[
-            &format!("--replicate-cluster={CLUSTERS}"),
             "--replicate=apps/v1/replicasets",
             "--replicate-only-read-types",
             "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
             "--scope-object-selector=tier in (web, api)",
         ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    )
+    .await;
     let ctx = || sidecar.log_tail();
     let client = opa_client(&opa);
     eventually(
@@ -1587,16 +1568,7 @@ async fn a_conflict_keeps_the_placement_and_tells_the_developer_body() {
             &[(PREFS, r#"{"clusters":{"a":{"weight":5},"b":{"weight":1}}}"#)],
         ),
     );
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let sidecar = remediator(&plane, &opa, &["--remediation=auto"]).await;
     let ctx = || sidecar.log_tail();
     let rs = |name: &str| get_json(&plane, &["replicaset", "-n", &ns, name]);
     for name in ["free", "requested"] {
