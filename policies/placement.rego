@@ -72,7 +72,7 @@
 #      requirements (...)").
 #   The annotation is given when there is no error, and also when the only
 #   errors are requested clusters that are not allowed while some requested
-#   cluster is (the seed's conflict example: errors and the intersection). Any
+#   cluster is (a request in conflict with the policy: errors and the intersection). Any
 #   error denies a new request; and a decision with errors never removes or
 #   replaces a placement a workload already has (the webhook and the remediator
 #   keep what is stored, whatever annotations come beside the errors), so a

@@ -138,7 +138,7 @@ rebalance := r if {
 } else := true
 
 # How the selected clusters are weighted: "even" (phase 1: every cluster
-# weight 1), or "least-loaded" (the seed's phase-1 rule: weight by free CPU),
+# weight 1), or "least-loaded" (phase 1's other rule: weight by free CPU),
 # as the settings module (placement_settings.rego) says.
 default weighting := "even"
 

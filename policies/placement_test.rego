@@ -23,7 +23,7 @@ cluster(name, region, labels, phase) := {
 
 pci(level) := {"placement-policy.io/pci-compliance-level": level}
 
-# The registry of the seed's example (same as kubernetes/clusters/data.json).
+# The registry of the EU/PCI example (same as kubernetes/clusters/data.json).
 registry := {
 	"gce-europe-west1": cluster("gce-europe-west1", "europe-west1", pci("2"), "running"),
 	"gce-europe-west2": cluster("gce-europe-west2", "europe-west2", pci("3"), "running"),
@@ -63,10 +63,10 @@ no_cluster_msg(eu, level) := sprintf(
 )
 
 # ---------------------------------------------------------------------------
-# The seed's example and the shape of the decision document
+# The EU/PCI example and the shape of the decision document
 # ---------------------------------------------------------------------------
 
-test_seed_example_eu_pci2_goes_to_west1_and_west2 if {
+test_eu_pci2_example_goes_to_west1_and_west2 if {
 	doc := admission with input as rs({eu_key: "true", pci_key: "2"})
 		with data.kubernetes.clusters as registry
 	doc == {
@@ -76,16 +76,16 @@ test_seed_example_eu_pci2_goes_to_west1_and_west2 if {
 }
 
 # The shipped example registry gives the same answer (kubernetes/clusters/data.json).
-test_seed_example_with_shipped_example_registry if {
+test_eu_pci2_example_with_shipped_example_registry if {
 	doc := admission with input as rs({eu_key: "true", pci_key: "2"})
 	doc.annotations[prefs_key] == placement({"gce-europe-west1", "gce-europe-west2"}, true)
 	count(doc.errors) == 0
 }
 
-# The seed's conflict example: the request is denied (errors), and the decision
-# also carries the intersection (the seed's document; the webhook and the
+# The conflict example: the request is denied (errors), and the decision
+# also carries the intersection (the decision document's shape; the webhook and the
 # remediator never apply annotations that come with errors).
-test_seed_forbidden_example_is_denied_with_the_intersection if {
+test_forbidden_example_is_denied_with_the_intersection if {
 	doc := admission with input as rs({
 		eu_key: "true",
 		pci_key: "2",

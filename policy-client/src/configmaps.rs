@@ -13,6 +13,10 @@
 
 use std::collections::BTreeMap;
 
+mod flags;
+
+pub use flags::{ConfigMapFlags, ConfigMapFlagsEnv};
+
 /// The policy namespace of placement-policy's own design.
 pub const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
 

@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod engine;
 pub mod input;
 mod input_reads;
+pub mod kube_client;
 mod memo;
 pub mod opa;
 pub mod ownership_keys;
@@ -29,7 +30,7 @@ pub use memo::DecisionCacheStats;
 pub use opa::{Opa, OpaConfig, Token};
 pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 pub use reqwest::Url;
-pub use retry::RetryPolicy;
+pub use retry::Backoff;
 
-/// The decision path of the seed design.
+/// The decision the shipped policies define (`package io.k8s.federation.admission`).
 pub const DEFAULT_DECISION_PATH: &str = "io/k8s/federation/admission";

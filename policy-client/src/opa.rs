@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::engine::{
     CompileError, EncodedJson, EngineError, PolicyEngine, QueryOutcome, path_segments,
 };
-use crate::retry::{RetryPolicy, parse_retry_after, retry_until};
+use crate::retry::{Backoff, ENGINE_CALL_BACKOFF, parse_retry_after, retry_until};
 use crate::text::bounded;
 
 /// A bearer token. Its `Debug` and `Display` never show the value.
@@ -47,7 +47,7 @@ pub struct OpaConfig {
     pub token: Option<Token>,
     /// Limit for one HTTP request.
     pub request_timeout: Duration,
-    pub retry: RetryPolicy,
+    pub retry: Backoff,
     /// CA (PEM) to trust for an `https` OPA: the only one trusted when given;
     /// without it, the system's CA certificates are.
     pub ca_pem: Option<Vec<u8>>,
@@ -86,7 +86,7 @@ impl OpaConfig {
             url,
             token: None,
             request_timeout: Duration::from_secs(2),
-            retry: RetryPolicy::default(),
+            retry: ENGINE_CALL_BACKOFF,
             ca_pem: None,
             insecure: false,
         }
@@ -99,7 +99,7 @@ pub struct Opa {
     http: reqwest::Client,
     base: Url,
     auth: Option<HeaderValue>,
-    retry: RetryPolicy,
+    retry: Backoff,
     request_timeout: Duration,
 }
 

@@ -4,24 +4,45 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, SystemTime};
 
-use backon::{ExponentialBuilder, Retryable};
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use tokio::time::Instant;
 
 use crate::engine::EngineError;
 
-/// Backoff between attempts: jittered exponential from `min_delay` to `max_delay`.
-#[derive(Debug, Clone, Copy)]
-pub struct RetryPolicy {
+/// Backoff between attempts: jittered exponential from `min_delay` to
+/// `max_delay`, without a limit on the attempts. The one backoff of both
+/// components: engine calls here, and every retry loop of the sidecar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
     pub min_delay: Duration,
     pub max_delay: Duration,
 }
 
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        RetryPolicy {
-            min_delay: Duration::from_millis(50),
-            max_delay: Duration::from_secs(2),
+/// Between the attempts of one engine call, inside its deadline.
+pub const ENGINE_CALL_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
+
+impl Backoff {
+    pub const fn new(min_delay: Duration, max_delay: Duration) -> Self {
+        Backoff {
+            min_delay,
+            max_delay,
         }
+    }
+
+    /// As a `backon` builder, for `Retryable::retry`.
+    pub fn builder(&self) -> ExponentialBuilder {
+        ExponentialBuilder::default()
+            .with_min_delay(self.min_delay)
+            .with_max_delay(self.max_delay)
+            .with_jitter()
+            .without_max_times()
+    }
+
+    /// An endless iterator of jittered, exponentially growing delays.
+    pub fn delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
+        let max = self.max_delay;
+        self.builder().build().chain(std::iter::repeat(max))
     }
 }
 
@@ -42,7 +63,7 @@ pub fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
 /// deadline. Giving up on a transient failure yields
 /// [`EngineError::DeadlineExceeded`] carrying the attempt count and last error.
 pub async fn retry_until<T, F, Fut>(
-    policy: RetryPolicy,
+    backoff: Backoff,
     deadline: Instant,
     endpoint: &str,
     mut attempt: F,
@@ -53,11 +74,6 @@ where
 {
     let started = Instant::now();
     let attempts = AtomicU32::new(0);
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(policy.min_delay)
-        .with_max_delay(policy.max_delay)
-        .with_jitter()
-        .without_max_times();
     let run = || {
         attempts.fetch_add(1, Ordering::Relaxed);
         let fut = attempt();
@@ -72,7 +88,7 @@ where
         }
     };
     let result = run
-        .retry(backoff)
+        .retry(backoff.builder())
         .sleep(tokio::time::sleep)
         .when(|e: &EngineError| e.is_transient())
         .adjust(|e: &EngineError, computed: Option<Duration>| {
@@ -113,7 +129,7 @@ mod tests {
     async fn retries_transient_until_success() {
         let calls = AtomicU32::new(0);
         let deadline = Instant::now() + Duration::from_secs(5);
-        let out = retry_until(RetryPolicy::default(), deadline, "test", || async {
+        let out = retry_until(ENGINE_CALL_BACKOFF, deadline, "test", || async {
             if calls.fetch_add(1, Ordering::SeqCst) < 2 {
                 Err(unavailable(None))
             } else {
@@ -130,7 +146,7 @@ mod tests {
     async fn permanent_errors_are_not_retried() {
         let calls = AtomicU32::new(0);
         let deadline = Instant::now() + Duration::from_secs(5);
-        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+        let err = retry_until::<(), _, _>(ENGINE_CALL_BACKOFF, deadline, "test", || async {
             calls.fetch_add(1, Ordering::SeqCst);
             Err(EngineError::Unauthorized { status: 401 })
         })
@@ -144,7 +160,7 @@ mod tests {
     async fn gives_up_at_the_deadline_with_attempt_count() {
         let start = Instant::now();
         let deadline = start + Duration::from_secs(2);
-        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+        let err = retry_until::<(), _, _>(ENGINE_CALL_BACKOFF, deadline, "test", || async {
             Err(unavailable(None))
         })
         .await
@@ -164,7 +180,7 @@ mod tests {
         let calls = AtomicU32::new(0);
         let start = Instant::now();
         let deadline = start + Duration::from_secs(10);
-        retry_until(RetryPolicy::default(), deadline, "test", || async {
+        retry_until(ENGINE_CALL_BACKOFF, deadline, "test", || async {
             if calls.fetch_add(1, Ordering::SeqCst) == 0 {
                 Err(unavailable(Some(Duration::from_secs(3))))
             } else {
@@ -200,7 +216,7 @@ mod tests {
     async fn retry_after_beyond_deadline_gives_up_at_once() {
         let start = Instant::now();
         let deadline = start + Duration::from_secs(1);
-        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+        let err = retry_until::<(), _, _>(ENGINE_CALL_BACKOFF, deadline, "test", || async {
             Err(unavailable(Some(Duration::from_secs(30))))
         })
         .await
@@ -216,7 +232,7 @@ mod tests {
     async fn slow_attempt_is_cut_at_the_deadline() {
         let start = Instant::now();
         let deadline = start + Duration::from_millis(500);
-        let err = retry_until::<(), _, _>(RetryPolicy::default(), deadline, "test", || async {
+        let err = retry_until::<(), _, _>(ENGINE_CALL_BACKOFF, deadline, "test", || async {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok(())
         })
@@ -227,5 +243,17 @@ mod tests {
             "{err:?}"
         );
         assert!(Instant::now() - start <= Duration::from_millis(600));
+    }
+
+    #[test]
+    fn backoff_grows_and_is_capped() {
+        let b = Backoff {
+            min_delay: Duration::from_millis(10),
+            max_delay: Duration::from_millis(100),
+        };
+        let delays: Vec<Duration> = b.delays().take(50).collect();
+        assert_eq!(delays.len(), 50);
+        assert!(delays.iter().all(|d| *d <= Duration::from_millis(200)));
+        assert!(delays[40] >= Duration::from_millis(100));
     }
 }

@@ -178,7 +178,8 @@ mod tests {
     }
 
     /// Errors with no annotations (every allowed cluster offline) and errors
-    /// beside annotations (the seed's conflict) alike keep the placement.
+    /// beside annotations (a requested cluster the policy no longer allows)
+    /// alike keep the placement.
     #[test]
     fn a_decision_with_errors_keeps_the_stored_placement() {
         let object = placed();

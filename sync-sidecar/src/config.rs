@@ -15,12 +15,9 @@ use crate::reconcile::scope::Scope;
 use crate::replication::gvr::Gvr;
 use policy_client::OwnershipKeys;
 use policy_client::configmaps::{
-    ConfigMapSelection, DEFAULT_DATA_LABEL, DEFAULT_DATA_VALUE, DEFAULT_POLICY_LABEL,
-    DEFAULT_POLICY_VALUE,
+    ConfigMapFlags, ConfigMapFlagsEnv, ConfigMapSelection, DEFAULT_POLICY_NAMESPACE,
 };
 
-/// Default namespace whose ConfigMaps hold the Rego modules.
-const DEFAULT_POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
 /// Default engine path below which replicated objects are stored.
 const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
 /// Default engine document the sidecar uses to notice engine restarts.
@@ -275,66 +272,36 @@ impl OpaArgs {
 }
 
 /// Which ConfigMaps hold policies and which data: kube-mgmt's flags, with
-/// kube-mgmt's meaning.
+/// kube-mgmt's meaning (the webhook's too, but for `--enable-data`).
 #[derive(Debug, Clone, clap::Args)]
 struct ConfigMapArgs {
-    /// Namespace whose ConfigMaps are all policy modules (unless labelled as
-    /// data) [default: kube-federation-scheduling-policy, unless --namespaces
-    /// is given].
-    #[arg(long, env = "PLACEMENT_SYNC_POLICY_NAMESPACE")]
-    policy_namespace: Option<String>,
-
-    /// Namespaces to load labelled policy and data ConfigMaps from, as
-    /// kube-mgmt does (comma-separated; `*` for all).
-    #[arg(long, env = "PLACEMENT_SYNC_NAMESPACES", value_delimiter = ',')]
-    namespaces: Vec<String>,
-
-    /// Load policies from ConfigMaps.
-    #[arg(long, env = "PLACEMENT_SYNC_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    enable_policies: bool,
+    #[command(flatten)]
+    selection: ConfigMapFlags<SyncEnv>,
 
     /// Load JSON/YAML data from ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_DATA", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     enable_data: bool,
+}
 
-    /// Label name of policy ConfigMaps in --namespaces.
-    #[arg(long, env = "PLACEMENT_SYNC_POLICY_LABEL", default_value = DEFAULT_POLICY_LABEL)]
-    policy_label: String,
+/// The sidecar's environment variables of the ConfigMap selection flags.
+#[derive(Debug, Clone)]
+struct SyncEnv;
 
-    /// Label value of policy ConfigMaps.
-    #[arg(long, env = "PLACEMENT_SYNC_POLICY_VALUE", default_value = DEFAULT_POLICY_VALUE)]
-    policy_value: String,
-
-    /// Label name of data ConfigMaps (in --namespaces and the policy namespace).
-    #[arg(long, env = "PLACEMENT_SYNC_DATA_LABEL", default_value = DEFAULT_DATA_LABEL)]
-    data_label: String,
-
-    /// Label value of data ConfigMaps.
-    #[arg(long, env = "PLACEMENT_SYNC_DATA_VALUE", default_value = DEFAULT_DATA_VALUE)]
-    data_value: String,
+impl ConfigMapFlagsEnv for SyncEnv {
+    const POLICY_NAMESPACE: &'static str = "PLACEMENT_SYNC_POLICY_NAMESPACE";
+    const NAMESPACES: &'static str = "PLACEMENT_SYNC_NAMESPACES";
+    const ENABLE_POLICIES: &'static str = "PLACEMENT_SYNC_ENABLE_POLICIES";
+    const POLICY_LABEL: &'static str = "PLACEMENT_SYNC_POLICY_LABEL";
+    const POLICY_VALUE: &'static str = "PLACEMENT_SYNC_POLICY_VALUE";
+    const DATA_LABEL: &'static str = "PLACEMENT_SYNC_DATA_LABEL";
+    const DATA_VALUE: &'static str = "PLACEMENT_SYNC_DATA_VALUE";
 }
 
 impl ConfigMapArgs {
-    /// The selection, its labels checked so that a typo fails at start, not
-    /// as a watch that never matches.
     fn selection(&self) -> Result<ConfigMapSelection, SyncError> {
-        check_label("--policy-label", &self.policy_label, false)?;
-        check_label("--policy-value", &self.policy_value, true)?;
-        check_label("--data-label", &self.data_label, false)?;
-        check_label("--data-value", &self.data_value, true)?;
-        Ok(ConfigMapSelection::resolve(
-            self.policy_namespace.clone(),
-            self.namespaces.clone(),
-            ConfigMapSelection {
-                enable_policies: self.enable_policies,
-                enable_data: self.enable_data,
-                policy_label: self.policy_label.clone(),
-                policy_value: self.policy_value.clone(),
-                data_label: self.data_label.clone(),
-                data_value: self.data_value.clone(),
-                ..ConfigMapSelection::default()
-            },
-        ))
+        self.selection
+            .selection(self.enable_data)
+            .map_err(SyncError::Config)
     }
 }
 
@@ -874,43 +841,6 @@ fn trimmed_list(items: &[String]) -> BTreeSet<String> {
         .collect()
 }
 
-/// A label name (`[prefix/]name`) or value, checked at start so that a typo
-/// fails here, not as a watch that never matches.
-fn check_label(flag: &str, text: &str, is_value: bool) -> Result<(), SyncError> {
-    let segment_ok = |s: &str| {
-        s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-    };
-    let ok = if is_value {
-        segment_ok(text)
-    } else {
-        match text.split_once('/') {
-            Some((prefix, name)) => {
-                !prefix.is_empty() && !name.is_empty() && segment_ok(prefix) && segment_ok(name)
-            }
-            None => !text.is_empty() && segment_ok(text),
-        }
-    };
-    if ok {
-        Ok(())
-    } else {
-        let what = if is_value {
-            "a label value"
-        } else {
-            "a label name"
-        };
-        Err(SyncError::Config(format!(
-            "{flag} {text:?} is not {what} (letters, digits, '-', '_', '.'{})",
-            if is_value {
-                ""
-            } else {
-                ", one optional 'prefix/'"
-            }
-        )))
-    }
-}
-
 /// Trim slashes; `None` when nothing is left.
 fn normalize_path(path: &str) -> Option<String> {
     let trimmed = path.trim().trim_matches('/');
@@ -1162,17 +1092,5 @@ mod tests {
         assert_eq!(s.leader.unwrap().identity, "pod-a");
         let alone = Settings::from_args(args(&["--remediation=off", "--identity=pod-a"])).unwrap();
         assert!(alone.leader.is_none());
-    }
-
-    #[test]
-    fn label_names_and_values() {
-        assert!(check_label("--policy-label", "openpolicyagent.org/policy", false).is_ok());
-        assert!(check_label("--policy-label", "placement-policy", false).is_ok());
-        assert!(check_label("--policy-label", "", false).is_err());
-        assert!(check_label("--policy-label", "a=b", false).is_err());
-        assert!(check_label("--policy-label", "a b", false).is_err());
-        assert!(check_label("--policy-value", "rego", true).is_ok());
-        assert!(check_label("--policy-value", "", true).is_ok());
-        assert!(check_label("--policy-value", "a/b", true).is_err());
     }
 }

@@ -49,19 +49,13 @@ use replication::{demand, watched};
 /// Build the Kubernetes client: `--kubeconfig` when given, else in-cluster config
 /// or `KUBECONFIG`/`~/.kube/config`.
 async fn kube_client(settings: &Settings) -> Result<kube::Client, SyncError> {
-    let config = match &settings.kubeconfig {
-        Some(path) => {
-            let kubeconfig = kube::config::Kubeconfig::read_from(path)
-                .map_err(|e| SyncError::KubeConfig(format!("{}: {e}", path.display())))?;
-            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-                .await
-                .map_err(|e| SyncError::KubeConfig(e.to_string()))?
-        }
-        None => kube::Config::infer()
-            .await
-            .map_err(|e| SyncError::KubeConfig(e.to_string()))?,
-    };
-    kube::Client::try_from(config).map_err(SyncError::Kube)
+    use policy_client::kube_client::{KubeClientError, client};
+    client(settings.kubeconfig.as_deref())
+        .await
+        .map_err(|e| match e {
+            KubeClientError::Client(e) => SyncError::Kube(e),
+            e => SyncError::KubeConfig(e.to_string()),
+        })
 }
 
 /// Build the OPA client from the settings.

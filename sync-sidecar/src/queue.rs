@@ -1,6 +1,5 @@
-//! A per-key work queue, after the controller pipeline of
-//! `seeds/controller-pipeline-design.txt`: work for one key runs one at a time and
-//! in order, different keys run concurrently, and a failure is retried with
+//! A per-key work queue, as Kubernetes controllers' work queues are: work for
+//! one key runs one at a time and in order, different keys run concurrently, and a failure is retried with
 //! jittered exponential backoff for that key alone, without holding up the others.
 //!
 //! Work is level-triggered: a key is pushed when its object changed, and the
@@ -18,39 +17,13 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
+use policy_client::retry::Backoff;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 /// Backoff between retries of one key.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Backoff {
-    pub min_delay: Duration,
-    pub max_delay: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            min_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(30),
-        }
-    }
-}
-
-impl Backoff {
-    /// An endless iterator of jittered, exponentially growing delays.
-    pub(crate) fn delays(&self) -> impl Iterator<Item = Duration> + Send + use<> {
-        let max = self.max_delay;
-        ExponentialBuilder::default()
-            .with_min_delay(self.min_delay)
-            .with_max_delay(self.max_delay)
-            .with_jitter()
-            .without_max_times()
-            .build()
-            .chain(std::iter::repeat(max))
-    }
-}
+pub(crate) const KEY_BACKOFF: Backoff =
+    Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
 
 struct Slot {
     /// Pushed again since the current run started.
@@ -267,7 +240,7 @@ mod tests {
                 }
             },
             permits(4),
-            Backoff::default(),
+            KEY_BACKOFF,
             CancellationToken::new(),
         );
         queue.push("a".to_owned());
@@ -302,7 +275,7 @@ mod tests {
                 }
             },
             permits(2),
-            Backoff::default(),
+            KEY_BACKOFF,
             CancellationToken::new(),
         );
         queue.push("a".to_owned());
@@ -355,7 +328,7 @@ mod tests {
             "test",
             |_key: String| async { Err::<(), _>("down") },
             permits(1),
-            Backoff::default(),
+            KEY_BACKOFF,
             cancel.clone(),
         );
         queue.push("k".to_owned());
@@ -364,17 +337,5 @@ mod tests {
         cancel.cancel();
         queue.wait_idle().await;
         assert!(queue.is_empty());
-    }
-
-    #[test]
-    fn backoff_grows_and_is_capped() {
-        let b = Backoff {
-            min_delay: Duration::from_millis(10),
-            max_delay: Duration::from_millis(100),
-        };
-        let delays: Vec<Duration> = b.delays().take(50).collect();
-        assert_eq!(delays.len(), 50);
-        assert!(delays.iter().all(|d| *d <= Duration::from_millis(200)));
-        assert!(delays[40] >= Duration::from_millis(100));
     }
 }

@@ -232,7 +232,7 @@ fn stderr(out: &std::process::Output) -> String {
 async fn create_places_and_denies_through_the_api_server() {
     let env = Env::start("create", &[], OpaServer::start(), true).await;
 
-    // The seed's example: EU, PCI >= 2.
+    // The shipped example: EU, PCI >= 2.
     let example =
         std::fs::read_to_string(repo_root().join("examples/replicaset-eu-pci.yaml")).unwrap();
     let out = env.create(&example);
@@ -581,7 +581,7 @@ async fn cluster_registry_drives_placement() {
     );
 }
 
-/// Issue 21, part 1: a decision with errors never removes or replaces a
+/// A decision with errors never removes or replaces a
 /// placement. The example EU/PCI ReplicaSet is placed on the two EU clusters;
 /// both go offline (in the data OPA holds); then
 /// - `kubectl label` is admitted with a warning, and the stored object keeps

@@ -127,6 +127,25 @@ fn replicaset(plane: &ControlPlane, ns: &str, name: &str) {
     );
 }
 
+/// The bed of the guard's tests: a runtime for their async parts, a control
+/// plane of the test's own, a namespace `prefix-...` for its workloads, the
+/// Clusters `clusters` running and the placement policy loaded.
+fn guarded_bed(prefix: &str, clusters: &[&str]) -> (tokio::runtime::Runtime, ControlPlane, String) {
+    placement_tests::install_crypto();
+    let runtime = placement_tests::current_thread_runtime();
+    let plane = ControlPlane::start();
+    let ns = unique_name(prefix);
+    plane.create_namespace(&ns);
+    for name in clusters {
+        cluster(&plane, name, "running");
+    }
+    policy(
+        &plane,
+        &[("decision.rego", DECISION), ("rules.rego", RULES)],
+    );
+    (runtime, plane, ns)
+}
+
 fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &SidecarProcess) {
     let want = Some(clusters.iter().map(|c| (*c).to_owned()).collect::<Vec<_>>());
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -151,7 +170,7 @@ fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &S
     }
 }
 
-/// Issue 21, part 2. A Cluster going offline re-places every workload at
+/// A Cluster going offline re-places every workload at
 /// once, however many it moves (failover needs no one); a policy edit that
 /// moves them all is held. Its confirmation names the change, not the
 /// workloads: ReplicaSets deleted and created during the hold leave the id as
@@ -160,21 +179,8 @@ fn wait_placed_on(plane: &ControlPlane, ns: &str, clusters: &[&str], sidecar: &S
 /// through, once.
 #[test]
 fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("blast", &["a", "b"]);
     let opa = OpaServer::start();
-    let ns = unique_name("blast");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "running");
-    cluster(&plane, "b", "running");
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     // A tenant's labelled policy ConfigMap in a namespace of its own, which
     // the sidecar loads as kube-mgmt would (and may write the status of).
     let tenant = unique_name("tenant");
@@ -389,29 +395,15 @@ fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
     );
 }
 
-/// Issue 21, part 2: three of four clusters turning unhealthy together looks
+/// Three of four clusters turning unhealthy together looks
 /// like the control plane cut off from them, not an outage: held like an
 /// edit, until they come back (or someone confirms). The same clusters going
 /// one after another, further apart than the window, are outages: each is
 /// re-placed at once.
 #[test]
 fn clusters_turning_unhealthy_together_are_held_as_a_partition() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("partition", &["a", "b", "c", "d"]);
     let opa = OpaServer::start();
-    let ns = unique_name("partition");
-    plane.create_namespace(&ns);
-    for name in ["a", "b", "c", "d"] {
-        cluster(&plane, name, "running");
-    }
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     for n in 0..12 {
         replicaset(&plane, &ns, &format!("rs-{n}"));
     }
@@ -604,27 +596,14 @@ fn queries_never_see_half_a_policy_set() {
     assert!(seen.is_empty(), "answers from half a policy set: {seen:?}");
 }
 
-/// Issue 21, part 3: after a key rotation the remediator signs every record
+/// After a key rotation the remediator signs every record
 /// again with the new key. That changes no annotation the policy owns, so it
 /// is no placement change for the guard: a pass over all 12 placed workloads
 /// re-signs them all, held by nothing.
 #[test]
 fn re_signing_records_after_a_key_rotation_is_not_held() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("rotation", &["a", "b"]);
     let opa = OpaServer::start();
-    let ns = unique_name("rotation");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "running");
-    cluster(&plane, "b", "running");
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     let old_key = policy_client::OwnershipKeys::generate_text().unwrap();
     let new_key = policy_client::OwnershipKeys::generate_text().unwrap();
     let keys_secret = |text: &str| {
@@ -725,7 +704,7 @@ fn policy_status(plane: &ControlPlane) -> String {
     )
 }
 
-/// Issue 21, part 4: the policy set survives what users do. Removing the
+/// The policy set survives what users do. Removing the
 /// decision module while its rules stay, and removing one of the two files of
 /// a package, are refused whole (the ConfigMap's status says why, and the
 /// last good set answers); and a sidecar restarted beside a fresh OPA while
@@ -734,10 +713,7 @@ fn policy_status(plane: &ControlPlane) -> String {
 #[test]
 fn the_policy_set_survives_what_users_do() {
     placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = placement_tests::current_thread_runtime();
     let plane = ControlPlane::start();
     let mut opa = OpaServer::start();
     cluster(&plane, "a", "running");
@@ -846,28 +822,15 @@ fn the_policy_set_survives_what_users_do() {
     assert!(policy_status(&plane).contains("\"error\""));
 }
 
-/// Issue 21, part 2: a failover during an outage needs no one either. The
+/// A failover during an outage needs no one either. The
 /// remediation leader dies (SIGKILL, its Lease runs out) as a Cluster goes
 /// offline; the standby takes over and re-places all 12 workloads,
 /// unconfirmed: the revision the dead leader recorded on the Lease is the
 /// revision now, so only health changed.
 #[test]
 fn a_new_leader_re_places_an_outage_unconfirmed() {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let plane = ControlPlane::start();
+    let (runtime, plane, ns) = guarded_bed("failover", &["a", "b"]);
     let (opa, standby_opa) = (OpaServer::start(), OpaServer::start());
-    let ns = unique_name("failover");
-    plane.create_namespace(&ns);
-    cluster(&plane, "a", "running");
-    cluster(&plane, "b", "running");
-    policy(
-        &plane,
-        &[("decision.rego", DECISION), ("rules.rego", RULES)],
-    );
     for n in 0..12 {
         replicaset(&plane, &ns, &format!("rs-{n}"));
     }

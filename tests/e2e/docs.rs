@@ -247,8 +247,8 @@ fn slugs_are_githubs() {
         "opa-restarts-and-readyz"
     );
     assert_eq!(
-        slug("The seed's configuration file"),
-        "the-seeds-configuration-file"
+        slug("The webhook's configuration file"),
+        "the-webhooks-configuration-file"
     );
     let twice = anchors("# A\n## Run\n```sh\n# Run\n```\n## Run\n");
     assert_eq!(
@@ -588,8 +588,14 @@ fn written_flags(text: &str) -> BTreeSet<String> {
 #[test]
 fn every_flag_written_is_declared() {
     let root = placement_tests::repo_root();
-    let webhook = declared_flags(&root.join("webhook/src"));
-    let sync = declared_flags(&root.join("sync-sidecar/src"));
+    // The ConfigMap selection flags of both are declared once, in policy-client.
+    let shared = declared_flags(&root.join("policy-client/src/configmaps"));
+    let webhook: BTreeSet<String> = &declared_flags(&root.join("webhook/src")) | &shared;
+    let sync: BTreeSet<String> = &declared_flags(&root.join("sync-sidecar/src")) | &shared;
+    assert!(
+        shared.contains("--policy-label"),
+        "--policy-label not found in policy-client/src/configmaps: {shared:?}"
+    );
     // The parser finds flags declared every way (plain, `long = "..."`,
     // alias, in a flattened struct of another file).
     for flag in [

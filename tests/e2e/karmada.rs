@@ -7,7 +7,6 @@
 //! `--skip karmada_` and says so; run anyway, the tests fail and say why.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use placement_tests::karmada::{MEMBERS, MemberKind, PCI_LABEL, WORKLOAD_IMAGE, cluster_ready};
@@ -17,12 +16,8 @@ use placement_tests::{
 };
 use serde_json::{Value, json};
 
-/// One test at a time: they share one federation, and one stops a member.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
+// One test at a time: they share one federation, and one stops a member.
+use placement_tests::serial;
 
 /// [`wait_for`], failing with `context()` (the state of the bed) added.
 fn wait_or_explain<T>(
@@ -543,7 +538,7 @@ fn split(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
     pairs.iter().map(|(n, r)| ((*n).to_owned(), *r)).collect()
 }
 
-/// The first scenario: a Deployment of 6 replicas with EU
+/// The first scenario of scheduling by policy: a Deployment of 6 replicas with EU
 /// jurisdiction and PCI 2, handed to placement-policy, gets Works only for
 /// the two EU members, 3 + 3 by the policy's even weights, read back from
 /// each member's own API server; the binding is `Scheduled=True` for its

@@ -28,7 +28,6 @@
 //! `scripts/test` leaves them out, saying so, where it is absent.
 
 use std::path::PathBuf;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
@@ -37,25 +36,15 @@ use placement_tests::{
     ControlPlane, Identity, OpaServer, Process, free_port, project_bin, repo_root, scratch_dir,
 };
 
-/// One scenario at a time: each has a control plane, and all use `default`.
-static SERIAL: Mutex<()> = Mutex::new(());
-
 /// The chart's release namespace in kube-mgmt's suite.
 const RELEASE_NAMESPACE: &str = "default";
 
 /// How long a hurl file or a chainsaw assertion may take to pass.
 const PATIENCE: Duration = Duration::from_secs(30);
 
-fn run(test: impl std::future::Future<Output = ()>) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    placement_tests::install_crypto();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(test);
-}
+// One scenario at a time, each on its own runtime: each has a control
+// plane, and all use `default`.
+use placement_tests::run_serially as run;
 
 /// The sidecar under test.
 #[derive(Debug, Clone)]
@@ -488,14 +477,8 @@ const STATUS: &str = "openpolicyagent.org/kube-mgmt-status";
 const RETRIES: &str = "openpolicyagent.org/kube-mgmt-retries";
 const OK: &str = r#"{"status":"ok"}"#;
 
-/// kube-mgmt's `default` scenario.
-async fn default_scenario(contender: Contender) {
-    let bed = Bed::start(&contender, Values::default()).await;
-    initial_state_is_empty(&bed).await;
-    bed.apply("fixture.yaml");
-    policy_is_loaded(&bed).await;
-    data_is_loaded(&bed).await;
-    // configmap status annotations are ok
+/// Every policy and data ConfigMap's status annotation is ok.
+async fn statuses_are_ok(bed: &Bed) {
     bed.assert_configmaps(
         "policy status",
         "-l=openpolicyagent.org/policy=rego",
@@ -508,6 +491,17 @@ async fn default_scenario(contender: Contender) {
         &[(STATUS, OK)],
     )
     .await;
+}
+
+/// kube-mgmt's `default` scenario.
+async fn default_scenario(contender: Contender) {
+    let bed = Bed::start(&contender, Values::default()).await;
+    initial_state_is_empty(&bed).await;
+    bed.apply("fixture.yaml");
+    policy_is_loaded(&bed).await;
+    data_is_loaded(&bed).await;
+    // configmap status annotations are ok
+    statuses_are_ok(&bed).await;
     bed.delete("fixture.yaml");
 }
 
@@ -523,18 +517,7 @@ async fn custom_mgmt_token_scenario(contender: Contender) {
     bed.apply("fixture.yaml");
     policy_is_loaded(&bed).await;
     data_is_loaded(&bed).await;
-    bed.assert_configmaps(
-        "policy status",
-        "-l=openpolicyagent.org/policy=rego",
-        &[(STATUS, OK)],
-    )
-    .await;
-    bed.assert_configmaps(
-        "data status",
-        "-l=openpolicyagent.org/data=opa",
-        &[(STATUS, OK)],
-    )
-    .await;
+    statuses_are_ok(&bed).await;
     bed.delete("fixture.yaml");
 }
 

@@ -710,7 +710,7 @@ fn an_offline_cluster_is_left_and_its_workloads_keep_working() {
     set_phase(cluster, "gce-europe-west2", "running");
 }
 
-/// Issue 21, part 2: failover needs no one. With the chart's defaults (the
+/// Failover needs no one. With the chart's defaults (the
 /// guard holds changes beyond half of the placed workloads, and beyond 10),
 /// a Cluster going offline re-places all 12 workloads placed on it at once,
 /// and its return brings them back. A policy edit that moves all of them is
@@ -1179,22 +1179,7 @@ fn helm_upgrade_denies_nothing_and_uninstall_leaves_nothing() {
         ownership_keys(cluster).as_deref(),
         Some(keys_before.as_str())
     );
-    let out = cluster.kubectl(&[
-        "label",
-        "rs",
-        "asked",
-        "-n",
-        &ns,
-        "touched=yes",
-        "-o",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let updated = placement_tests::kubectl::touch_replicaset(&cluster.kubeconfig(), &ns, "asked");
     assert_eq!(
         requested_in_record(&updated, &keys_before).as_deref(),
         Some(requested),

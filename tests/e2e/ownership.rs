@@ -122,22 +122,11 @@ fn a_forged_record_is_not_honoured_and_a_copy_is_placed() {
     assert_eq!(copied["metadata"]["annotations"][SAW], "none");
     // An UPDATE of the original still sees the developer's own request ("us"),
     // restored from its genuine record.
-    let out = plane.kubectl(&[
-        "label",
-        "rs",
-        "original",
-        "-n",
+    let updated = placement_tests::kubectl::touch_replicaset(
+        &plane.kubeconfig(Identity::Admin),
         &ns,
-        "touched=yes",
-        "-o",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "original",
     );
-    let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
     let record = updated["metadata"]["annotations"][OWNED].as_str().unwrap();
     assert!(record.contains("\"requested\":\"us\""), "{record}");
 }
@@ -178,7 +167,7 @@ fn set_secret_keys(plane: &ControlPlane, text: Option<&str>) {
     );
 }
 
-/// Issue 21, part 3: the ownership keys outlive what users do to their
+/// The ownership keys outlive what users do to their
 /// Secret. A running webhook puts its key back when the Secret is deleted,
 /// or recreated empty, so records keep verifying; a webhook that starts while
 /// the keys cannot be loaded listens at once and fails closed, and places
@@ -274,22 +263,11 @@ fn the_ownership_keys_outlive_their_secret() {
             out.status.success().then_some(())
         },
     );
-    let out = plane.kubectl(&[
-        "label",
-        "rs",
-        "original",
-        "-n",
+    let updated = placement_tests::kubectl::touch_replicaset(
+        &plane.kubeconfig(Identity::Admin),
         &ns,
-        "touched=yes",
-        "-o",
-        "json",
-    ]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        "original",
     );
-    let updated: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(
         verifies(&updated, &key).as_deref(),
         Some("us"),

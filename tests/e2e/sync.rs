@@ -24,20 +24,8 @@ const OWNED: &str = "placement-policy.io/policy-owned";
 const STATUS: &str = "placement-policy.io/policy-status";
 const CLUSTERS: &str = "placement-policy.io/v1alpha1/clusters";
 
-/// One test at a time: each starts a control plane.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// Run one test body on its own runtime, after the previous test finished.
-fn run(test: impl std::future::Future<Output = ()>) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    placement_tests::install_crypto();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-        .block_on(test);
-}
+// One test at a time, each on its own runtime: each starts a control plane.
+use placement_tests::run_serially as run;
 
 // ---------------------------------------------------------------------------
 // The sidecar process
@@ -173,6 +161,17 @@ fn two_running_clusters(prefix: &str) -> (ControlPlane, OpaServer, String) {
         &[("placement.rego", &placement_policy(&["running"]))],
     );
     (plane, opa, ns)
+}
+
+/// A sidecar replicating the Clusters and keeping ReplicaSets placed as
+/// `extra` says (`--remediation=...` and more), once it is ready.
+async fn remediator(plane: &ControlPlane, opa: &OpaServer, extra: &[&str]) -> Sidecar {
+    let clusters = format!("--replicate-cluster={CLUSTERS}");
+    let mut args = vec![clusters.as_str(), "--remediate=apps/v1/replicasets"];
+    args.extend_from_slice(extra);
+    let sidecar = Sidecar::start(plane, opa, &args);
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    sidecar
 }
 
 /// Test placement policy: the allowed clusters are those whose phase is in
@@ -903,17 +902,12 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
         &replicaset(&ns, "requested", &[(PREFS, developer_request)]),
     );
 
-    let sidecar = Sidecar::start(
+    let sidecar = remediator(
         &plane,
         &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-            "--remediation-rate=50",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+        &["--remediation=auto", "--remediation-rate=50"],
+    )
+    .await;
     let ctx = || sidecar.log_tail();
     let rs = |name: &str| get_json(&plane, &["replicaset", "-n", &ns, name]);
     let placed = |name: &'static str, want: &'static [&'static str]| {
@@ -1014,16 +1008,7 @@ async fn remediation_keeps_workloads_placed_and_report_mode_only_reports_body() 
     sidecar.stop();
 
     // Report mode: nothing is patched, an Event names each stale object.
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=report",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let sidecar = remediator(&plane, &opa, &["--remediation=report"]).await;
     let ctx = || sidecar.log_tail();
     let free_before = rs("free");
     let requested_before = rs("requested");
@@ -1113,17 +1098,12 @@ async fn status_churn_of_a_type_no_policy_reads_triggers_no_remediation_body() {
     // (it reads no replicated data) instead of assuming it reads everything.
     let (plane, opa, ns) = two_running_clusters("sync-churn");
     apply(&plane, &replicaset(&ns, "web", &[]));
-    let sidecar = Sidecar::start(
+    let sidecar = remediator(
         &plane,
         &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--replicate=apps/v1/replicasets",
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+        &["--replicate=apps/v1/replicasets", "--remediation=auto"],
+    )
+    .await;
     let ctx = || sidecar.log_tail();
     let rs = || get_json(&plane, &["replicaset", "-n", &ns, "web"]);
     eventually(
@@ -1394,16 +1374,7 @@ async fn a_failing_workload_is_retried_alone_body() {
         apply(&plane, &replicaset(&ns, name, &[]));
     }
     apply(&plane, &replicaset(&ns, "broken", &[]));
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let sidecar = remediator(&plane, &opa, &["--remediation=auto"]).await;
     let ctx = || sidecar.log_tail();
     for name in &names {
         eventually("placed on a", Duration::from_secs(30), ctx, || async {
@@ -1455,19 +1426,17 @@ async fn only_the_types_the_policies_read_are_written_body() {
     apply(&plane, &replicaset(&ns, "web", &[]));
     plane.kubectl_ok(&["label", "replicaset", "web", "-n", &ns, "tier=web"]);
     apply(&plane, &replicaset(&ns, "batch", &[]));
-    let sidecar = Sidecar::start(
+    let sidecar = remediator(
         &plane,
         &opa,
         &[
-            &format!("--replicate-cluster={CLUSTERS}"),
             "--replicate=apps/v1/replicasets",
             "--replicate-only-read-types",
             "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
             "--scope-object-selector=tier in (web, api)",
         ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    )
+    .await;
     let ctx = || sidecar.log_tail();
     let client = opa_client(&opa);
     eventually(
@@ -1561,9 +1530,9 @@ async fn only_the_types_the_policies_read_are_written_body() {
     );
 }
 
-/// Issue 21, part 1, in the remediator: a decision with errors never removes
+/// In the remediator, a decision with errors never removes
 /// or replaces a placement, also when the policy gives annotations beside its
-/// errors (the seed's conflict: a requested cluster is no longer allowed, the
+/// errors (a request in conflict with the policy: a requested cluster is no longer allowed, the
 /// rest of the request still is). The workload whose developer asked for the
 /// cluster that went offline keeps its placement and gets a Warning Event
 /// naming the error; the one the policy placed by itself is re-placed.
@@ -1579,7 +1548,7 @@ async fn a_conflict_keeps_the_placement_and_tells_the_developer_body() {
     plane.create_namespace(&ns);
     cluster(&plane, "a", "europe-west1", "running");
     cluster(&plane, "b", "europe-west2", "running");
-    // The seed's conflict rule: a requested cluster that is not allowed is an
+    // The conflict rule: a requested cluster that is not allowed is an
     // error, and the decision still carries the allowed part of the request.
     let policy = placement_policy(&["running"]).replace(
         "errors := []",
@@ -1599,16 +1568,7 @@ async fn a_conflict_keeps_the_placement_and_tells_the_developer_body() {
             &[(PREFS, r#"{"clusters":{"a":{"weight":5},"b":{"weight":1}}}"#)],
         ),
     );
-    let sidecar = Sidecar::start(
-        &plane,
-        &opa,
-        &[
-            &format!("--replicate-cluster={CLUSTERS}"),
-            "--remediation=auto",
-            "--remediate=apps/v1/replicasets",
-        ],
-    );
-    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let sidecar = remediator(&plane, &opa, &["--remediation=auto"]).await;
     let ctx = || sidecar.log_tail();
     let rs = |name: &str| get_json(&plane, &["replicaset", "-n", &ns, name]);
     for name in ["free", "requested"] {

@@ -204,19 +204,7 @@ impl Cluster {
     /// namespaces). Started on first use; it ends with the test process.
     pub fn shared() -> &'static Cluster {
         static SHARED: OnceLock<Result<Cluster, String>> = OnceLock::new();
-        let started = SHARED.get_or_init(|| {
-            std::panic::catch_unwind(Cluster::start).map_err(|panic| {
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "unknown panic".to_owned())
-            })
-        });
-        match started {
-            Ok(cluster) => cluster,
-            Err(message) => panic!("the shared cluster did not start: {message}"),
-        }
+        crate::shared(&SHARED, "cluster", Cluster::start)
     }
 
     /// Start a cluster and wait until its node is Ready and its controllers work.

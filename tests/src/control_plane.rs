@@ -9,15 +9,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
-
 use crate::process::{Process, free_port, port_open, wait_for};
 use crate::{peer, scratch_dir};
 
 /// Namespace the project's components run in (see `deploy/`).
 pub const SYSTEM_NAMESPACE: &str = "placement-system";
-/// Namespace whose ConfigMaps are policies.
-pub const POLICY_NAMESPACE: &str = "kube-federation-scheduling-policy";
+/// Namespace whose ConfigMaps are policies: the components' default.
+pub const POLICY_NAMESPACE: &str = policy_client::configmaps::DEFAULT_POLICY_NAMESPACE;
 
 /// Who talks to the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,22 +76,8 @@ impl ControlPlane {
     /// own namespaces). Started on first use; its processes end with the test
     /// process.
     pub fn shared() -> &'static ControlPlane {
-        // A failed start is remembered, so the other tests fail at once instead
-        // of each starting (and failing) a control plane of its own.
         static SHARED: OnceLock<Result<ControlPlane, String>> = OnceLock::new();
-        let started = SHARED.get_or_init(|| {
-            std::panic::catch_unwind(ControlPlane::start).map_err(|panic| {
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "unknown panic".to_owned())
-            })
-        });
-        match started {
-            Ok(plane) => plane,
-            Err(message) => panic!("the shared control plane did not start: {message}"),
-        }
+        crate::shared(&SHARED, "control plane", ControlPlane::start)
     }
 
     /// A control plane of one's own (for tests that restart the API server).
@@ -484,11 +468,9 @@ impl ControlPlane {
 /// A kube client from a kubeconfig file (bound to the calling runtime).
 pub async fn kube_client(kubeconfig: &Path) -> kube::Client {
     crate::install_crypto();
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    policy_client::kube_client::client(Some(kubeconfig))
         .await
-        .expect("kubeconfig");
-    kube::Client::try_from(config).expect("kube client")
+        .expect("kube client")
 }
 
 /// The static token of an identity in this test bed.

@@ -28,6 +28,30 @@ pub fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// An UPDATE as a user makes one: `kubectl label` the ReplicaSet `name` in
+/// `namespace` with `touched=yes`, which must succeed; the object as stored.
+pub fn touch_replicaset(kubeconfig: &Path, namespace: &str, name: &str) -> serde_json::Value {
+    let out = kubectl(
+        kubeconfig,
+        &[
+            "label",
+            "rs",
+            name,
+            "-n",
+            namespace,
+            "touched=yes",
+            "-o",
+            "json",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("kubectl -o json")
+}
+
 /// Run kubectl with `kubeconfig`, feeding `stdin`.
 pub fn kubectl_stdin(kubeconfig: &Path, args: &[&str], stdin: &str) -> Output {
     use std::io::Write;

@@ -43,6 +43,59 @@ pub fn repo_root() -> PathBuf {
         .to_owned()
 }
 
+/// The one instance of `T` shared by the tests of a test binary (each test
+/// uses its own namespaces): started by `start` on first use, ending with the
+/// test process. A failed start is remembered, so the other tests fail at
+/// once (naming `what`) instead of each starting (and failing) one of its own.
+pub fn shared<T: Sync>(
+    cell: &'static OnceLock<Result<T, String>>,
+    what: &str,
+    start: fn() -> T,
+) -> &'static T {
+    let started = cell.get_or_init(|| {
+        std::panic::catch_unwind(start).map_err(|panic| {
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "unknown panic".to_owned())
+        })
+    });
+    match started {
+        Ok(shared) => shared,
+        Err(message) => panic!("the shared {what} did not start: {message}"),
+    }
+}
+
+/// One test at a time in this test binary, for tests that each start (or
+/// stop) a part of the bed others would otherwise share or compete for: held
+/// while the guard lives; a failed test does not poison it.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Run one test body on a runtime of its own (two worker threads), after
+/// the previous such test of this binary finished ([`serial`]).
+pub fn run_serially(test: impl std::future::Future<Output = ()>) {
+    let _serial = serial();
+    install_crypto();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(test);
+}
+
+/// A runtime on the calling thread, for the async parts of a synchronous test.
+pub fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// Folder holding `etcd`, `kube-apiserver` and `opa`.
 pub fn assets() -> &'static Path {
     static ASSETS: OnceLock<PathBuf> = OnceLock::new();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use policy_client::configmaps::{ConfigMapFlags, ConfigMapFlagsEnv};
 use policy_client::{DEFAULT_DECISION_PATH, Embedded, Opa, OpaConfig, PolicyEngine, Token, Url};
 use serde::Deserialize;
 
@@ -31,6 +32,8 @@ pub enum ConfigError {
     Engine(#[from] policy_client::EngineError),
     #[error("{0}")]
     Limits(String),
+    #[error("{0}")]
+    Flag(String),
 }
 
 #[derive(Debug, Parser)]
@@ -76,7 +79,7 @@ pub(crate) struct EngineArgs {
     /// PEM CA to trust for an https OPA.
     #[arg(long, env = "PLACEMENT_OPA_CA_FILE")]
     pub(crate) opa_ca_file: Option<PathBuf>,
-    /// Seed-format config file: {"EnforceSchedulingPolicy": {"url": ..., "token": ...}}.
+    /// Admission config file: {"EnforceSchedulingPolicy": {"url": ..., "token": ...}}.
     /// Flags take precedence over it.
     #[arg(long, env = "PLACEMENT_CONFIG")]
     pub(crate) config: Option<PathBuf>,
@@ -309,61 +312,35 @@ pub struct CertsArgs {
 }
 
 /// Which ConfigMaps are policies (fail closed iff one exists): the same flags,
-/// with the same meaning, as placement-sync's (and kube-mgmt's).
-#[derive(Debug, Clone, Args)]
-pub(crate) struct PolicySelectionArgs {
-    /// Namespace whose ConfigMaps are all policies (unless labelled as data)
-    /// [default: kube-federation-scheduling-policy, unless --namespaces is given].
-    #[arg(long, env = "PLACEMENT_POLICY_NAMESPACE")]
-    pub(crate) policy_namespace: Option<String>,
-    /// Namespaces of labelled policy ConfigMaps, as kube-mgmt discovers them
-    /// (comma-separated; `*` for all).
-    #[arg(long, env = "PLACEMENT_NAMESPACES", value_delimiter = ',')]
-    pub(crate) namespaces: Vec<String>,
-    /// Whether ConfigMaps are policies at all.
-    #[arg(long, env = "PLACEMENT_ENABLE_POLICIES", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub(crate) enable_policies: bool,
-    /// Label name of policy ConfigMaps in --namespaces.
-    #[arg(long, env = "PLACEMENT_POLICY_LABEL", default_value = policy_client::configmaps::DEFAULT_POLICY_LABEL)]
-    pub(crate) policy_label: String,
-    /// Label value of policy ConfigMaps.
-    #[arg(long, env = "PLACEMENT_POLICY_VALUE", default_value = policy_client::configmaps::DEFAULT_POLICY_VALUE)]
-    pub(crate) policy_value: String,
-    /// Label name of data ConfigMaps (never policies).
-    #[arg(long, env = "PLACEMENT_DATA_LABEL", default_value = policy_client::configmaps::DEFAULT_DATA_LABEL)]
-    pub(crate) data_label: String,
-    /// Label value of data ConfigMaps.
-    #[arg(long, env = "PLACEMENT_DATA_VALUE", default_value = policy_client::configmaps::DEFAULT_DATA_VALUE)]
-    pub(crate) data_value: String,
+/// with the same meaning, as placement-sync's (and kube-mgmt's), read from
+/// the webhook's environment variables.
+pub(crate) type PolicySelectionArgs = ConfigMapFlags<WebhookEnv>;
+
+/// The webhook's environment variables of the ConfigMap selection flags.
+#[derive(Debug, Clone)]
+pub(crate) struct WebhookEnv;
+
+impl ConfigMapFlagsEnv for WebhookEnv {
+    const POLICY_NAMESPACE: &'static str = "PLACEMENT_POLICY_NAMESPACE";
+    const NAMESPACES: &'static str = "PLACEMENT_NAMESPACES";
+    const ENABLE_POLICIES: &'static str = "PLACEMENT_ENABLE_POLICIES";
+    const POLICY_LABEL: &'static str = "PLACEMENT_POLICY_LABEL";
+    const POLICY_VALUE: &'static str = "PLACEMENT_POLICY_VALUE";
+    const DATA_LABEL: &'static str = "PLACEMENT_DATA_LABEL";
+    const DATA_VALUE: &'static str = "PLACEMENT_DATA_VALUE";
 }
 
-impl PolicySelectionArgs {
-    pub(crate) fn selection(&self) -> policy_client::configmaps::ConfigMapSelection {
-        use policy_client::configmaps::ConfigMapSelection;
-        ConfigMapSelection::resolve(
-            self.policy_namespace.clone(),
-            self.namespaces.clone(),
-            ConfigMapSelection {
-                enable_policies: self.enable_policies,
-                policy_label: self.policy_label.clone(),
-                policy_value: self.policy_value.clone(),
-                data_label: self.data_label.clone(),
-                data_value: self.data_value.clone(),
-                ..ConfigMapSelection::default()
-            },
-        )
-    }
-}
-
-/// The seed's admission config file.
+/// The admission config file (`--config`):
+/// `{"EnforceSchedulingPolicy": {"url": ..., "token": ...}}`.
 #[derive(Debug, Deserialize)]
-struct SeedConfig {
+struct AdmissionConfigFile {
     #[serde(rename = "EnforceSchedulingPolicy")]
-    enforce: SeedEnforce,
+    enforce: EnforceSchedulingPolicy,
 }
 
+/// The file's one section: where the policy engine is and its token.
 #[derive(Debug, Deserialize)]
-struct SeedEnforce {
+struct EnforceSchedulingPolicy {
     url: Option<String>,
     token: Option<String>,
 }
@@ -384,15 +361,15 @@ pub(crate) enum EngineKind {
 
 impl EngineArgs {
     pub(crate) fn resolve(&self) -> Result<ResolvedEngine, ConfigError> {
-        let seed = match &self.config {
-            Some(path) => Some(read_seed_config(path)?),
+        let file = match &self.config {
+            Some(path) => Some(read_admission_config_file(path)?),
             None => None,
         };
-        let (seed_url, seed_token) = match seed {
-            Some(SeedConfig { enforce }) => (enforce.url, enforce.token),
+        let (file_url, file_token) = match file {
+            Some(AdmissionConfigFile { enforce }) => (enforce.url, enforce.token),
             None => (None, None),
         };
-        let url = self.opa_url.clone().or(seed_url);
+        let url = self.opa_url.clone().or(file_url);
         let Some(url) = url else {
             let engine = Embedded::from_dir(&self.policy_dir)
                 .map_err(|e| ConfigError::Policies {
@@ -416,7 +393,7 @@ impl EngineArgs {
         let (base, url_decision) = split_decision_url(&url)?;
         let token = match &self.opa_token_file {
             Some(path) => Some(read_token(path)?),
-            None => seed_token.map(Token::new),
+            None => file_token.map(Token::new),
         };
         let mut config = OpaConfig::new(base.clone());
         config.token = token;
@@ -443,7 +420,7 @@ impl EngineArgs {
     }
 }
 
-fn read_seed_config(path: &Path) -> Result<SeedConfig, ConfigError> {
+fn read_admission_config_file(path: &Path) -> Result<AdmissionConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         what: "config file",
         path: path.to_owned(),
@@ -467,7 +444,7 @@ fn read_token(path: &Path) -> Result<Token, ConfigError> {
     Ok(Token::new(text))
 }
 
-/// The seed's `url` names the decision itself
+/// The admission config file's `url` names the decision itself
 /// (`https://opa:8181/v1/data/io/k8s/federation/annotations`); split it into the
 /// base URL and the decision path.
 pub(crate) fn split_decision_url(url: &str) -> Result<(Url, Option<String>), ConfigError> {
@@ -500,7 +477,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn seed_url_splits_into_base_and_decision() {
+    fn a_decision_url_splits_into_base_and_decision() {
         let (base, decision) = split_decision_url(
             "https://opa.federation.svc.cluster.local:8181/v1/data/io/k8s/federation/annotations",
         )
@@ -541,7 +518,7 @@ mod tests {
     }
 
     #[test]
-    fn seed_config_file_is_read_and_flags_win() {
+    fn the_admission_config_file_is_read_and_flags_win() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("admission.json");
         std::fs::write(

@@ -4,7 +4,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Api, Client, Config};
 use placement_endpoint::{ConnectionLimits, connection_cap};
 use policy_client::ownership_keys::KeyError;
@@ -63,24 +63,19 @@ pub enum RunError {
 /// Build a Kubernetes client. `explicit` wins; otherwise the usual inference
 /// (in-cluster, then `$KUBECONFIG` / `~/.kube/config`) when `infer` is set.
 async fn kube_client(explicit: Option<&Path>, infer: bool) -> Result<Option<Client>, RunError> {
+    use policy_client::kube_client::{KubeClientError, config};
     let config = match explicit {
-        Some(path) => {
-            let kubeconfig = Kubeconfig::read_from(path)
-                .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?;
-            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .map_err(|e| RunError::Kube(format!("{}: {e}", path.display())))?
-        }
-        None if infer => match Config::infer().await {
+        None if !infer => match Config::incluster() {
             Ok(config) => config,
-            Err(e) => {
+            Err(_) => return Ok(None),
+        },
+        explicit => match config(explicit).await {
+            Ok(config) => config,
+            Err(KubeClientError::Infer(e)) => {
                 tracing::info!(error = %e, "no Kubernetes API configuration found");
                 return Ok(None);
             }
-        },
-        None => match Config::incluster() {
-            Ok(config) => config,
-            Err(_) => return Ok(None),
+            Err(e) => return Err(RunError::Kube(e.to_string())),
         },
     };
     Client::try_from(config)
@@ -208,6 +203,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         },
     );
     let settings = serve_settings(&args, &memory)?;
+    let policy_configmaps = args.policies.selection(true).map_err(ConfigError::Flag)?;
     let resolved = args.engine.resolve()?;
     if matches!(resolved.kind, EngineKind::Embedded { .. }) {
         let limit = u64::try_from(memory.engine_memory_limit).unwrap_or(u64::MAX);
@@ -226,7 +222,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
             format!("{modules} Rego module(s) in {}", dir.display()),
         ),
         (EngineKind::Opa { .. }, Some(client)) => {
-            PolicyPresence::watch_config_maps(client.clone(), args.policies.selection())
+            PolicyPresence::watch_config_maps(client.clone(), policy_configmaps)
         }
         (EngineKind::Opa { .. }, None) => {
             tracing::warn!(
@@ -498,13 +494,16 @@ pub(crate) fn wrap_manifest(object: &Value, index: usize) -> Value {
         .and_then(|m| m.get("name"))
         .and_then(Value::as_str)
         .unwrap_or_default();
+    // The resource as kube names a kind's (its lower-case plural, with the
+    // irregular ones of the built-in types); no API server to ask offline.
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind)).plural;
     json!({
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
             "uid": format!("offline-review-{index}"),
             "kind": {"group": group, "version": version, "kind": kind},
-            "resource": {"group": group, "version": version, "resource": plural(kind)},
+            "resource": {"group": group, "version": version, "resource": resource},
             "namespace": namespace,
             "name": name,
             "operation": "CREATE",
@@ -513,21 +512,6 @@ pub(crate) fn wrap_manifest(object: &Value, index: usize) -> Value {
             "dryRun": true,
         }
     })
-}
-
-/// The usual lower-case plural of a kind (ReplicaSet -> replicasets).
-fn plural(kind: &str) -> String {
-    let lower = kind.to_ascii_lowercase();
-    if lower.ends_with('s') || lower.ends_with('x') {
-        format!("{lower}es")
-    } else if let Some(stem) = lower
-        .strip_suffix('y')
-        .filter(|s| !s.ends_with(['a', 'e', 'o', 'u']))
-    {
-        format!("{stem}ies")
-    } else {
-        format!("{lower}s")
-    }
 }
 
 /// `placement-webhook certs`.
@@ -552,11 +536,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn plurals() {
-        assert_eq!(plural("ReplicaSet"), "replicasets");
-        assert_eq!(plural("Policy"), "policies");
-        assert_eq!(plural("Gateway"), "gateways");
-        assert_eq!(plural("Ingress"), "ingresses");
+    fn a_manifest_names_its_resource_by_the_kinds_plural() {
+        let resource = |kind: &str| {
+            wrap_manifest(&json!({"apiVersion": "x.io/v1", "kind": kind}), 0)["request"]["resource"]
+                ["resource"]
+                .clone()
+        };
+        assert_eq!(resource("ReplicaSet"), "replicasets");
+        assert_eq!(resource("Policy"), "policies");
+        assert_eq!(resource("Gateway"), "gateways");
+        assert_eq!(resource("Ingress"), "ingresses");
+        assert_eq!(resource("Endpoints"), "endpoints");
     }
 
     #[test]

@@ -50,7 +50,7 @@ use crate::engine_sync::SyncState;
 use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
-use crate::queue::{Backoff, KeyedQueue};
+use crate::queue::{KEY_BACKOFF, KeyedQueue};
 use crate::replication::demand::Demand;
 use data::DataSet;
 use last_good::LastGood;
@@ -127,26 +127,26 @@ struct ConfigMapLoader {
     /// The revision kept there (as last read or written).
     kept_revision: Mutex<Option<String>>,
     /// The kept set was read (once, before the first load).
-    seeded: std::sync::atomic::AtomicBool,
+    last_good_restored: std::sync::atomic::AtomicBool,
 }
 
 impl ConfigMapLoader {
     /// Before the first load: take the last good set kept in the cluster as
     /// the one in force, so that a ConfigMap in error (or a refused change)
     /// leaves it, not nothing. Fails (to be retried) when it cannot be read.
-    async fn seed(&self) -> Result<(), SyncError> {
+    async fn restore_last_good(&self) -> Result<(), SyncError> {
         use std::sync::atomic::Ordering;
         let Some(store) = &self.last_good else {
             return Ok(());
         };
-        if self.seeded.load(Ordering::Acquire) {
+        if self.last_good_restored.load(Ordering::Acquire) {
             return Ok(());
         }
         match store.load().await {
             Ok(Some(kept)) => {
                 tracing::info!(modules = kept.modules.len(), revision = %kept.revision, "read the last good policy set kept in the cluster");
                 *self.lock_kept() = Some(kept.revision);
-                self.modules.seed(kept.modules);
+                self.modules.restore_last_good(kept.modules);
             }
             Ok(None) => {}
             Err(e @ last_good::LastGoodError::Format(..)) => {
@@ -154,7 +154,7 @@ impl ConfigMapLoader {
             }
             Err(e) => return Err(SyncError::Config(e.to_string())),
         }
-        self.seeded.store(true, Ordering::Release);
+        self.last_good_restored.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -402,7 +402,7 @@ impl ConfigMapLoader {
     async fn full_sync(&self, epoch: u64) -> Result<(), SyncError> {
         use std::sync::atomic::Ordering;
         let _full = self.gate.full().await;
-        self.seed().await?;
+        self.restore_last_good().await?;
         self.full_syncing.store(true, Ordering::Release);
         let result = self.load_everything(epoch).await;
         self.full_syncing.store(false, Ordering::Release);
@@ -543,7 +543,7 @@ pub(crate) async fn run(
             name: name.clone(),
         }),
         kept_revision: Mutex::new(None),
-        seeded: std::sync::atomic::AtomicBool::new(false),
+        last_good_restored: std::sync::atomic::AtomicBool::new(false),
     });
     let queue = {
         let loader = loader.clone();
@@ -554,7 +554,7 @@ pub(crate) async fn run(
                 async move { loader.sync_single(key).await }
             },
             ctx.permits.clone(),
-            Backoff::default(),
+            KEY_BACKOFF,
             cancel.clone(),
         )
     };

@@ -54,7 +54,7 @@ impl ModuleSet {
     /// is loaded (a restarted sidecar, from the set kept in the cluster):
     /// each ConfigMap's current source is tried first, and where it fails or
     /// would leave the set incomplete, these stay in force.
-    pub(super) fn seed(&self, modules: BTreeMap<String, String>) {
+    pub(super) fn restore_last_good(&self, modules: BTreeMap<String, String>) {
         let mut records = self.records();
         for (id, source) in modules {
             records.entry(id).or_insert_with(|| ModuleRecord {
@@ -597,10 +597,10 @@ mod tests {
     /// A restarted sidecar takes the set kept in the cluster as the last good
     /// one: a ConfigMap in error leaves it in force, not nothing.
     #[tokio::test]
-    async fn a_seeded_last_good_set_stays_in_force_when_the_configmap_is_in_error() {
+    async fn a_restored_last_good_set_stays_in_force_when_the_configmap_is_in_error() {
         let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
         let set = module_set(&engine);
-        set.seed([(format!("{PLACEMENT}/main.rego"), GOOD.to_owned())].into());
+        set.restore_last_good([(format!("{PLACEMENT}/main.rego"), GOOD.to_owned())].into());
         let out = set
             .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), true)
             .await

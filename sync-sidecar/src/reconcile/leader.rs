@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::LeaderSettings;
 use crate::metrics::Metrics;
-use crate::queue::Backoff;
+use policy_client::retry::Backoff;
 
 /// Start leader election and return the leadership flag. Without settings this
 /// replica is always the leader.

@@ -67,13 +67,13 @@ use crate::engine_sync::SyncState;
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::policies::rego_refs::PolicyReads;
-use crate::queue::Backoff;
 use crate::reconcile::blast::{Guard, PolicyConfigMaps};
 use crate::reconcile::cause::{Cause, Causes, Trigger};
 use crate::reconcile::leader::AppliedRecord;
 use crate::reconcile::revision::{ReplicatedTypes, configured_revision};
 use crate::reconcile::scope::{Scope, ScopeFilter, parse_label_selector};
 use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
+use policy_client::retry::Backoff;
 
 /// Field manager of the reconciler's writes.
 pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";

@@ -275,7 +275,7 @@ mod tests {
         );
     }
 
-    /// The seed's conflict: errors and the intersection. A decision with
+    /// A request the policy no longer allows: errors and the intersection. A decision with
     /// errors never removes or replaces a placement: the object keeps what it
     /// has (here the developer's own request of a and b) and the errors are
     /// named for the developer; so does one the policy placed, when the

@@ -31,7 +31,7 @@ use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::policies::rego_refs::PolicyReads;
-use crate::queue::{Backoff, KeyedQueue};
+use crate::queue::{KEY_BACKOFF, KeyedQueue};
 use crate::reconcile::cause::{self, Cause, Trigger};
 use crate::reconcile::health::{ClusterHealth, ClusterKind, cluster_kind};
 use crate::reconcile::revision::ReplicatedTypes;
@@ -358,7 +358,7 @@ pub(crate) async fn run_type(
                 async move { replicator.sync_key(key).await }
             },
             ctx.permits.clone(),
-            Backoff::default(),
+            KEY_BACKOFF,
             cancel.clone(),
         )
     };

@@ -130,10 +130,7 @@ fn up(bare: bool) {
 /// `up --cluster [--bare]`: the single-node cluster and, unless `--bare`, the
 /// product installed from the project's images.
 fn up_cluster(bare: bool) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = placement_tests::current_thread_runtime();
     eprintln!("starting the single-node cluster ...");
     let cluster = Cluster::start();
     if !bare {

@@ -151,19 +151,7 @@ impl Karmada {
     /// own namespaces). Started on first use; it ends with the test process.
     pub fn shared() -> &'static Karmada {
         static SHARED: OnceLock<Result<Karmada, String>> = OnceLock::new();
-        let started = SHARED.get_or_init(|| {
-            std::panic::catch_unwind(Karmada::start).map_err(|panic| {
-                panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                    .unwrap_or_else(|| "unknown panic".to_owned())
-            })
-        });
-        match started {
-            Ok(karmada) => karmada,
-            Err(message) => panic!("the shared Karmada federation did not start: {message}"),
-        }
+        crate::shared(&SHARED, "Karmada federation", Karmada::start)
     }
 
     /// Start Karmada's control plane and the three members side by side,
