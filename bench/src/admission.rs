@@ -517,7 +517,7 @@ fn write_report(
             })
             .collect();
         md.push_str(&format!(
-            "\nThe embedded webhook's decision cache during these runs (`placement_webhook_decision_cache_hits_total` / `_misses_total`; an UPDATE asks twice, a CREATE once): hits {}.\n\n",
+            "\nThe embedded webhook's decision cache during these runs (`placement_webhook_decision_cache_hits_total` / `_misses_total`; one per review here, all CREATEs): hits {}.\n\n",
             cache.join("; ")
         ));
     }
