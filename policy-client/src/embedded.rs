@@ -218,7 +218,7 @@ impl Embedded {
         } else {
             let template = build_engine(&modules, &data)?;
             let reads = input_reads(&modules);
-            if reads.is_ok() != state.reads.is_ok() && reads.is_ok() {
+            if reads.is_ok() && state.reads.is_err() {
                 tracing::info!(
                     "decision cache on: the policy set reads input only at constant paths"
                 );
