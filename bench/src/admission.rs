@@ -319,14 +319,7 @@ struct PatchCheck {
 
 /// One review to each contender: allowed, same uid; (b), (c), (d) patch alike.
 fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck> {
-    let ca_pem = std::fs::read(ca)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let client = reqwest::Client::builder()
-        .add_root_certificate(reqwest::Certificate::from_pem(&ca_pem)?)
-        .timeout(Duration::from_secs(30))
-        .build()?;
+    let (rt, client) = review_client(ca)?;
     let uid = serde_json::from_slice::<Value>(body)?["request"]["uid"].clone();
     let mut patches: BTreeMap<&str, (String, Value)> = BTreeMap::new();
     for c in contenders {
@@ -380,10 +373,8 @@ fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck
     })
 }
 
-/// Every review of the varied set to (b), (c) and (d): the same answer from
-/// each (allowed, the policy's message, the patch with ownership tags
-/// decoded). Returns how the answers split.
-fn verify_varied(contenders: &[Contender], reviews: &[Vec<u8>], ca: &Path) -> Result<String> {
+/// A runtime and a client trusting `ca`, to send reviews one at a time.
+fn review_client(ca: &Path) -> Result<(tokio::runtime::Runtime, reqwest::Client)> {
     let ca_pem = std::fs::read(ca)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -392,6 +383,14 @@ fn verify_varied(contenders: &[Contender], reviews: &[Vec<u8>], ca: &Path) -> Re
         .add_root_certificate(reqwest::Certificate::from_pem(&ca_pem)?)
         .timeout(Duration::from_secs(30))
         .build()?;
+    Ok((rt, client))
+}
+
+/// Every review of the varied set to (b), (c) and (d): the same answer from
+/// each (allowed, the policy's message, the patch with ownership tags
+/// decoded). Returns how the answers split.
+fn verify_varied(contenders: &[Contender], reviews: &[Vec<u8>], ca: &Path) -> Result<String> {
+    let (rt, client) = review_client(ca)?;
     let (mut patched, mut unchanged, mut denied) = (0, 0, 0);
     for (i, body) in reviews.iter().enumerate() {
         let mut first: Option<(&str, Value)> = None;
