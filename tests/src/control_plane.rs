@@ -59,6 +59,52 @@ impl Identity {
     }
 }
 
+/// etcd on two fresh ports. A port can still be taken between our probe and
+/// etcd's bind (by another test process), so an etcd that exits before it
+/// listens is started again on other ports; its log is in the panic otherwise.
+fn start_etcd(dir: &Path) -> (Process, u16) {
+    const ATTEMPTS: usize = 3;
+    let mut exits = Vec::new();
+    for attempt in 1..=ATTEMPTS {
+        let etcd_port = free_port();
+        let peer_port = free_port();
+        // A clean data directory: a failed attempt may have started one.
+        let _ = std::fs::remove_dir_all(dir.join("etcd"));
+        let etcd_args: Vec<String> = vec![
+            "--name=default".into(),
+            format!("--data-dir={}", dir.join("etcd").display()),
+            format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+            format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+            // Tests don't need durability; fsync dominates etcd latency on CI disks.
+            "--unsafe-no-fsync=true".into(),
+            "--log-level=warn".into(),
+        ];
+        let log = dir.join(format!("etcd-{attempt}.log"));
+        let mut etcd = Process::spawn("etcd", &peer("etcd"), &etcd_args, &log).expect("start etcd");
+        let listening = wait_for("etcd to listen", Duration::from_secs(60), || {
+            if port_open(etcd_port) {
+                Some(true)
+            } else {
+                etcd.has_exited().then_some(false)
+            }
+        });
+        if listening {
+            return (etcd, etcd_port);
+        }
+        exits.push(format!(
+            "attempt {attempt} (ports {etcd_port}, {peer_port}):\n{}",
+            etcd.log_tail(10)
+        ));
+    }
+    panic!(
+        "etcd exited before listening, {ATTEMPTS} times:\n{}",
+        exits.join("\n")
+    );
+}
+
 pub struct ControlPlane {
     dir: PathBuf,
     etcd: Mutex<Process>,
@@ -89,27 +135,8 @@ impl ControlPlane {
     /// (e.g. `--admission-control-config-file`).
     pub fn start_with_args(extra: &[String]) -> ControlPlane {
         let dir = scratch_dir("control-plane");
-        let etcd_port = free_port();
-        let peer_port = free_port();
+        let (etcd, etcd_port) = start_etcd(&dir);
         let apiserver_port = free_port();
-
-        let etcd_args: Vec<String> = vec![
-            "--name=default".into(),
-            format!("--data-dir={}", dir.join("etcd").display()),
-            format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
-            format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
-            format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
-            format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
-            format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
-            // Tests don't need durability; fsync dominates etcd latency on CI disks.
-            "--unsafe-no-fsync=true".into(),
-            "--log-level=warn".into(),
-        ];
-        let etcd = Process::spawn("etcd", &peer("etcd"), &etcd_args, &dir.join("etcd.log"))
-            .expect("start etcd");
-        wait_for("etcd to listen", Duration::from_secs(60), || {
-            port_open(etcd_port).then_some(())
-        });
 
         // Serving certificate of the API server, from our own CA.
         let ca = placement_certs::Ca::generate("testbed-apiserver-ca").expect("apiserver CA");

@@ -4,6 +4,7 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -170,10 +171,37 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
-/// A free loopback port (bound and released; the small race is acceptable in tests).
+/// A free loopback port for a peer to listen on. Chosen below the kernel's
+/// ephemeral range, so no outgoing connection (of which the tests open many) can
+/// take it between this probe and the peer's bind; never the same port twice in
+/// one test process; spread across processes by the pid.
 pub fn free_port() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr").port()
+    const FLOOR: u32 = 10_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let ceiling = ephemeral_range_start();
+    if ceiling < FLOOR + 1_000 {
+        // An unusual range: let the kernel choose (the small race is back).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        return listener.local_addr().expect("local addr").port();
+    }
+    let span = ceiling - FLOOR;
+    let offset = std::process::id().wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let candidate = FLOOR + (offset + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(candidate).expect("ports below the ephemeral range fit u16");
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port between {FLOOR} and {ceiling}");
+}
+
+/// The first port the kernel hands out to outgoing connections.
+fn ephemeral_range_start() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32_768)
 }
 
 /// Whether something accepts TCP connections on the loopback port.
