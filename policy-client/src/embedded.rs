@@ -279,7 +279,9 @@ pub(crate) fn to_rego(value: &Value) -> regorus::Value {
 
 /// The input paths `modules` read; a refusal is logged, since it costs every
 /// review a full evaluation.
-fn input_reads(modules: &BTreeMap<String, String>) -> Result<Arc<InputReads>, Uncacheable> {
+pub(crate) fn input_reads(
+    modules: &BTreeMap<String, String>,
+) -> Result<Arc<InputReads>, Uncacheable> {
     InputReads::of(modules)
         .map(Arc::new)
         .inspect_err(|refused| {

@@ -18,6 +18,8 @@ pub mod ownership_keys;
 pub mod ownership_secret;
 pub mod placement;
 pub mod retry;
+pub mod revision_board;
+pub mod revision_feed;
 pub mod text;
 pub mod verdict;
 
@@ -31,6 +33,8 @@ pub use opa::{Opa, OpaConfig, Token};
 pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 pub use reqwest::Url;
 pub use retry::Backoff;
+pub use revision_board::{AnnouncedWrites, RevisionBoard};
+pub use revision_feed::RememberingEngine;
 
 /// The decision the shipped policies define (`package io.k8s.federation.admission`).
 pub const DEFAULT_DECISION_PATH: &str = "io/k8s/federation/admission";

@@ -92,6 +92,14 @@ impl DecisionMemo {
         self.halves.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Forget everything before `generation` now.
+    pub(crate) fn advance(&self, generation: u64) {
+        let mut halves = self.lock();
+        if generation > halves.generation {
+            halves.reset(generation);
+        }
+    }
+
     /// The answer remembered for `key` under `generation`.
     pub(crate) fn get(&self, generation: u64, key: &[u8]) -> Option<QueryOutcome> {
         let mut halves = self.lock();

@@ -30,7 +30,7 @@ mod server;
 use std::sync::Arc;
 
 use kube::runtime::events::{Recorder, Reporter};
-use policy_client::{Opa, OpaConfig, PolicyEngine};
+use policy_client::{AnnouncedWrites, Opa, OpaConfig, PolicyEngine, RevisionBoard};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -92,6 +92,8 @@ pub async fn run(settings: Settings, cancel: CancellationToken) -> Result<(), Sy
 struct Sidecar {
     settings: Settings,
     client: kube::Client,
+    /// Every write to `engine` is announced here first.
+    revisions: Arc<RevisionBoard>,
     engine: Arc<dyn PolicyEngine>,
     metrics: Arc<Metrics>,
     state: Arc<SyncState>,
@@ -114,9 +116,12 @@ impl Sidecar {
     ) -> Self {
         let metrics = Arc::new(Metrics::new());
         let state = SyncState::new(metrics.clone());
+        let revisions = Arc::new(RevisionBoard::new());
+        let engine = Arc::new(AnnouncedWrites::new(engine, Arc::clone(&revisions)));
         Sidecar {
             settings,
             client,
+            revisions,
             engine,
             metrics,
             state,
@@ -133,6 +138,7 @@ impl Sidecar {
         let Sidecar {
             settings,
             client,
+            revisions,
             engine,
             metrics,
             state,
@@ -156,7 +162,7 @@ impl Sidecar {
             let (metrics, state, cancel) = (metrics.clone(), state.clone(), cancel.clone());
             tasks.spawn(async move {
                 let addr = listener.local_addr().ok();
-                server::serve(listener, metrics, state, cancel)
+                server::serve(listener, metrics, state, revisions, cancel)
                     .await
                     .map_err(|source| SyncError::Listen {
                         addr: addr.unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0))),

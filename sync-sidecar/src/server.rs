@@ -1,16 +1,20 @@
-//! Plain-HTTP endpoints: `/metrics`, `/healthz`, `/readyz`, served with the
-//! same connection limits as the webhook's listeners (probes and the
-//! webhook's engine-ready checks come here; no client may hold the port).
+//! Plain-HTTP endpoints: `/metrics`, `/healthz`, `/readyz` and, for the
+//! webhook beside the engine, `/engine/revisions` (see
+//! `policy_client::revision_board`), served with the same connection limits
+//! as the webhook's listeners (probes and the webhook's engine-ready checks
+//! come here; no client may hold the port).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use placement_endpoint::{ConnectionLimits, Listener, Stopping};
+use policy_client::RevisionBoard;
+use policy_client::revision_board::{HOLD, Poll, PollError};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -21,10 +25,15 @@ use crate::metrics::Metrics;
 struct AppState {
     metrics: Arc<Metrics>,
     sync: Arc<SyncState>,
+    revisions: Arc<RevisionBoard>,
 }
 
 /// The router, for serving or for tests.
-pub(crate) fn router(metrics: Arc<Metrics>, sync: Arc<SyncState>) -> Router {
+pub(crate) fn router(
+    metrics: Arc<Metrics>,
+    sync: Arc<SyncState>,
+    revisions: Arc<RevisionBoard>,
+) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/healthz", get(|| async { "ok" }))
@@ -33,7 +42,12 @@ pub(crate) fn router(metrics: Arc<Metrics>, sync: Arc<SyncState>) -> Router {
         // liveness probes; it means what /healthz means.
         .route("/health", get(|| async { "ok" }))
         .route("/readyz", get(ready_handler))
-        .with_state(AppState { metrics, sync })
+        .route("/engine/revisions", get(revisions_handler))
+        .with_state(AppState {
+            metrics,
+            sync,
+            revisions,
+        })
 }
 
 async fn metrics_handler(State(app): State<AppState>) -> Response {
@@ -59,6 +73,31 @@ async fn ready_handler(State(app): State<AppState>) -> Response {
     (code, axum::Json(status)).into_response()
 }
 
+/// The engine's revision, long-polled by the webhook in this pod (only from
+/// loopback: a reader that never acknowledges delays every write by a lease).
+async fn revisions_handler(
+    State(app): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<std::net::SocketAddr>,
+    Query(poll): Query<Poll>,
+) -> Response {
+    if !peer.ip().is_loopback() {
+        return (
+            StatusCode::FORBIDDEN,
+            "the engine's revisions are for the webhook in this pod (loopback) only\n",
+        )
+            .into_response();
+    }
+    match app.revisions.poll(poll, HOLD).await {
+        Ok(revision) => axum::Json(revision).into_response(),
+        Err(refused @ PollError::TooManyReaders) => {
+            (StatusCode::TOO_MANY_REQUESTS, format!("{refused}\n")).into_response()
+        }
+        Err(refused @ PollError::BadReader) => {
+            (StatusCode::BAD_REQUEST, format!("{refused}\n")).into_response()
+        }
+    }
+}
+
 /// Open connections: scrapes, probes, the webhook's engine-ready checks.
 const MAX_CONNECTIONS: usize = 64;
 
@@ -67,13 +106,14 @@ pub(crate) async fn serve(
     listener: TcpListener,
     metrics: Arc<Metrics>,
     sync: Arc<SyncState>,
+    revisions: Arc<RevisionBoard>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = Listener {
         name: "metrics",
         socket: listener.into_std()?,
         tls: None,
-        app: router(Arc::clone(&metrics), sync),
+        app: router(Arc::clone(&metrics), sync, revisions),
         limits: ConnectionLimits {
             max_connections: MAX_CONNECTIONS,
             max_per_peer: ConnectionLimits::default_per_peer(MAX_CONNECTIONS),

@@ -1626,3 +1626,235 @@ async fn a_conflict_keeps_the_placement_and_tells_the_developer_body() {
     }
     sidecar.stop();
 }
+
+/// A CREATE review of ReplicaSet `name` in `namespace` with `annotations`.
+fn replicaset_review(namespace: &str, name: &str, annotations: &[(&str, &str)]) -> Vec<u8> {
+    let annotations: serde_json::Map<String, Value> = annotations
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), json!(v)))
+        .collect();
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": format!("uid-{name}"),
+            "kind": {"group": "apps", "version": "v1", "kind": "ReplicaSet"},
+            "resource": {"group": "apps", "version": "v1", "resource": "replicasets"},
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {"username": "developer"},
+            "object": {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+                "spec": {"replicas": 0, "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}},
+                        "spec": {"containers": [{"name": "c", "image": format!("registry.invalid/{name}:1")}]}}}
+            },
+            "dryRun": true
+        }
+    })
+    .to_string()
+    .into_bytes()
+}
+
+/// The clusters the webhook's answer to `review` places on (from its patch).
+async fn clusters_answered(webhook: &WebhookProcess, review: Vec<u8>) -> BTreeSet<String> {
+    let (status, body) = webhook.post("/mutate", review).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).expect("AdmissionReview JSON");
+    assert_eq!(answer["response"]["allowed"], json!(true), "{body}");
+    let patch = answer["response"]["patch"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no patch in {body}"));
+    let patch: Value = serde_json::from_slice(
+        &base64::Engine::decode(&base64::engine::general_purpose::STANDARD, patch)
+            .expect("base64 patch"),
+    )
+    .expect("JSON patch");
+    let prefs = patch
+        .as_array()
+        .expect("patch operations")
+        .iter()
+        .find_map(|op| {
+            let path = op["path"].as_str()?;
+            if path.ends_with(&PREFS.replace('/', "~1")) {
+                op["value"].as_str().map(str::to_owned)
+            } else {
+                op["value"][PREFS].as_str().map(str::to_owned)
+            }
+        })
+        .unwrap_or_else(|| panic!("no placement in {patch}"));
+    let prefs: Value = serde_json::from_str(&prefs).expect("preferences JSON");
+    prefs["clusters"]
+        .as_object()
+        .expect("clusters")
+        .keys()
+        .cloned()
+        .collect()
+}
+
+/// With OPA, the webhook remembers decisions only while placement-sync (OPA's
+/// writer) announces each write first: a data change, a policy change and a
+/// read input path each change the very next answer once OPA holds them;
+/// identical reviews are answered from memory; with the sidecar gone the
+/// memory is off and a write that bypassed it is seen at once.
+#[test]
+fn opa_decisions_are_remembered_only_while_every_write_is_announced() {
+    run(opa_decisions_are_remembered_only_while_every_write_is_announced_body());
+}
+
+async fn opa_decisions_are_remembered_only_while_every_write_is_announced_body() {
+    let (plane, opa, ns) = two_running_clusters("remember");
+    let clusters = format!("--replicate-cluster={CLUSTERS}");
+    let sidecar = Sidecar::start(&plane, &opa, &[&clusters, "--remediation=off"]);
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let webhook_args = |extra: Option<String>| {
+        let mut args = vec![
+            format!("--opa-url={}", opa.url()),
+            format!("--opa-token-file={}", opa.token_file().display()),
+            format!(
+                "--kubeconfig={}",
+                plane.kubeconfig(Identity::Webhook).display()
+            ),
+            format!("--policy-namespace={POLICY_NAMESPACE}"),
+        ];
+        args.extend(extra);
+        args
+    };
+    let webhook = WebhookProcess::start(&webhook_args(Some(format!(
+        "--engine-revisions-url=http://127.0.0.1:{}/engine/revisions",
+        sidecar.port
+    ))));
+    let hits = || webhook.metric("placement_webhook_decision_cache_hits_total");
+    let enabled = || webhook.metric("placement_webhook_decision_cache_enabled");
+    eventually(
+        "the webhook to follow the sidecar's revisions",
+        Duration::from_secs(30),
+        || webhook.log(),
+        || async { (enabled().await == 1.0).then_some(()) },
+    )
+    .await;
+    let review =
+        |name: &str, annotations: &[(&str, &str)]| replicaset_review(&ns, name, annotations);
+
+    assert_eq!(
+        clusters_answered(&webhook, review("one", &[])).await,
+        set(&["a", "b"])
+    );
+    let before = hits().await;
+    // Differs only in what the policy never reads (name, uid, image).
+    assert_eq!(
+        clusters_answered(&webhook, review("two", &[])).await,
+        set(&["a", "b"])
+    );
+    assert_eq!(
+        hits().await,
+        before + 1.0,
+        "an identical decision is remembered"
+    );
+    // A read input path: the developer's request.
+    // (Weighted otherwise than the policy says, so that the answer patches it.)
+    let only_a = json!({"clusters": {"a": {"weight": 5}}}).to_string();
+    assert_eq!(
+        clusters_answered(&webhook, review("three", &[(PREFS, &only_a)])).await,
+        set(&["a"])
+    );
+
+    // Data: once OPA holds cluster b offline, the next answer says so.
+    let client = opa_client(&opa);
+    set_phase(&plane, "b", "offline");
+    eventually(
+        "OPA to hold cluster b offline",
+        Duration::from_secs(30),
+        || sidecar.log_tail(),
+        || {
+            let client = &client;
+            async move {
+                let b = opa_data(client, "kubernetes/clusters/b").await?;
+                (b["status"]["phase"] == "offline").then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        clusters_answered(&webhook, review("four", &[])).await,
+        set(&["a"])
+    );
+
+    // Policy: once OPA holds the policy that allows offline clusters too.
+    policy_configmap(
+        &plane,
+        "placement",
+        &[("placement.rego", &placement_policy(&["running", "offline"]))],
+    );
+    eventually(
+        "OPA to hold the new policy",
+        Duration::from_secs(30),
+        || sidecar.log_tail(),
+        || {
+            let client = &client;
+            async move {
+                let modules = client.policies().await.ok()?;
+                modules
+                    .values()
+                    .any(|source| source.contains("\"offline\""))
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        clusters_answered(&webhook, review("five", &[])).await,
+        set(&["a", "b"])
+    );
+    let remembered = hits().await;
+    assert_eq!(
+        clusters_answered(&webhook, review("six", &[])).await,
+        set(&["a", "b"])
+    );
+    assert_eq!(hits().await, remembered + 1.0);
+
+    // The writer gone: the lease runs out and nothing is remembered, so a
+    // write that bypassed it (nothing announced) is seen at once.
+    sidecar.stop();
+    eventually(
+        "the decision memory to turn off",
+        Duration::from_secs(30),
+        || webhook.log(),
+        || async { (enabled().await == 0.0).then_some(()) },
+    )
+    .await;
+    client
+        .put_data("kubernetes/clusters/a/status/phase", &json!("maintenance"))
+        .await
+        .expect("a write to OPA");
+    let unremembered = hits().await;
+    assert_eq!(
+        clusters_answered(&webhook, review("seven", &[])).await,
+        set(&["b"])
+    );
+    assert_eq!(
+        clusters_answered(&webhook, review("eight", &[])).await,
+        set(&["b"])
+    );
+    assert_eq!(
+        hits().await,
+        unremembered,
+        "nothing remembered without the writer"
+    );
+
+    // Without the revisions endpoint, OPA's decisions are never remembered.
+    let plain = WebhookProcess::start(&webhook_args(None));
+    for name in ["nine", "ten"] {
+        assert_eq!(
+            clusters_answered(&plain, review(name, &[])).await,
+            set(&["b"])
+        );
+    }
+    let page = plain.metrics().await;
+    assert!(
+        !page.contains("placement_webhook_decision_cache_hits_total"),
+        "{page}"
+    );
+}

@@ -96,12 +96,12 @@ pub(crate) struct EngineArgs {
     /// configuration's timeoutSeconds.
     #[arg(long, env = "PLACEMENT_ENGINE_DEADLINE", value_parser = humantime::parse_duration, default_value = "8s")]
     pub(crate) engine_deadline: Duration,
-    /// Embedded engine: memory for remembered decisions (0: none). A review
-    /// that agrees with an earlier one at every input path the policies read
-    /// gets its answer; any policy or data change forgets them all. A policy
-    /// set that reads the whole input or calls time, random, network or
-    /// print builtins is never cached (said in the log and the
-    /// decision_cache_enabled metric).
+    /// Memory for remembered decisions (0: none); with OPA only together
+    /// with --engine-revisions-url. A review that agrees with an earlier one
+    /// at every input path the policies read gets its answer; any policy or
+    /// data change forgets them all. A policy set that reads the whole input
+    /// or calls time, random, network or print builtins is never cached (said
+    /// in the log and the decision_cache_enabled metric).
     #[arg(long, env = "PLACEMENT_DECISION_CACHE_MEMORY", value_parser = parse_bytes, default_value = "16Mi")]
     pub(crate) decision_cache_memory: usize,
 }
@@ -231,6 +231,13 @@ pub struct ServeArgs {
     /// reviews before its engine holds the policies. Once ready, ready for good.
     #[arg(long, env = "PLACEMENT_ENGINE_READY_URL")]
     pub(crate) engine_ready_url: Option<String>,
+    /// With OPA: the revisions endpoint of the engine's only writer (the sync
+    /// sidecar beside OPA: `http://127.0.0.1:8182/engine/revisions`). It
+    /// announces every write before making it and waits for this webhook to
+    /// stop answering from remembered decisions, so decisions are remembered
+    /// (--decision-cache-memory) only with it, and only while it answers.
+    #[arg(long, env = "PLACEMENT_ENGINE_REVISIONS_URL")]
+    pub(crate) engine_revisions_url: Option<String>,
     /// Ready after this long even if --engine-ready-url never answers (the
     /// webhook then fails closed with its own message naming the engine).
     #[arg(long, env = "PLACEMENT_ENGINE_STARTUP_GRACE", default_value = "60s", value_parser = humantime::parse_duration)]

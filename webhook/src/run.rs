@@ -9,12 +9,15 @@ use kube::{Api, Client, Config};
 use placement_endpoint::{ConnectionLimits, connection_cap};
 use policy_client::ownership_keys::KeyError;
 use policy_client::ownership_secret::KeySecret;
-use policy_client::{LoadingKeys, OwnershipKeys, SharedKeys};
+use policy_client::{LoadingKeys, OwnershipKeys, RememberingEngine, SharedKeys, Url};
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Admission, AdmissionSettings, Mode};
-use crate::config::{CertsArgs, ConfigError, EngineKind, OutputFormat, ReviewArgs, ServeArgs};
+use crate::config::{
+    CertsArgs, ConfigError, EngineKind, OutputFormat, ResolvedEngine, ReviewArgs, ServeArgs,
+};
 use crate::events::{EventLimits, EventSink};
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
@@ -204,11 +207,12 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
     );
     let settings = serve_settings(&args, &memory)?;
     let policy_configmaps = args.policies.selection(true).map_err(ConfigError::Flag)?;
-    let resolved = args.engine.resolve()?;
+    let mut resolved = args.engine.resolve()?;
     if matches!(resolved.kind, EngineKind::Embedded { .. }) {
         let limit = u64::try_from(memory.engine_memory_limit).unwrap_or(u64::MAX);
         policy_client::embedded::set_memory_limit((limit > 0).then_some(limit));
     }
+    remember_opa_decisions(&args, &mut resolved)?;
     let mut metrics = Metrics::new();
     metrics.watch_decision_cache(Arc::clone(&resolved.engine));
     let metrics = Arc::new(metrics);
@@ -342,6 +346,33 @@ fn tempfile_dir() -> Result<PathBuf, RunError> {
     let dir = std::env::temp_dir().join(format!("placement-webhook-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(RunError::CertDir)?;
     Ok(dir)
+}
+
+/// With OPA and its writer's revisions endpoint: decisions remembered while
+/// the endpoint is followed (a task for the life of the process).
+fn remember_opa_decisions(args: &ServeArgs, resolved: &mut ResolvedEngine) -> Result<(), RunError> {
+    let Some(url) = &args.engine_revisions_url else {
+        return Ok(());
+    };
+    if !matches!(resolved.kind, EngineKind::Opa { .. }) {
+        return Err(ConfigError::Flag(
+            "--engine-revisions-url is for OPA (--opa-url); the embedded engine knows its own revisions"
+                .to_owned(),
+        )
+        .into());
+    }
+    let board = Url::parse(url).map_err(|e| {
+        ConfigError::Flag(format!("--engine-revisions-url {url:?} is not a URL: {e}"))
+    })?;
+    let remembering = Arc::new(RememberingEngine::new(
+        Arc::clone(&resolved.engine),
+        args.engine.decision_cache_memory,
+        board,
+    ));
+    let following = Arc::clone(&remembering);
+    tokio::spawn(async move { following.follow(CancellationToken::new()).await });
+    resolved.engine = remembering;
+    Ok(())
 }
 
 /// What `review` found, for the exit status.

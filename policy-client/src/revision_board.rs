@@ -1,0 +1,465 @@
+//! The writer's side of the engine's revisions: every write to the engine is
+//! announced to the readers that remember its decisions, and held until they
+//! have stopped answering from what they remember.
+//!
+//! A revision is `(epoch, counter)`: the epoch is random per writer process,
+//! so a restarted writer is never mistaken for the one before. An even counter
+//! means the engine is at rest; odd, that writes are in progress. The first
+//! write of a burst makes the counter odd and waits until every reader that
+//! may still trust the previous revision has acknowledged the new one, or
+//! until its trust has run out ([`LEASE`] after the last answer it was sent);
+//! when the last write of the burst ends the counter is even again.
+//!
+//! Readers long-poll [`RevisionBoard::poll`], carrying the revision they act
+//! on as their acknowledgement; see `crate::revision_feed` for the reader.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::EngineError;
+use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
+use crate::memo::DecisionCacheStats;
+
+/// How long a reader may trust a revision after it asked (and so after the
+/// answer was sent): the longest a write waits for a reader that is gone.
+pub const LEASE: Duration = Duration::from_secs(3);
+
+/// How long a poll that carries the current revision is held before it is
+/// answered with that revision again (the reader's trust is renewed each time).
+pub const HOLD: Duration = Duration::from_secs(1);
+
+/// Readers at once; more are refused (a reader is one webhook process).
+pub const MAX_READERS: usize = 16;
+
+/// Waited past a lease's end before a write goes ahead without its reader's
+/// acknowledgement (the reader measures its lease from before it asked; this
+/// covers scheduling between the two processes' clocks reading).
+const LEASE_MARGIN: Duration = Duration::from_millis(100);
+
+/// A revision of the engine's policies and data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Revision {
+    pub epoch: u64,
+    pub counter: u64,
+}
+
+impl Revision {
+    /// Whether the engine is at rest (no write in progress).
+    pub fn at_rest(self) -> bool {
+        self.counter.is_multiple_of(2)
+    }
+}
+
+impl fmt::Display for Revision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}/{}", self.epoch, self.counter)
+    }
+}
+
+/// A reader's poll: who it is and the revision it acts on (its
+/// acknowledgement), if any yet. Flat, to travel as a query string.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Poll {
+    /// Random per reader process.
+    pub reader: String,
+    pub epoch: Option<u64>,
+    pub counter: Option<u64>,
+}
+
+impl Poll {
+    pub fn new(reader: &str, acknowledged: Option<Revision>) -> Self {
+        Poll {
+            reader: reader.to_owned(),
+            epoch: acknowledged.map(|r| r.epoch),
+            counter: acknowledged.map(|r| r.counter),
+        }
+    }
+
+    fn acknowledged(&self) -> Option<Revision> {
+        Some(Revision {
+            epoch: self.epoch?,
+            counter: self.counter?,
+        })
+    }
+}
+
+/// Why a poll was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    #[error("{MAX_READERS} readers already follow this engine's revisions")]
+    TooManyReaders,
+    #[error("a reader id is 1 to 64 letters, digits, '-' or '_'")]
+    BadReader,
+}
+
+#[derive(Debug)]
+struct Reader {
+    acknowledged: Option<Revision>,
+    /// The reader trusts no answer of ours beyond this.
+    trusted_until: Instant,
+}
+
+#[derive(Debug)]
+struct Board {
+    counter: u64,
+    writers: usize,
+    readers: HashMap<String, Reader>,
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub struct RevisionBoard {
+    epoch: u64,
+    board: Mutex<Board>,
+    /// The counter, for held polls.
+    changed: watch::Sender<u64>,
+    /// Bumped on every acknowledgement, for held writes.
+    acknowledged: watch::Sender<u64>,
+}
+
+impl Default for RevisionBoard {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RevisionBoard {
+    pub fn new() -> Self {
+        RevisionBoard {
+            epoch: random_u64(),
+            board: Mutex::new(Board {
+                counter: 0,
+                writers: 0,
+                readers: HashMap::new(),
+            }),
+            changed: watch::channel(0).0,
+            acknowledged: watch::channel(0).0,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
+        self.board.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current revision.
+    pub fn current(&self) -> Revision {
+        self.revision(self.lock().counter)
+    }
+
+    fn revision(&self, counter: u64) -> Revision {
+        Revision {
+            epoch: self.epoch,
+            counter,
+        }
+    }
+
+    /// Answer a reader: at once when it acts on another revision than the
+    /// current one, else when the revision changes or after `hold`.
+    pub async fn poll(&self, poll: Poll, hold: Duration) -> Result<Revision, PollError> {
+        let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if poll.reader.is_empty() || poll.reader.len() > 64 || !poll.reader.chars().all(valid) {
+            return Err(PollError::BadReader);
+        }
+        let mut changed = self.changed.subscribe();
+        {
+            let mut board = self.lock();
+            let now = Instant::now();
+            board.readers.retain(|_, r| r.trusted_until > now);
+            let count = board.readers.len();
+            let acknowledged = poll.acknowledged().filter(|r| r.epoch == self.epoch);
+            match board.readers.entry(poll.reader.clone()) {
+                Entry::Occupied(mut reader) => reader.get_mut().acknowledged = acknowledged,
+                Entry::Vacant(slot) => {
+                    if count >= MAX_READERS {
+                        return Err(PollError::TooManyReaders);
+                    }
+                    // Trusts nothing yet: its first answer starts its lease.
+                    slot.insert(Reader {
+                        acknowledged,
+                        trusted_until: now,
+                    });
+                }
+            }
+            self.acknowledged.send_modify(|n| *n += 1);
+            if poll.acknowledged() != Some(self.revision(board.counter)) {
+                return Ok(self.answer(&mut board, &poll.reader));
+            }
+        }
+        let _ = tokio::time::timeout(hold, changed.changed()).await;
+        Ok(self.answer(&mut self.lock(), &poll.reader))
+    }
+
+    /// The current revision, as sent to `reader` now (which starts its lease).
+    fn answer(&self, board: &mut Board, reader: &str) -> Revision {
+        let revision = self.revision(board.counter);
+        let trusted_until = Instant::now() + LEASE;
+        board
+            .readers
+            .entry(reader.to_owned())
+            .and_modify(|r| r.trusted_until = trusted_until)
+            .or_insert(Reader {
+                acknowledged: None,
+                trusted_until,
+            });
+        revision
+    }
+
+    /// Announce a write and wait until no reader can still be answering from
+    /// the revision before it. Hold the ticket for as long as the write runs.
+    pub async fn begin_write(self: &Arc<Self>) -> WriteTicket {
+        let target = {
+            let mut board = self.lock();
+            board.writers += 1;
+            if board.counter.is_multiple_of(2) {
+                board.counter += 1;
+                self.changed.send_replace(board.counter);
+            }
+            self.revision(board.counter)
+        };
+        let ticket = WriteTicket {
+            board: Arc::clone(self),
+        };
+        let mut acknowledged = self.acknowledged.subscribe();
+        loop {
+            acknowledged.mark_unchanged();
+            let waiting_until = {
+                let board = self.lock();
+                let now = Instant::now();
+                board
+                    .readers
+                    .values()
+                    .filter(|r| r.trusted_until > now && r.acknowledged != Some(target))
+                    .map(|r| r.trusted_until)
+                    .max()
+            };
+            let Some(until) = waiting_until else {
+                return ticket;
+            };
+            let _ = tokio::time::timeout_at(until + LEASE_MARGIN, acknowledged.changed()).await;
+            if Instant::now() >= until + LEASE_MARGIN {
+                // Every lease that was waited for has run out by now.
+                return ticket;
+            }
+        }
+    }
+
+    fn end_write(&self) {
+        let mut board = self.lock();
+        board.writers -= 1;
+        if board.writers == 0 {
+            board.counter += 1;
+            self.changed.send_replace(board.counter);
+        }
+    }
+}
+
+fn random_u64() -> u64 {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0u8; 8];
+    SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the system's random source works");
+    u64::from_le_bytes(bytes)
+}
+
+/// A write in progress (see [`RevisionBoard::begin_write`]); the engine is at
+/// rest again when the last ticket is dropped.
+#[derive(Debug)]
+pub struct WriteTicket {
+    board: Arc<RevisionBoard>,
+}
+
+impl Drop for WriteTicket {
+    fn drop(&mut self) {
+        self.board.end_write();
+    }
+}
+
+/// An engine whose every write is announced on a [`RevisionBoard`] first.
+#[derive(Debug)]
+pub struct AnnouncedWrites {
+    inner: Arc<dyn PolicyEngine>,
+    board: Arc<RevisionBoard>,
+}
+
+impl AnnouncedWrites {
+    pub fn new(inner: Arc<dyn PolicyEngine>, board: Arc<RevisionBoard>) -> Self {
+        AnnouncedWrites { inner, board }
+    }
+}
+
+#[async_trait]
+impl PolicyEngine for AnnouncedWrites {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn query(
+        &self,
+        path: &str,
+        input: &Value,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        self.inner.query(path, input, deadline).await
+    }
+
+    async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
+        let _write = self.board.begin_write().await;
+        self.inner.put_data(path, value).await
+    }
+
+    async fn put_data_encoded(&self, path: &str, json: EncodedJson) -> Result<(), EngineError> {
+        let _write = self.board.begin_write().await;
+        self.inner.put_data_encoded(path, json).await
+    }
+
+    async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
+        let _write = self.board.begin_write().await;
+        self.inner.patch_data(path, patch).await
+    }
+
+    async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
+        let _write = self.board.begin_write().await;
+        self.inner.delete_data(path).await
+    }
+
+    async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError> {
+        let _write = self.board.begin_write().await;
+        self.inner.put_policy(id, source).await
+    }
+
+    async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
+        let _write = self.board.begin_write().await;
+        self.inner.delete_policy(id).await
+    }
+
+    async fn policies(&self) -> Result<std::collections::BTreeMap<String, String>, EngineError> {
+        self.inner.policies().await
+    }
+
+    async fn health(&self) -> Result<(), EngineError> {
+        self.inner.health().await
+    }
+
+    async fn instance_id(&self) -> Result<Option<String>, EngineError> {
+        self.inner.instance_id().await
+    }
+
+    fn decision_cache(&self) -> Option<DecisionCacheStats> {
+        self.inner.decision_cache()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll(reader: &str, acknowledged: Option<Revision>) -> Poll {
+        Poll::new(reader, acknowledged)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_waits_for_every_trusting_reader_to_acknowledge() {
+        let board = Arc::new(RevisionBoard::new());
+        let rest = board.poll(poll("a", None), HOLD).await.unwrap();
+        assert!(rest.at_rest());
+        // Reader "a" now trusts `rest`: a write must wait for it.
+        let writing = {
+            let board = Arc::clone(&board);
+            tokio::spawn(async move { board.begin_write().await })
+        };
+        tokio::task::yield_now().await;
+        let announced = board.poll(poll("a", Some(rest)), HOLD).await.unwrap();
+        assert_eq!(
+            announced.counter,
+            rest.counter + 1,
+            "the write is announced"
+        );
+        assert!(!writing.is_finished(), "held until acknowledged");
+        // Acknowledging is the next poll, carrying the announced revision.
+        let board2 = Arc::clone(&board);
+        let held = tokio::spawn(async move { board2.poll(poll("a", Some(announced)), HOLD).await });
+        let ticket = writing.await.unwrap();
+        drop(ticket);
+        let after = held.await.unwrap().unwrap();
+        assert_eq!(after.counter, rest.counter + 2);
+        assert!(after.at_rest());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_reader_holds_a_write_only_until_its_lease_ends() {
+        let board = Arc::new(RevisionBoard::new());
+        board.poll(poll("gone", None), HOLD).await.unwrap();
+        let start = Instant::now();
+        let ticket = board.begin_write().await;
+        let waited = start.elapsed();
+        assert!(waited >= LEASE, "waited {waited:?}");
+        assert!(waited <= LEASE + LEASE_MARGIN + Duration::from_millis(10));
+        drop(ticket);
+        // Without readers a write does not wait at all.
+        let start = Instant::now();
+        drop(board.begin_write().await);
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_of_a_burst_share_one_announcement() {
+        let board = Arc::new(RevisionBoard::new());
+        let first = board.begin_write().await;
+        let second = board.begin_write().await;
+        assert_eq!(board.current().counter, 1);
+        drop(first);
+        assert!(!board.current().at_rest(), "one write still runs");
+        drop(second);
+        assert_eq!(board.current().counter, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_poll_on_the_current_revision_is_held() {
+        let board = Arc::new(RevisionBoard::new());
+        let current = board.poll(poll("a", None), HOLD).await.unwrap();
+        let start = Instant::now();
+        let again = board.poll(poll("a", Some(current)), HOLD).await.unwrap();
+        assert_eq!(again, current);
+        assert_eq!(start.elapsed(), HOLD);
+        // Another epoch's acknowledgement is none: answered at once.
+        let stale = Revision {
+            epoch: current.epoch ^ 1,
+            counter: current.counter,
+        };
+        let start = Instant::now();
+        assert_eq!(board.poll(poll("a", Some(stale)), HOLD).await, Ok(current));
+        assert_eq!(start.elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn readers_are_bounded_and_named_plainly() {
+        let board = Arc::new(RevisionBoard::new());
+        for n in 0..MAX_READERS {
+            board
+                .poll(poll(&format!("r{n}"), None), HOLD)
+                .await
+                .unwrap();
+        }
+        assert_eq!(
+            board.poll(poll("one-more", None), HOLD).await,
+            Err(PollError::TooManyReaders)
+        );
+        assert_eq!(
+            board.poll(poll("a b", None), HOLD).await,
+            Err(PollError::BadReader)
+        );
+        // Readers whose lease ran out make room.
+        tokio::time::advance(LEASE + Duration::from_millis(1)).await;
+        assert!(board.poll(poll("one-more", None), HOLD).await.is_ok());
+    }
+}

@@ -1,0 +1,351 @@
+//! Decisions of a remote engine remembered soundly: only while its writer
+//! tells us every revision before it happens (`crate::revision_board`).
+//!
+//! [`RememberingEngine`] long-polls the writer's board, carrying the revision
+//! it acts on. It remembers answers only while the engine is at rest at a
+//! revision the writer confirmed within the last [`LEASE`] (measured from
+//! before it asked), with the input paths read by the modules the engine held
+//! at that revision. A new revision forgets everything before the next poll
+//! acknowledges it, and the writer holds its writes until that poll or until
+//! the lease has run out; so no answer remembered, and none being computed,
+//! can outlive the revision it was computed under. When the board does not
+//! answer, the lease runs out and every review is evaluated.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
+use crate::input_reads::{InputReads, Uncacheable};
+use crate::memo::{DecisionCacheStats, DecisionMemo};
+use crate::revision_board::{HOLD, LEASE, Revision};
+use crate::{EngineError, Url};
+
+/// An engine whose decisions are remembered while its writer's revisions are
+/// followed. See the module documentation.
+pub struct RememberingEngine {
+    inner: Arc<dyn PolicyEngine>,
+    memo: DecisionMemo,
+    board: Url,
+    reader: String,
+    state: Mutex<Following>,
+}
+
+#[derive(Debug)]
+struct Following {
+    /// The last revision the board sent.
+    seen: Option<Revision>,
+    /// What is remembered belongs to this generation (bumped with `seen`).
+    generation: u64,
+    /// The lease on `seen`.
+    trusted_until: Instant,
+    /// The input paths read at `seen`, once at rest and fetched.
+    reads: Option<(Revision, Result<Arc<InputReads>, Uncacheable>)>,
+    /// Why the board's last answer did not come.
+    feed_error: Option<String>,
+    /// Why the input reads of `seen` are not known.
+    reads_error: Option<String>,
+}
+
+impl Following {
+    /// Why nothing is remembered now (a write in progress aside).
+    fn off(&self) -> Option<String> {
+        if let Some(error) = &self.feed_error {
+            return Some(error.clone());
+        }
+        if self.seen.is_none() {
+            return Some("no revision from the engine's writer yet".to_owned());
+        }
+        if let Some(error) = &self.reads_error {
+            return Some(error.clone());
+        }
+        (Instant::now() >= self.trusted_until)
+            .then(|| format!("the engine's writer has not confirmed its revision within {LEASE:?}"))
+    }
+}
+
+impl fmt::Debug for RememberingEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RememberingEngine")
+            .field("inner", &self.inner)
+            .field("board", &crate::opa::redacted_url(&self.board))
+            .field("state", &*self.lock())
+            .finish()
+    }
+}
+
+impl RememberingEngine {
+    /// `inner`'s decisions remembered in about `budget` bytes while the board
+    /// at `board` (the writer's revisions endpoint) is followed; run
+    /// [`RememberingEngine::follow`] for that.
+    pub fn new(inner: Arc<dyn PolicyEngine>, budget: usize, board: Url) -> Self {
+        RememberingEngine {
+            inner,
+            memo: DecisionMemo::new(budget),
+            board,
+            reader: reader_id(),
+            state: Mutex::new(Following {
+                seen: None,
+                generation: 0,
+                trusted_until: Instant::now(),
+                reads: None,
+                feed_error: None,
+                reads_error: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Following> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The generation and input reads to remember under, when remembering is
+    /// sound now.
+    fn remembering(&self) -> Option<(u64, Arc<InputReads>)> {
+        let state = self.lock();
+        let seen = state.seen?;
+        if !seen.at_rest() || Instant::now() >= state.trusted_until {
+            return None;
+        }
+        match &state.reads {
+            Some((at, Ok(reads))) if *at == seen => Some((state.generation, Arc::clone(reads))),
+            _ => None,
+        }
+    }
+
+    /// Whether an answer that arrived now, asked for under `generation`,
+    /// belongs to it: no newer revision acknowledged, and the lease still on.
+    fn still_trusted(&self, generation: u64) -> bool {
+        let state = self.lock();
+        state.generation == generation && Instant::now() < state.trusted_until
+    }
+
+    /// Follow the board until `cancel`.
+    pub async fn follow(&self, cancel: CancellationToken) {
+        let client = match reqwest::Client::builder()
+            .timeout(HOLD + Duration::from_secs(2))
+            .build()
+        {
+            Ok(client) => client,
+            Err(e) => {
+                self.lose_trust(format!("cannot build an HTTP client: {e}"));
+                return;
+            }
+        };
+        let mut failing = false;
+        loop {
+            let acknowledged = self.lock().seen;
+            let asked = Instant::now();
+            let answer = tokio::select! {
+                () = cancel.cancelled() => return,
+                answer = self.ask(&client, acknowledged) => answer,
+            };
+            match answer {
+                Ok(revision) => {
+                    if failing {
+                        tracing::info!(board = %self.shown_board(), "following the engine's revisions again");
+                        failing = false;
+                    }
+                    if self.observe(revision, asked) {
+                        let reads = self
+                            .inner
+                            .policies()
+                            .await
+                            .map_err(|e| format!("cannot read the engine's modules: {e}"))
+                            .map(|modules| crate::embedded::input_reads(&modules));
+                        self.install_reads(revision, reads);
+                    }
+                }
+                Err(detail) => {
+                    if !failing {
+                        tracing::warn!(
+                            board = %self.shown_board(),
+                            %detail,
+                            "the engine's revisions are not answering: every review is evaluated"
+                        );
+                        failing = true;
+                    }
+                    // Unconfirmed is untrusted: stop remembering now rather
+                    // than when the lease would have run out.
+                    self.lose_trust(format!(
+                        "the engine's revisions are not answering: {detail}"
+                    ));
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn shown_board(&self) -> String {
+        crate::opa::redacted_url(&self.board)
+    }
+
+    async fn ask(
+        &self,
+        client: &reqwest::Client,
+        acknowledged: Option<Revision>,
+    ) -> Result<Revision, String> {
+        let mut url = self.board.clone();
+        {
+            let mut query = url.query_pairs_mut();
+            query.append_pair("reader", &self.reader);
+            if let Some(revision) = acknowledged {
+                query
+                    .append_pair("epoch", &revision.epoch.to_string())
+                    .append_pair("counter", &revision.counter.to_string());
+            }
+        }
+        let response = client
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| e.without_url().to_string())?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = response.text().await.unwrap_or_default();
+            return Err(format!(
+                "HTTP {status}: {}",
+                crate::text::truncate(body.trim(), 200)
+            ));
+        }
+        response
+            .json::<Revision>()
+            .await
+            .map_err(|e| format!("not a revision: {}", e.without_url()))
+    }
+
+    /// Take in the board's answer to a poll sent at `asked`: a new revision
+    /// forgets everything (before the next poll acknowledges it). Returns
+    /// whether the input reads of this revision are to be fetched.
+    fn observe(&self, revision: Revision, asked: Instant) -> bool {
+        let mut state = self.lock();
+        state.feed_error = None;
+        if state.seen != Some(revision) {
+            state.seen = Some(revision);
+            state.generation += 1;
+            self.memo.advance(state.generation);
+        }
+        state.trusted_until = asked + LEASE;
+        revision.at_rest() && !matches!(&state.reads, Some((at, _)) if *at == revision)
+    }
+
+    /// Keep the input reads fetched for `revision`, if the engine is still
+    /// known to be there (a write after the lease ran out could have changed
+    /// the modules while they were read).
+    fn install_reads(
+        &self,
+        revision: Revision,
+        reads: Result<Result<Arc<InputReads>, Uncacheable>, String>,
+    ) {
+        let mut state = self.lock();
+        if state.seen != Some(revision) || Instant::now() >= state.trusted_until {
+            return;
+        }
+        match reads {
+            Ok(reads) => {
+                state.reads_error = reads.as_ref().err().map(ToString::to_string);
+                state.reads = Some((revision, reads));
+            }
+            Err(detail) => state.reads_error = Some(detail),
+        }
+    }
+
+    fn lose_trust(&self, why: String) {
+        let mut state = self.lock();
+        state.feed_error = Some(why);
+        state.trusted_until = state.trusted_until.min(Instant::now());
+    }
+}
+
+/// Random per process, so that a restarted webhook is a new reader.
+fn reader_id() -> String {
+    use ring::rand::{SecureRandom, SystemRandom};
+    let mut bytes = [0u8; 8];
+    SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the system's random source works");
+    format!("webhook-{:016x}", u64::from_le_bytes(bytes))
+}
+
+#[async_trait]
+impl PolicyEngine for RememberingEngine {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    async fn query(
+        &self,
+        path: &str,
+        input: &Value,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        let key = match self.remembering() {
+            Some((generation, reads)) if self.memo.enabled() => {
+                reads.key(path, input).map(|key| (generation, key))
+            }
+            _ => None,
+        };
+        if let Some((generation, key)) = &key
+            && let Some(outcome) = self.memo.get(*generation, key)
+        {
+            return Ok(outcome);
+        }
+        let outcome = self.inner.query(path, input, deadline).await?;
+        if let Some((generation, key)) = &key
+            && self.still_trusted(*generation)
+        {
+            self.memo.put(*generation, key, &outcome);
+        }
+        Ok(outcome)
+    }
+
+    async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
+        self.inner.put_data(path, value).await
+    }
+
+    async fn put_data_encoded(&self, path: &str, json: EncodedJson) -> Result<(), EngineError> {
+        self.inner.put_data_encoded(path, json).await
+    }
+
+    async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
+        self.inner.patch_data(path, patch).await
+    }
+
+    async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
+        self.inner.delete_data(path).await
+    }
+
+    async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError> {
+        self.inner.put_policy(id, source).await
+    }
+
+    async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
+        self.inner.delete_policy(id).await
+    }
+
+    async fn policies(&self) -> Result<BTreeMap<String, String>, EngineError> {
+        self.inner.policies().await
+    }
+
+    async fn health(&self) -> Result<(), EngineError> {
+        self.inner.health().await
+    }
+
+    async fn instance_id(&self) -> Result<Option<String>, EngineError> {
+        self.inner.instance_id().await
+    }
+
+    fn decision_cache(&self) -> Option<DecisionCacheStats> {
+        let off = self.lock().off();
+        Some(self.memo.stats(off))
+    }
+}
