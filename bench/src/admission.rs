@@ -22,7 +22,7 @@ use anyhow::{Context, Result, bail, ensure};
 use serde_json::Value;
 
 use crate::common::{
-    Bins, Server, cpu_seconds, median, post_review, start_noop, start_opa, start_webhook,
+    Bins, Server, Sidecar, cpu_seconds, median, post_review, start_noop, start_opa, start_webhook,
 };
 use crate::load::{Body, LoadStats, oha};
 use crate::report::{Report, Status, fmt_ms, fmt_ratio};
@@ -62,11 +62,18 @@ struct Contender {
     label: &'static str,
     url: String,
     servers: Vec<Server>,
+    /// placement-webhook's metrics, for its decision cache's counters.
+    webhook_metrics: Option<std::net::SocketAddr>,
 }
 
 impl Contender {
     fn cpu(&self) -> Result<f64> {
         self.servers.iter().map(|s| cpu_seconds(s.pid())).sum()
+    }
+
+    /// Its decision cache's (hits, misses) so far; none for the others.
+    fn cache(&self) -> Result<(u64, u64)> {
+        self.webhook_metrics.map_or(Ok((0, 0)), cache_counters)
     }
 }
 
@@ -75,7 +82,7 @@ impl Contender {
 struct Sample {
     load: LoadStats,
     cpu_per_1000: f64,
-    /// The embedded webhook's decision cache hits and misses in the run.
+    /// placement-webhook's decision cache hits and misses in the run.
     cache: (u64, u64),
 }
 
@@ -129,12 +136,33 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         &[format!("--policy-dir={}", policy_dir.display())],
     )?;
     let (opa_c, opa_c_port) = start_opa(bins, dir, "policy", &[tree_c.display().to_string()])?;
-    let (with_opa, with_opa_addr, _) = start_webhook(
+    // OPA's writer beside it, as in the chart's pod: placement-sync (it needs
+    // an API server; no policy ConfigMaps, nothing replicated, so it writes
+    // nothing while measured) announces its revisions to the webhook.
+    let plane = placement_tests::ControlPlane::start();
+    let mut writer = Sidecar::start_for(
+        bins,
+        dir,
+        &plane,
+        placement_tests::Identity::Sidecar,
+        &[format!("--opa-url=http://127.0.0.1:{opa_c_port}")],
+        &["--remediation=off".to_owned()],
+        "opa-writer",
+    )?;
+    writer.wait_ready(Duration::from_secs(60), Duration::from_millis(200))?;
+    let (with_opa, with_opa_addr, with_opa_metrics) = start_webhook(
         bins,
         dir,
         &certs,
-        &[format!("--opa-url=http://127.0.0.1:{opa_c_port}")],
+        &[
+            format!("--opa-url=http://127.0.0.1:{opa_c_port}"),
+            format!(
+                "--engine-revisions-url=http://127.0.0.1:{}/engine/revisions",
+                writer.port
+            ),
+        ],
     )?;
+    wait_remembering(with_opa_metrics)?;
     let (opa_d, opa_d_port) = start_opa(
         bins,
         dir,
@@ -151,37 +179,50 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
             label: "(a) ceiling: no-op TLS webhook (axum + rustls)",
             url: format!("https://{noop_addr}/mutate"),
             servers: vec![noop],
+            webhook_metrics: None,
         },
         Contender {
             key: "embedded",
             label: "(b) placement-webhook, embedded engine",
             url: format!("https://{embedded_addr}/mutate"),
             servers: vec![embedded],
+            webhook_metrics: Some(embedded_metrics),
         },
         Contender {
             key: "with-opa",
             label: "(c) placement-webhook + OPA on loopback",
             url: format!("https://{with_opa_addr}/mutate"),
-            servers: vec![with_opa, opa_c],
+            servers: vec![with_opa, opa_c, writer.server],
+            webhook_metrics: Some(with_opa_metrics),
         },
         Contender {
             key: "opa-itself",
             label: "(d) OPA answering the AdmissionReview itself",
             url: format!("https://127.0.0.1:{opa_d_port}/"),
             servers: vec![opa_d],
+            webhook_metrics: None,
         },
     ];
 
     let patches = verify(&contenders, &body, &certs.ca)?;
-    let before = cache_counters(embedded_metrics)?;
+    let before = (
+        cache_counters(embedded_metrics)?,
+        cache_counters(with_opa_metrics)?,
+    );
     let agreement = verify_varied(&contenders, &varied, &certs.ca)?;
-    let after = cache_counters(embedded_metrics)?;
+    let after = (
+        cache_counters(embedded_metrics)?,
+        cache_counters(with_opa_metrics)?,
+    );
     report.note(format!(
         "Scenario 1 check of the varied set before measuring: placement-webhook embedded (b), with OPA (c) and OPA-itself (d) gave the same answer to each of the {VARIED_REVIEWS} reviews ({agreement}). \
-         The embedded webhook evaluated {} of them and answered {} from its decision cache: the {VARIED_REVIEWS} distinct reviews hold {} distinct decision keys under the shipped policy.",
-        after.1 - before.1,
-        after.0 - before.0,
-        after.1 - before.1,
+         The embedded webhook evaluated {} of them and answered {} from its decision cache, the webhook with OPA asked OPA {} times and answered {} from its own: \
+         the {VARIED_REVIEWS} distinct reviews hold {} distinct decision keys under the shipped policy.",
+        after.0.1 - before.0.1,
+        after.0.0 - before.0.0,
+        after.1.1 - before.1.1,
+        after.1.0 - before.1.0,
+        after.0.1 - before.0.1,
     ));
     report.note(format!(
         "Scenario 1 check before measuring: every contender answered the {}-byte review with `allowed: true` and its uid; the patch of (d) OPA-itself {} the patch of placement-webhook (b) and (c) ({}).",
@@ -203,7 +244,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
             for &concurrency in &settings.concurrency {
                 for c in &contenders {
                     let before = c.cpu()?;
-                    let cache_before = cache_counters(embedded_metrics)?;
+                    let cache_before = c.cache()?;
                     let load = oha(
                         &bins.oha,
                         &c.url,
@@ -213,7 +254,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         settings.duration,
                     )?;
                     let cpu = c.cpu()? - before;
-                    let cache_after = cache_counters(embedded_metrics)?;
+                    let cache_after = c.cache()?;
                     let cache = (
                         cache_after.0 - cache_before.0,
                         cache_after.1 - cache_before.1,
@@ -453,7 +494,7 @@ fn write_report(
     md.push_str(&format!(
         "## 1. Admission over TLS\n\n{} s per run, {} runs, medians; HTTP/1.1 keep-alive, the same `oha` for every contender. \
          Throughput counts HTTP 200 answers only. CPU is the server processes' user+system time per 1,000 reviews \
-         ((c): placement-webhook + OPA). Ratios: throughput as a fraction of the ceiling's and of OPA-itself's; CPU and latency as a multiple of the ceiling's. \
+         ((c): placement-webhook, OPA and placement-sync, which writes OPA). Ratios: throughput as a fraction of the ceiling's and of OPA-itself's; CPU and latency as a multiple of the ceiling's. \
          Both OPAs run without authentication (OPA on loopback beside the webhook, like the sidecar deployment), `--log-level=error`, with the shipped \
          policy and the example clusters (`policies/kubernetes/clusters/data.json`) loaded from files; (d) also loads `bench/rego/system_main.rego` and serves TLS \
          with the same certificate. The embedded webhook runs with its defaults, so its decision cache (`--decision-cache-memory`, 16 MiB) is on. \
@@ -499,25 +540,29 @@ fn write_report(
                 }
             }
         }
-        let cache: Vec<String> = settings
-            .concurrency
-            .iter()
-            .filter_map(|&c| {
-                let (hits, misses) = samples
-                    .get(&(s, "embedded", c))?
-                    .iter()
-                    .fold((0, 0), |(h, m), x| (h + x.cache.0, m + x.cache.1));
-                let total = (hits + misses).max(1);
-                Some(format!(
-                    "c={c}: {:.1}% of {} decisions ({misses} evaluated)",
-                    hits as f64 * 100.0 / total as f64,
-                    hits + misses
-                ))
-            })
-            .collect();
+        let cache = |key: &str| -> Vec<String> {
+            settings
+                .concurrency
+                .iter()
+                .filter_map(|&c| {
+                    let (hits, misses) = samples
+                        .get(&(s, key, c))?
+                        .iter()
+                        .fold((0, 0), |(h, m), x| (h + x.cache.0, m + x.cache.1));
+                    let total = (hits + misses).max(1);
+                    Some(format!(
+                        "c={c}: {:.1}% of {} decisions ({misses} evaluated)",
+                        hits as f64 * 100.0 / total as f64,
+                        hits + misses
+                    ))
+                })
+                .collect()
+        };
         md.push_str(&format!(
-            "\nThe embedded webhook's decision cache during these runs (`placement_webhook_decision_cache_hits_total` / `_misses_total`; one per review here, all CREATEs): hits {}.\n\n",
-            cache.join("; ")
+            "\nplacement-webhook's decision cache during these runs (`placement_webhook_decision_cache_hits_total` / `_misses_total`; one per review here, all CREATEs): \
+             embedded, hits {}; with OPA, hits {}.\n\n",
+            cache("embedded").join("; "),
+            cache("with-opa").join("; ")
         ));
     }
     let top = settings.concurrency.iter().copied().max().unwrap_or(32);
@@ -526,14 +571,15 @@ fn write_report(
     md.push_str(&format!(
         "### What a review costs\n\n\
          On the varied set at concurrency {top} the servers used {:.3} ms of CPU per review for the ceiling, {:.3} ms for placement-webhook embedded, \
-         {:.3} ms for placement-webhook + OPA (both processes) and {:.3} ms for OPA answering itself. \
+         {:.3} ms for placement-webhook + OPA (with placement-sync, OPA's writer: the three processes) and {:.3} ms for OPA answering itself. \
          The embedded webhook evaluates a decision only when the policy has not answered one that agrees at every input path it reads: the shipped \
          policy reads `kind` and three annotations (`object.get(input, [\"metadata\", \"annotations\", ...])` counts as reading that one annotation), \
          so the 2,000 distinct reviews fall into a few dozen decisions, and what remains per review is the stack the ceiling has too (TLS, HTTP, one \
          JSON parse) plus the policy input, the cache key and the patch. A cache miss costs what it cost before: about 1.79 M instructions in regorus's \
          interpreter for this decision (117 K of query setup plus about 50 K per rule; `perf stat -e instructions:u`); the bytecode VM (RVM), at \
-         1.15 M, still does not compile the decision's `annotations[\"...\"] := v` rules, so the interpreter stays. With OPA every review is a \
-         round trip to OPA: the webhook does not cache there, because it cannot see OPA's policy and data revisions. \
+         1.15 M, still does not compile the decision's `annotations[\"...\"] := v` rules, so the interpreter stays. With OPA the webhook \
+         remembers decisions the same way, because placement-sync, OPA's only writer in the pod, announces every write on `/engine/revisions` and holds it \
+         until the webhook has forgotten what it remembered (or its 3 s lease has run out); a miss is a round trip to OPA. \
          Evaluations run at most one per core (a semaphore in front of the blocking pool), so a burst of {top} queues instead of time-slicing.\n",
         cpu(v, "ceiling", top),
         cpu(v, "embedded", top),
@@ -636,17 +682,28 @@ fn write_report(
     );
 }
 
-/// The embedded webhook's decision cache counters (hits, misses).
+/// Wait until the webhook with OPA remembers decisions (it follows its
+/// writer's revisions and has read OPA's modules).
+fn wait_remembering(metrics: std::net::SocketAddr) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = metrics_page(metrics)?;
+        if page
+            .lines()
+            .any(|l| l == "placement_webhook_decision_cache_enabled 1")
+        {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            bail!("the webhook with OPA never remembered decisions:\n{page}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// placement-webhook's decision cache counters (hits, misses).
 fn cache_counters(metrics: std::net::SocketAddr) -> Result<(u64, u64)> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(metrics)?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        stream,
-        "GET /metrics HTTP/1.1\r\nHost: {metrics}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text)?;
+    let text = metrics_page(metrics)?;
     let counter = |name: &str| -> Result<u64> {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
@@ -656,6 +713,19 @@ fn cache_counters(metrics: std::net::SocketAddr) -> Result<(u64, u64)> {
         counter("placement_webhook_decision_cache_hits_total ")?,
         counter("placement_webhook_decision_cache_misses_total ")?,
     ))
+}
+
+fn metrics_page(metrics: std::net::SocketAddr) -> Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(metrics)?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: {metrics}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    Ok(text)
 }
 
 #[cfg(test)]

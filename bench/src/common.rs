@@ -439,18 +439,34 @@ impl Sidecar {
         extra: &[String],
         label: &str,
     ) -> Result<Sidecar> {
+        let opa = [
+            format!("--opa-url={}", opa.url()),
+            format!("--opa-token-file={}", opa.token_file().display()),
+        ];
+        Self::start_for(bins, dir, plane, identity, &opa, extra, label)
+    }
+
+    /// [`Sidecar::start`] with OPA given by its flags (`--opa-url`, ...).
+    pub(crate) fn start_for(
+        bins: &Bins,
+        dir: &Path,
+        plane: &placement_tests::ControlPlane,
+        identity: placement_tests::Identity,
+        opa: &[String],
+        extra: &[String],
+        label: &str,
+    ) -> Result<Sidecar> {
         std::fs::create_dir_all(dir)?;
         let port = free_port();
         let mut args: Vec<String> = vec![
             format!("--kubeconfig={}", plane.kubeconfig(identity).display()),
-            format!("--opa-url={}", opa.url()),
-            format!("--opa-token-file={}", opa.token_file().display()),
             format!("--listen=127.0.0.1:{port}"),
             format!(
                 "--ownership-key-file={}",
                 placement_tests::ownership_key_file().display()
             ),
         ];
+        args.extend(opa.iter().cloned());
         args.extend(extra.iter().cloned());
         let env = vec![("RUST_LOG".to_owned(), "info".to_owned())];
         let process = Process::spawn_with_env(

@@ -349,3 +349,127 @@ impl PolicyEngine for RememberingEngine {
         Some(self.memo.stats(off))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Embedded;
+    use serde_json::json;
+
+    const MODULE: &str = r#"package t
+answer := input.kind
+"#;
+
+    /// An engine (embedded, its own memory off) behind a feed nobody serves:
+    /// the tests play the board's answers through `observe`.
+    async fn remembering() -> RememberingEngine {
+        let inner = Embedded::new().with_decision_cache(0);
+        inner.put_policy("t.rego", MODULE).await.unwrap();
+        RememberingEngine::new(
+            Arc::new(inner),
+            1 << 20,
+            Url::parse("http://127.0.0.1:9/engine/revisions").unwrap(),
+        )
+    }
+
+    fn revision(counter: u64) -> Revision {
+        Revision { epoch: 7, counter }
+    }
+
+    async fn ask(engine: &RememberingEngine, kind: &str) -> QueryOutcome {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        engine
+            .query("t/answer", &json!({"kind": kind, "name": "x"}), deadline)
+            .await
+            .unwrap()
+    }
+
+    async fn at_rest(engine: &RememberingEngine, counter: u64) {
+        let r = revision(counter);
+        assert!(engine.observe(r, Instant::now()), "reads to fetch");
+        let modules = engine.inner.policies().await.unwrap();
+        engine.install_reads(r, Ok(crate::embedded::input_reads(&modules)));
+    }
+
+    fn hits(engine: &RememberingEngine) -> u64 {
+        engine.decision_cache().unwrap().hits
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn remembers_only_at_rest_at_a_confirmed_revision() {
+        let engine = remembering().await;
+        ask(&engine, "A").await;
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 0, "nothing before the first revision");
+        assert!(engine.decision_cache().unwrap().refused.is_some());
+
+        at_rest(&engine, 2).await;
+        assert_eq!(engine.decision_cache().unwrap().refused, None);
+        ask(&engine, "A").await;
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 1);
+
+        // A write announced: forgotten at once, nothing remembered meanwhile.
+        assert!(!engine.observe(revision(3), Instant::now()));
+        ask(&engine, "A").await;
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 1);
+        // At rest again, under the new revision only.
+        at_rest(&engine, 4).await;
+        ask(&engine, "A").await;
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_computed_before_a_new_revision_is_not_kept() {
+        let engine = remembering().await;
+        at_rest(&engine, 2).await;
+        let (generation, _) = engine.remembering().unwrap();
+        // The board moved on while the answer was on its way.
+        engine.observe(revision(3), Instant::now());
+        assert!(!engine.still_trusted(generation));
+        // Modules read for a revision that is no longer current are dropped.
+        let modules = engine.inner.policies().await.unwrap();
+        engine.install_reads(revision(2), Ok(crate::embedded::input_reads(&modules)));
+        assert!(engine.remembering().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn trust_ends_with_the_lease_or_at_once_when_the_board_fails() {
+        let engine = remembering().await;
+        at_rest(&engine, 2).await;
+        assert!(engine.remembering().is_some());
+        tokio::time::advance(LEASE).await;
+        assert!(engine.remembering().is_none(), "the lease ran out");
+        let off = engine.decision_cache().unwrap().refused.unwrap();
+        assert!(off.contains("not confirmed"), "{off}");
+
+        // Renewed by the next answer (the same revision: nothing to read again).
+        assert!(!engine.observe(revision(2), Instant::now()));
+        assert!(engine.remembering().is_some());
+        engine.lose_trust("connection refused".to_owned());
+        assert!(
+            engine.remembering().is_none(),
+            "a failed poll ends trust now"
+        );
+        assert_eq!(
+            engine.decision_cache().unwrap().refused.as_deref(),
+            Some("connection refused")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_policy_set_that_cannot_be_pinned_is_not_remembered() {
+        let engine = remembering().await;
+        engine
+            .inner
+            .put_policy("whole.rego", "package w\nall := input\n")
+            .await
+            .unwrap();
+        at_rest(&engine, 2).await;
+        assert!(engine.remembering().is_none());
+        let off = engine.decision_cache().unwrap().refused.unwrap();
+        assert!(off.contains("whole.rego"), "{off}");
+    }
+}

@@ -438,6 +438,25 @@ fn helm_install_with_defaults_places_user_and_controller_workloads() {
     );
     assert_eq!(placed_clusters(&replicaset), eu_pci(), "{replicaset}");
     cluster.wait_rollout(&ns, "web-eu");
+
+    // Each webhook remembers OPA's decisions: it follows the revisions of
+    // placement-sync, OPA's writer, in its own pod.
+    let webhooks = running_pods(cluster, "webhook");
+    assert!(!webhooks.is_empty());
+    for pod in webhooks {
+        let path = format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:9090/proxy/metrics");
+        release.wait_for(
+            &format!("{pod} to remember decisions"),
+            Duration::from_secs(30),
+            || {
+                let out = cluster.kubectl(&["get", "--raw", &path]);
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .any(|l| l == "placement_webhook_decision_cache_enabled 1")
+                    .then_some(())
+            },
+        );
+    }
     eprintln!(
         "measured: helm install to every pod Ready: {:?}",
         release.ready_after

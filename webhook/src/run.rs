@@ -580,6 +580,61 @@ mod tests {
         assert_eq!(resource("Endpoints"), "endpoints");
     }
 
+    fn serve_args(flags: &[&str]) -> ServeArgs {
+        let cli = <crate::config::Cli as clap::Parser>::parse_from(
+            ["placement-webhook", "serve"].iter().chain(flags),
+        );
+        let crate::config::Command::Serve(args) = cli.command else {
+            panic!("serve")
+        };
+        *args
+    }
+
+    #[tokio::test]
+    async fn the_revisions_url_is_for_opa_and_turns_remembering_on() {
+        let policies = concat!(env!("CARGO_MANIFEST_DIR"), "/../policies");
+        let embedded = serve_args(&[
+            "--policy-dir",
+            policies,
+            "--engine-revisions-url",
+            "http://127.0.0.1:1/engine/revisions",
+        ]);
+        let mut resolved = embedded.engine.resolve().unwrap();
+        let err = remember_opa_decisions(&embedded, &mut resolved)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--engine-revisions-url is for OPA"), "{err}");
+
+        let bad = serve_args(&[
+            "--opa-url",
+            "http://127.0.0.1:1",
+            "--engine-revisions-url",
+            "::",
+        ]);
+        let mut resolved = bad.engine.resolve().unwrap();
+        let err = remember_opa_decisions(&bad, &mut resolved)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not a URL"), "{err}");
+
+        // OPA alone has no decision cache; with its writer's revisions it has
+        // one, off until the first revision comes.
+        let opa = serve_args(&["--opa-url", "http://127.0.0.1:1"]);
+        let mut resolved = opa.engine.resolve().unwrap();
+        remember_opa_decisions(&opa, &mut resolved).unwrap();
+        assert!(resolved.engine.decision_cache().is_none());
+        let followed = serve_args(&[
+            "--opa-url",
+            "http://127.0.0.1:1",
+            "--engine-revisions-url",
+            "http://127.0.0.1:1/engine/revisions",
+        ]);
+        let mut resolved = followed.engine.resolve().unwrap();
+        remember_opa_decisions(&followed, &mut resolved).unwrap();
+        let stats = resolved.engine.decision_cache().expect("a decision cache");
+        assert!(stats.refused.is_some(), "{stats:?}");
+    }
+
     #[test]
     fn manifest_is_wrapped_as_a_create() {
         let rs =
