@@ -173,7 +173,9 @@ impl RevisionBoard {
         {
             let mut board = self.lock();
             let now = Instant::now();
-            board.readers.retain(|_, r| r.trusted_until > now);
+            board
+                .readers
+                .retain(|_, r| r.trusted_until + LEASE_MARGIN > now);
             let count = board.readers.len();
             let acknowledged = poll.acknowledged().filter(|r| r.epoch == self.epoch);
             match board.readers.entry(poll.reader.clone()) {
@@ -237,18 +239,15 @@ impl RevisionBoard {
                 board
                     .readers
                     .values()
-                    .filter(|r| r.trusted_until > now && r.acknowledged != Some(target))
-                    .map(|r| r.trusted_until)
+                    .filter(|r| r.acknowledged != Some(target))
+                    .map(|r| r.trusted_until + LEASE_MARGIN)
+                    .filter(|&until| until > now)
                     .max()
             };
             let Some(until) = waiting_until else {
                 return ticket;
             };
-            let _ = tokio::time::timeout_at(until + LEASE_MARGIN, acknowledged.changed()).await;
-            if Instant::now() >= until + LEASE_MARGIN {
-                // Every lease that was waited for has run out by now.
-                return ticket;
-            }
+            let _ = tokio::time::timeout_at(until, acknowledged.changed()).await;
         }
     }
 
@@ -459,7 +458,7 @@ mod tests {
             Err(PollError::BadReader)
         );
         // Readers whose lease ran out make room.
-        tokio::time::advance(LEASE + Duration::from_millis(1)).await;
+        tokio::time::advance(LEASE + LEASE_MARGIN).await;
         assert!(board.poll(poll("one-more", None), HOLD).await.is_ok());
     }
 }
