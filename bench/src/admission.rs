@@ -684,7 +684,7 @@ fn write_report(
 
 /// Wait until the webhook with OPA remembers decisions (it follows its
 /// writer's revisions and has read OPA's modules).
-fn wait_remembering(metrics: std::net::SocketAddr) -> Result<()> {
+pub(crate) fn wait_remembering(metrics: std::net::SocketAddr) -> Result<()> {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let page = metrics_page(metrics)?;

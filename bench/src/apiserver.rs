@@ -13,7 +13,9 @@ use k8s_openapi::api::apps::v1::ReplicaSet;
 use kube::api::{Api, PostParams};
 use placement_tests::{ControlPlane, Identity, POLICY_NAMESPACE};
 
-use crate::common::{Bins, median, percentile, post_review, start_noop, start_opa, start_webhook};
+use crate::common::{
+    Bins, Sidecar, median, percentile, post_review, start_noop, start_opa, start_webhook,
+};
 use crate::report::{Report, Status, fmt_ms};
 use crate::review::{PREFS, replicaset};
 
@@ -75,16 +77,32 @@ pub(crate) fn run(
     )?;
     let tree = crate::admission::policy_tree(&dir.join("opa-policy"), &root, false)?;
     let (_opa, opa_port) = start_opa(bins, dir, "policy", &[tree.display().to_string()])?;
-    let (_with_opa, with_opa_addr, _) = start_webhook(
+    // OPA's writer beside it, as in the chart's pod (see scenario 1).
+    let mut writer = Sidecar::start_for(
+        bins,
+        dir,
+        &plane,
+        Identity::Sidecar,
+        &[format!("--opa-url=http://127.0.0.1:{opa_port}")],
+        &["--remediation=off".to_owned()],
+        "opa-writer",
+    )?;
+    writer.wait_ready(Duration::from_secs(60), Duration::from_millis(200))?;
+    let (_with_opa, with_opa_addr, with_opa_metrics) = start_webhook(
         bins,
         dir,
         &certs,
         &[
             format!("--opa-url=http://127.0.0.1:{opa_port}"),
+            format!(
+                "--engine-revisions-url=http://127.0.0.1:{}/engine/revisions",
+                writer.port
+            ),
             webhook_kubeconfig,
             format!("--policy-namespace={POLICY_NAMESPACE}"),
         ],
     )?;
+    crate::admission::wait_remembering(with_opa_metrics)?;
     let contenders = [
         Contender {
             key: "none",
@@ -229,7 +247,7 @@ pub(crate) fn run(
          webhook costs through the API server on this machine (it encodes the object, calls out over TLS, decodes the answer). The no-op webhook \
          answering placement-webhook's own patch adds {:+.2} ms more: that is the API server applying a mutation (the JSON patch, decoding the \
          object again, managed fields), before any policy is evaluated. placement-webhook's own share is what is left: {:+.2} ms embedded and \
-         {:+.2} ms with OPA over the patching no-op webhook. With 8 creates in flight the API server, etcd, the webhook (and OPA) and the client \
+         {:+.2} ms with OPA over the patching no-op webhook (both remember decisions; with OPA while following placement-sync, OPA's writer). With 8 creates in flight the API server, etcd, the webhook (and OPA) and the client \
          share 2 cores, so every extra millisecond of CPU per create shows up several times over in the latency.",
         med("ceiling", 0) - med("none", 0),
         med("patching", 0) - med("ceiling", 0),
