@@ -59,6 +59,23 @@ impl Revision {
     }
 }
 
+/// A revision as the board answers it: with how many writes of policy
+/// modules (not data) it has announced, so that readers read the modules
+/// again only when they may have changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Announcement {
+    #[serde(flatten)]
+    pub revision: Revision,
+    pub module_writes: u64,
+}
+
+/// What a write changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteKind {
+    Data,
+    Modules,
+}
+
 impl fmt::Display for Revision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:016x}/{}", self.epoch, self.counter)
@@ -111,6 +128,7 @@ struct Reader {
 #[derive(Debug)]
 struct Board {
     counter: u64,
+    module_writes: u64,
     writers: usize,
     readers: HashMap<String, Reader>,
 }
@@ -138,6 +156,7 @@ impl RevisionBoard {
             epoch: random_u64(),
             board: Mutex::new(Board {
                 counter: 0,
+                module_writes: 0,
                 writers: 0,
                 readers: HashMap::new(),
             }),
@@ -164,7 +183,7 @@ impl RevisionBoard {
 
     /// Answer a reader: at once when it acts on another revision than the
     /// current one, else when the revision changes or after `hold`.
-    pub async fn poll(&self, poll: Poll, hold: Duration) -> Result<Revision, PollError> {
+    pub async fn poll(&self, poll: Poll, hold: Duration) -> Result<Announcement, PollError> {
         let valid = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
         if poll.reader.is_empty() || poll.reader.len() > 64 || !poll.reader.chars().all(valid) {
             return Err(PollError::BadReader);
@@ -201,8 +220,11 @@ impl RevisionBoard {
     }
 
     /// The current revision, as sent to `reader` now (which starts its lease).
-    fn answer(&self, board: &mut Board, reader: &str) -> Revision {
-        let revision = self.revision(board.counter);
+    fn answer(&self, board: &mut Board, reader: &str) -> Announcement {
+        let revision = Announcement {
+            revision: self.revision(board.counter),
+            module_writes: board.module_writes,
+        };
         let trusted_until = Instant::now() + LEASE;
         board
             .readers
@@ -217,10 +239,15 @@ impl RevisionBoard {
 
     /// Announce a write and wait until no reader can still be answering from
     /// the revision before it. Hold the ticket for as long as the write runs.
-    pub async fn begin_write(self: &Arc<Self>) -> WriteTicket {
+    pub async fn begin_write(self: &Arc<Self>, kind: WriteKind) -> WriteTicket {
         let target = {
             let mut board = self.lock();
             board.writers += 1;
+            if kind == WriteKind::Modules {
+                // Counted before the write reaches the engine, so the revision
+                // at rest after it tells readers to read the modules again.
+                board.module_writes += 1;
+            }
             if board.counter.is_multiple_of(2) {
                 board.counter += 1;
                 self.changed.send_replace(board.counter);
@@ -312,32 +339,32 @@ impl PolicyEngine for AnnouncedWrites {
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
-        let _write = self.board.begin_write().await;
+        let _write = self.board.begin_write(WriteKind::Data).await;
         self.inner.put_data(path, value).await
     }
 
     async fn put_data_encoded(&self, path: &str, json: EncodedJson) -> Result<(), EngineError> {
-        let _write = self.board.begin_write().await;
+        let _write = self.board.begin_write(WriteKind::Data).await;
         self.inner.put_data_encoded(path, json).await
     }
 
     async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
-        let _write = self.board.begin_write().await;
+        let _write = self.board.begin_write(WriteKind::Data).await;
         self.inner.patch_data(path, patch).await
     }
 
     async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
-        let _write = self.board.begin_write().await;
+        let _write = self.board.begin_write(WriteKind::Data).await;
         self.inner.delete_data(path).await
     }
 
     async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError> {
-        let _write = self.board.begin_write().await;
+        let _write = self.board.begin_write(WriteKind::Modules).await;
         self.inner.put_policy(id, source).await
     }
 
     async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
-        let _write = self.board.begin_write().await;
+        let _write = self.board.begin_write(WriteKind::Modules).await;
         self.inner.delete_policy(id).await
     }
 
@@ -362,22 +389,27 @@ impl PolicyEngine for AnnouncedWrites {
 mod tests {
     use super::*;
 
-    fn poll(reader: &str, acknowledged: Option<Revision>) -> Poll {
-        Poll::new(reader, acknowledged)
+    async fn ask(
+        board: &RevisionBoard,
+        reader: &str,
+        acknowledged: Option<Revision>,
+    ) -> Result<Revision, PollError> {
+        let answer = board.poll(Poll::new(reader, acknowledged), HOLD).await?;
+        Ok(answer.revision)
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_write_waits_for_every_trusting_reader_to_acknowledge() {
         let board = Arc::new(RevisionBoard::new());
-        let rest = board.poll(poll("a", None), HOLD).await.unwrap();
+        let rest = ask(&board, "a", None).await.unwrap();
         assert!(rest.at_rest());
         // Reader "a" now trusts `rest`: a write must wait for it.
         let writing = {
             let board = Arc::clone(&board);
-            tokio::spawn(async move { board.begin_write().await })
+            tokio::spawn(async move { board.begin_write(WriteKind::Data).await })
         };
         tokio::task::yield_now().await;
-        let announced = board.poll(poll("a", Some(rest)), HOLD).await.unwrap();
+        let announced = ask(&board, "a", Some(rest)).await.unwrap();
         assert_eq!(
             announced.counter,
             rest.counter + 1,
@@ -386,7 +418,7 @@ mod tests {
         assert!(!writing.is_finished(), "held until acknowledged");
         // Acknowledging is the next poll, carrying the announced revision.
         let board2 = Arc::clone(&board);
-        let held = tokio::spawn(async move { board2.poll(poll("a", Some(announced)), HOLD).await });
+        let held = tokio::spawn(async move { ask(&board2, "a", Some(announced)).await });
         let ticket = writing.await.unwrap();
         drop(ticket);
         let after = held.await.unwrap().unwrap();
@@ -397,24 +429,24 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_reader_holds_a_write_only_until_its_lease_ends() {
         let board = Arc::new(RevisionBoard::new());
-        board.poll(poll("gone", None), HOLD).await.unwrap();
+        ask(&board, "gone", None).await.unwrap();
         let start = Instant::now();
-        let ticket = board.begin_write().await;
+        let ticket = board.begin_write(WriteKind::Data).await;
         let waited = start.elapsed();
         assert!(waited >= LEASE, "waited {waited:?}");
         assert!(waited <= LEASE + LEASE_MARGIN + Duration::from_millis(10));
         drop(ticket);
         // Without readers a write does not wait at all.
         let start = Instant::now();
-        drop(board.begin_write().await);
+        drop(board.begin_write(WriteKind::Data).await);
         assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
     async fn writes_of_a_burst_share_one_announcement() {
         let board = Arc::new(RevisionBoard::new());
-        let first = board.begin_write().await;
-        let second = board.begin_write().await;
+        let first = board.begin_write(WriteKind::Data).await;
+        let second = board.begin_write(WriteKind::Data).await;
         assert_eq!(board.current().counter, 1);
         drop(first);
         assert!(!board.current().at_rest(), "one write still runs");
@@ -423,11 +455,29 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn module_writes_are_counted_apart_from_data() {
+        let board = Arc::new(RevisionBoard::new());
+        let module_writes = || async {
+            let answer = board.poll(Poll::new("a", None), HOLD).await.unwrap();
+            answer.module_writes
+        };
+        drop(board.begin_write(WriteKind::Data).await);
+        assert_eq!(module_writes().await, 0);
+        // A module write joining a burst of data writes counts too.
+        let data = board.begin_write(WriteKind::Data).await;
+        let modules = board.begin_write(WriteKind::Modules).await;
+        drop(modules);
+        drop(data);
+        assert_eq!(module_writes().await, 1);
+        assert!(board.current().at_rest());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_poll_on_the_current_revision_is_held() {
         let board = Arc::new(RevisionBoard::new());
-        let current = board.poll(poll("a", None), HOLD).await.unwrap();
+        let current = ask(&board, "a", None).await.unwrap();
         let start = Instant::now();
-        let again = board.poll(poll("a", Some(current)), HOLD).await.unwrap();
+        let again = ask(&board, "a", Some(current)).await.unwrap();
         assert_eq!(again, current);
         assert_eq!(start.elapsed(), HOLD);
         // Another epoch's acknowledgement is none: answered at once.
@@ -436,7 +486,7 @@ mod tests {
             counter: current.counter,
         };
         let start = Instant::now();
-        assert_eq!(board.poll(poll("a", Some(stale)), HOLD).await, Ok(current));
+        assert_eq!(ask(&board, "a", Some(stale)).await, Ok(current));
         assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
@@ -444,21 +494,15 @@ mod tests {
     async fn readers_are_bounded_and_named_plainly() {
         let board = Arc::new(RevisionBoard::new());
         for n in 0..MAX_READERS {
-            board
-                .poll(poll(&format!("r{n}"), None), HOLD)
-                .await
-                .unwrap();
+            ask(&board, &format!("r{n}"), None).await.unwrap();
         }
         assert_eq!(
-            board.poll(poll("one-more", None), HOLD).await,
+            ask(&board, "one-more", None).await,
             Err(PollError::TooManyReaders)
         );
-        assert_eq!(
-            board.poll(poll("a b", None), HOLD).await,
-            Err(PollError::BadReader)
-        );
+        assert_eq!(ask(&board, "a b", None).await, Err(PollError::BadReader));
         // Readers whose lease ran out make room.
         tokio::time::advance(LEASE + LEASE_MARGIN).await;
-        assert!(board.poll(poll("one-more", None), HOLD).await.is_ok());
+        assert!(ask(&board, "one-more", None).await.is_ok());
     }
 }

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::{DecisionCacheStats, DecisionMemo};
-use crate::revision_board::{HOLD, LEASE, Revision};
+use crate::revision_board::{Announcement, HOLD, LEASE, Revision};
 use crate::{EngineError, Url};
 
 /// An engine whose decisions are remembered while its writer's revisions are
@@ -37,16 +37,24 @@ pub struct RememberingEngine {
     state: Mutex<Following>,
 }
 
+/// The writer's epoch and its count of module writes: the same pair, the
+/// same modules.
+type ModulesAt = (u64, u64);
+
 #[derive(Debug)]
 struct Following {
     /// The last revision the board sent.
     seen: Option<Revision>,
+    /// The board's count of module writes with it.
+    seen_module_writes: u64,
     /// What is remembered belongs to this generation (bumped with `seen`).
     generation: u64,
     /// The lease on `seen`.
     trusted_until: Instant,
-    /// The input paths read at `seen`, once at rest and fetched.
-    reads: Option<(Revision, Result<Arc<InputReads>, Uncacheable>)>,
+    /// The input paths the modules read, fetched at rest, for the (epoch,
+    /// module writes) they were fetched at: a revision that changed only data
+    /// keeps them.
+    reads: Option<(ModulesAt, Result<Arc<InputReads>, Uncacheable>)>,
     /// Why the board's last answer did not come.
     feed_error: Option<String>,
     /// Why the input reads of `seen` are not known.
@@ -92,6 +100,7 @@ impl RememberingEngine {
             reader: reader_id(),
             state: Mutex::new(Following {
                 seen: None,
+                seen_module_writes: 0,
                 generation: 0,
                 trusted_until: Instant::now(),
                 reads: None,
@@ -114,7 +123,9 @@ impl RememberingEngine {
             return None;
         }
         match &state.reads {
-            Some((at, Ok(reads))) if *at == seen => Some((state.generation, Arc::clone(reads))),
+            Some((at, Ok(reads))) if *at == (seen.epoch, state.seen_module_writes) => {
+                Some((state.generation, Arc::clone(reads)))
+            }
             _ => None,
         }
     }
@@ -147,19 +158,19 @@ impl RememberingEngine {
                 answer = self.ask(&client, acknowledged) => answer,
             };
             match answer {
-                Ok(revision) => {
+                Ok(announced) => {
                     if failing {
                         tracing::info!(board = %self.shown_board(), "following the engine's revisions again");
                         failing = false;
                     }
-                    if self.observe(revision, asked) {
+                    if self.observe(announced, asked) {
                         let reads = self
                             .inner
                             .policies()
                             .await
                             .map_err(|e| format!("cannot read the engine's modules: {e}"))
                             .map(|modules| crate::embedded::input_reads(&modules));
-                        self.install_reads(revision, reads);
+                        self.install_reads(announced, reads);
                     }
                 }
                 Err(detail) => {
@@ -193,7 +204,7 @@ impl RememberingEngine {
         &self,
         client: &reqwest::Client,
         acknowledged: Option<Revision>,
-    ) -> Result<Revision, String> {
+    ) -> Result<Announcement, String> {
         let mut url = self.board.clone();
         {
             let mut query = url.query_pairs_mut();
@@ -218,7 +229,7 @@ impl RememberingEngine {
             ));
         }
         response
-            .json::<Revision>()
+            .json::<Announcement>()
             .await
             .map_err(|e| format!("not a revision: {}", e.without_url()))
     }
@@ -226,7 +237,8 @@ impl RememberingEngine {
     /// Take in the board's answer to a poll sent at `asked`: a new revision
     /// forgets everything (before the next poll acknowledges it). Returns
     /// whether the input reads of this revision are to be fetched.
-    fn observe(&self, revision: Revision, asked: Instant) -> bool {
+    fn observe(&self, announced: Announcement, asked: Instant) -> bool {
+        let revision = announced.revision;
         let mut state = self.lock();
         state.feed_error = None;
         if state.seen != Some(revision) {
@@ -234,26 +246,29 @@ impl RememberingEngine {
             state.generation += 1;
             self.memo.advance(state.generation);
         }
+        state.seen_module_writes = announced.module_writes;
         state.trusted_until = asked + LEASE;
-        revision.at_rest() && !matches!(&state.reads, Some((at, _)) if *at == revision)
+        let modules = (revision.epoch, announced.module_writes);
+        revision.at_rest() && !matches!(&state.reads, Some((at, _)) if *at == modules)
     }
 
-    /// Keep the input reads fetched for `revision`, if the engine is still
+    /// Keep the input reads fetched at `announced`, if the engine is still
     /// known to be there (a write after the lease ran out could have changed
     /// the modules while they were read).
     fn install_reads(
         &self,
-        revision: Revision,
+        announced: Announcement,
         reads: Result<Result<Arc<InputReads>, Uncacheable>, String>,
     ) {
         let mut state = self.lock();
-        if state.seen != Some(revision) || Instant::now() >= state.trusted_until {
+        if state.seen != Some(announced.revision) || Instant::now() >= state.trusted_until {
             return;
         }
         match reads {
             Ok(reads) => {
                 state.reads_error = reads.as_ref().err().map(ToString::to_string);
-                state.reads = Some((revision, reads));
+                let modules = (announced.revision.epoch, announced.module_writes);
+                state.reads = Some((modules, reads));
             }
             Err(detail) => state.reads_error = Some(detail),
         }
@@ -372,8 +387,12 @@ answer := input.kind
         )
     }
 
-    fn revision(counter: u64) -> Revision {
-        Revision { epoch: 7, counter }
+    /// Revision `counter` of epoch 7, after `module_writes` module writes.
+    fn revision(counter: u64, module_writes: u64) -> Announcement {
+        Announcement {
+            revision: Revision { epoch: 7, counter },
+            module_writes,
+        }
     }
 
     async fn ask(engine: &RememberingEngine, kind: &str) -> QueryOutcome {
@@ -385,7 +404,7 @@ answer := input.kind
     }
 
     async fn at_rest(engine: &RememberingEngine, counter: u64) {
-        let r = revision(counter);
+        let r = revision(counter, counter);
         assert!(engine.observe(r, Instant::now()), "reads to fetch");
         let modules = engine.inner.policies().await.unwrap();
         engine.install_reads(r, Ok(crate::embedded::input_reads(&modules)));
@@ -410,7 +429,7 @@ answer := input.kind
         assert_eq!(hits(&engine), 1);
 
         // A write announced: forgotten at once, nothing remembered meanwhile.
-        assert!(!engine.observe(revision(3), Instant::now()));
+        assert!(!engine.observe(revision(3, 3), Instant::now()));
         ask(&engine, "A").await;
         ask(&engine, "A").await;
         assert_eq!(hits(&engine), 1);
@@ -422,16 +441,39 @@ answer := input.kind
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_modules_are_read_again_only_after_a_module_write() {
+        let engine = remembering().await;
+        at_rest(&engine, 2).await;
+        ask(&engine, "A").await;
+        // Data written: forgotten, but the input reads stand.
+        assert!(!engine.observe(revision(3, 2), Instant::now()));
+        assert!(
+            !engine.observe(revision(4, 2), Instant::now()),
+            "no reads to fetch"
+        );
+        ask(&engine, "A").await;
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 1, "remembered anew under revision 4 only");
+        // A module written: nothing is remembered until they are read again.
+        assert!(!engine.observe(revision(5, 3), Instant::now()));
+        assert!(
+            engine.observe(revision(6, 3), Instant::now()),
+            "reads to fetch"
+        );
+        assert!(engine.remembering().is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_answer_computed_before_a_new_revision_is_not_kept() {
         let engine = remembering().await;
         at_rest(&engine, 2).await;
         let (generation, _) = engine.remembering().unwrap();
         // The board moved on while the answer was on its way.
-        engine.observe(revision(3), Instant::now());
+        engine.observe(revision(3, 3), Instant::now());
         assert!(!engine.still_trusted(generation));
         // Modules read for a revision that is no longer current are dropped.
         let modules = engine.inner.policies().await.unwrap();
-        engine.install_reads(revision(2), Ok(crate::embedded::input_reads(&modules)));
+        engine.install_reads(revision(2, 2), Ok(crate::embedded::input_reads(&modules)));
         assert!(engine.remembering().is_none());
     }
 
@@ -446,7 +488,7 @@ answer := input.kind
         assert!(off.contains("not confirmed"), "{off}");
 
         // Renewed by the next answer (the same revision: nothing to read again).
-        assert!(!engine.observe(revision(2), Instant::now()));
+        assert!(!engine.observe(revision(2, 2), Instant::now()));
         assert!(engine.remembering().is_some());
         engine.lose_trust("connection refused".to_owned());
         assert!(
