@@ -33,6 +33,7 @@ pub struct RememberingEngine {
     inner: Arc<dyn PolicyEngine>,
     memo: DecisionMemo,
     board: Url,
+    client: reqwest::Client,
     reader: String,
     state: Mutex<Following>,
 }
@@ -92,11 +93,28 @@ impl RememberingEngine {
     /// `inner`'s decisions remembered in about `budget` bytes while the board
     /// at `board` (the writer's revisions endpoint) is followed; run
     /// [`RememberingEngine::follow`] for that.
-    pub fn new(inner: Arc<dyn PolicyEngine>, budget: usize, board: Url) -> Self {
-        RememberingEngine {
+    pub fn new(
+        inner: Arc<dyn PolicyEngine>,
+        budget: usize,
+        board: Url,
+    ) -> Result<Self, EngineError> {
+        if board.scheme() != "http" {
+            return Err(EngineError::Config(format!(
+                "the engine's revisions are served over plain HTTP on the pod's loopback, not {}",
+                crate::opa::redacted_url(&board)
+            )));
+        }
+        // Plain HTTP: images carry no system CA store, and none is needed.
+        let client = reqwest::Client::builder()
+            .timeout(HOLD + Duration::from_secs(2))
+            .tls_certs_only([])
+            .build()
+            .map_err(|e| EngineError::Config(format!("HTTP client: {e}")))?;
+        Ok(RememberingEngine {
             inner,
             memo: DecisionMemo::new(budget),
             board,
+            client,
             reader: reader_id(),
             state: Mutex::new(Following {
                 seen: None,
@@ -107,7 +125,7 @@ impl RememberingEngine {
                 feed_error: None,
                 reads_error: None,
             }),
-        }
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Following> {
@@ -139,23 +157,13 @@ impl RememberingEngine {
 
     /// Follow the board until `cancel`.
     pub async fn follow(&self, cancel: CancellationToken) {
-        let client = match reqwest::Client::builder()
-            .timeout(HOLD + Duration::from_secs(2))
-            .build()
-        {
-            Ok(client) => client,
-            Err(e) => {
-                self.lose_trust(format!("cannot build an HTTP client: {e}"));
-                return;
-            }
-        };
         let mut failing = false;
         loop {
             let acknowledged = self.lock().seen;
             let asked = Instant::now();
             let answer = tokio::select! {
                 () = cancel.cancelled() => return,
-                answer = self.ask(&client, acknowledged) => answer,
+                answer = self.ask(acknowledged) => answer,
             };
             match answer {
                 Ok(announced) => {
@@ -200,11 +208,7 @@ impl RememberingEngine {
         crate::opa::redacted_url(&self.board)
     }
 
-    async fn ask(
-        &self,
-        client: &reqwest::Client,
-        acknowledged: Option<Revision>,
-    ) -> Result<Announcement, String> {
+    async fn ask(&self, acknowledged: Option<Revision>) -> Result<Announcement, String> {
         let mut url = self.board.clone();
         {
             let mut query = url.query_pairs_mut();
@@ -215,7 +219,8 @@ impl RememberingEngine {
                     .append_pair("counter", &revision.counter.to_string());
             }
         }
-        let response = client
+        let response = self
+            .client
             .get(url)
             .send()
             .await
@@ -270,7 +275,12 @@ impl RememberingEngine {
                 let modules = (announced.revision.epoch, announced.module_writes);
                 state.reads = Some((modules, reads));
             }
-            Err(detail) => state.reads_error = Some(detail),
+            Err(detail) => {
+                if state.reads_error.as_ref() != Some(&detail) {
+                    tracing::warn!(%detail, "decisions not remembered: every review is evaluated");
+                }
+                state.reads_error = Some(detail);
+            }
         }
     }
 
@@ -385,6 +395,7 @@ answer := input.kind
             1 << 20,
             Url::parse("http://127.0.0.1:9/engine/revisions").unwrap(),
         )
+        .unwrap()
     }
 
     /// Revision `counter` of epoch 7, after `module_writes` module writes.

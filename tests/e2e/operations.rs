@@ -242,6 +242,27 @@ impl Drop for Release {
 
 /// The running pods of a component (`webhook`, `remediator`), not those
 /// terminating.
+/// The log of `container` in `pod` of the release's namespace, from the
+/// kubelet's files (the API server cannot reach the node by name here).
+fn container_log(cluster: &Cluster, pod: &str, container: &str) -> String {
+    let logs = cluster.dir().join("state/pod-logs");
+    let mut text = String::new();
+    for entry in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with(&format!("{NAMESPACE}_{pod}_")) {
+            continue;
+        }
+        for file in std::fs::read_dir(entry.path().join(container))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            text.push_str(&std::fs::read_to_string(file.path()).unwrap_or_default());
+        }
+    }
+    text
+}
+
 fn running_pods(cluster: &Cluster, component: &str) -> Vec<String> {
     let list = get_json(
         cluster,
@@ -445,17 +466,29 @@ fn helm_install_with_defaults_places_user_and_controller_workloads() {
     assert!(!webhooks.is_empty());
     for pod in webhooks {
         let path = format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:9090/proxy/metrics");
-        release.wait_for(
-            &format!("{pod} to remember decisions"),
-            Duration::from_secs(30),
-            || {
-                let out = cluster.kubectl(&["get", "--raw", &path]);
-                String::from_utf8_lossy(&out.stdout)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let out = cluster.kubectl(&["get", "--raw", &path]);
+            let page = String::from_utf8_lossy(&out.stdout);
+            if page
+                .lines()
+                .any(|l| l == "placement_webhook_decision_cache_enabled 1")
+            {
+                break;
+            }
+            if Instant::now() > deadline {
+                let cache: Vec<&str> = page
                     .lines()
-                    .any(|l| l == "placement_webhook_decision_cache_enabled 1")
-                    .then_some(())
-            },
-        );
+                    .filter(|l| l.contains("decision_cache"))
+                    .collect();
+                panic!(
+                    "{pod} does not remember decisions after 30 s: {cache:?} {}\nits webhook container's log:\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    container_log(cluster, &pod, "webhook")
+                );
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
     }
     eprintln!(
         "measured: helm install to every pod Ready: {:?}",

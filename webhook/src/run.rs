@@ -364,11 +364,14 @@ fn remember_opa_decisions(args: &ServeArgs, resolved: &mut ResolvedEngine) -> Re
     let board = Url::parse(url).map_err(|e| {
         ConfigError::Flag(format!("--engine-revisions-url {url:?} is not a URL: {e}"))
     })?;
-    let remembering = Arc::new(RememberingEngine::new(
-        Arc::clone(&resolved.engine),
-        args.engine.decision_cache_memory,
-        board,
-    ));
+    let remembering = Arc::new(
+        RememberingEngine::new(
+            Arc::clone(&resolved.engine),
+            args.engine.decision_cache_memory,
+            board,
+        )
+        .map_err(ConfigError::Engine)?,
+    );
     let following = Arc::clone(&remembering);
     tokio::spawn(async move { following.follow(CancellationToken::new()).await });
     resolved.engine = remembering;
@@ -616,6 +619,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("is not a URL"), "{err}");
+        let https = serve_args(&[
+            "--opa-url",
+            "http://127.0.0.1:1",
+            "--engine-revisions-url",
+            "https://127.0.0.1:1/engine/revisions",
+        ]);
+        let mut resolved = https.engine.resolve().unwrap();
+        let err = remember_opa_decisions(&https, &mut resolved)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("plain HTTP on the pod's loopback"), "{err}");
 
         // OPA alone has no decision cache; with its writer's revisions it has
         // one, off until the first revision comes.
