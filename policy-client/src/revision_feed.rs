@@ -104,6 +104,8 @@ impl RememberingEngine {
                 crate::opa::redacted_url(&board)
             )));
         }
+        // reqwest needs a process-wide provider even for plain HTTP (as `Opa`).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         // Plain HTTP: images carry no system CA store, and none is needed.
         let client = reqwest::Client::builder()
             .timeout(HOLD + Duration::from_secs(2))
