@@ -288,7 +288,9 @@ impl RevisionBoard {
     }
 }
 
-fn random_u64() -> u64 {
+/// A random number from the system's source (epochs here, reader ids in
+/// `revision_feed`).
+pub(crate) fn random_u64() -> u64 {
     use ring::rand::{SecureRandom, SystemRandom};
     let mut bytes = [0u8; 8];
     SystemRandom::new()

@@ -19,7 +19,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 
 use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
 use crate::input_reads::{InputReads, Uncacheable};
@@ -157,17 +156,13 @@ impl RememberingEngine {
         state.generation == generation && Instant::now() < state.trusted_until
     }
 
-    /// Follow the board until `cancel`.
-    pub async fn follow(&self, cancel: CancellationToken) {
+    /// Follow the board for the life of the process.
+    pub async fn follow(&self) {
         let mut failing = false;
         loop {
             let acknowledged = self.lock().seen;
             let asked = Instant::now();
-            let answer = tokio::select! {
-                () = cancel.cancelled() => return,
-                answer = self.ask(acknowledged) => answer,
-            };
-            match answer {
+            match self.ask(acknowledged).await {
                 Ok(announced) => {
                     if failing {
                         tracing::info!(board = %self.shown_board(), "following the engine's revisions again");
@@ -197,10 +192,7 @@ impl RememberingEngine {
                     self.lose_trust(format!(
                         "the engine's revisions are not answering: {detail}"
                     ));
-                    tokio::select! {
-                        () = cancel.cancelled() => return,
-                        () = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
                 }
             }
         }
@@ -295,12 +287,7 @@ impl RememberingEngine {
 
 /// Random per process, so that a restarted webhook is a new reader.
 fn reader_id() -> String {
-    use ring::rand::{SecureRandom, SystemRandom};
-    let mut bytes = [0u8; 8];
-    SystemRandom::new()
-        .fill(&mut bytes)
-        .expect("the system's random source works");
-    format!("webhook-{:016x}", u64::from_le_bytes(bytes))
+    format!("webhook-{:016x}", crate::revision_board::random_u64())
 }
 
 #[async_trait]

@@ -12,7 +12,6 @@ use policy_client::ownership_secret::KeySecret;
 use policy_client::{LoadingKeys, OwnershipKeys, RememberingEngine, SharedKeys, Url};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio_util::sync::CancellationToken;
 
 use crate::admission::{Admission, AdmissionSettings, Mode};
 use crate::config::{
@@ -373,7 +372,7 @@ fn remember_opa_decisions(args: &ServeArgs, resolved: &mut ResolvedEngine) -> Re
         .map_err(ConfigError::Engine)?,
     );
     let following = Arc::clone(&remembering);
-    tokio::spawn(async move { following.follow(CancellationToken::new()).await });
+    tokio::spawn(async move { following.follow().await });
     resolved.engine = remembering;
     Ok(())
 }
