@@ -11,6 +11,12 @@ pub struct Decision {
     pub annotations: BTreeMap<String, String>,
     /// Policy errors; non-empty means the request is denied.
     pub errors: Vec<String>,
+    /// The weights of the policy's placement are deliberate (the optional
+    /// `policy_weights: true`, e.g. weighting by free capacity): where a
+    /// scheduler is also given weights (a Karmada binding's
+    /// `staticWeightList`), the policy's win. Absent or false: the policy
+    /// weighs evenly, and given weights replace its own.
+    pub policy_weights: bool,
 }
 
 /// The policy's result does not have the decision's shape.
@@ -28,6 +34,8 @@ pub enum DecisionError {
     AnnotationsNotAnObject(&'static str),
     #[error("policy decision field `errors` must be an array (or a set) of messages, got {0}")]
     ErrorsNotAnArray(&'static str),
+    #[error("policy decision field `policy_weights` must be a boolean, got {0}")]
+    PolicyWeightsNotABoolean(&'static str),
 }
 
 impl Decision {
@@ -56,9 +64,15 @@ impl Decision {
             Some(Value::Array(items)) => items.iter().map(annotation_value).collect(),
             Some(other) => return Err(DecisionError::ErrorsNotAnArray(json_type(other))),
         };
+        let policy_weights = match fields.get("policy_weights") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(other) => return Err(DecisionError::PolicyWeightsNotABoolean(json_type(other))),
+        };
         Ok(Decision {
             annotations,
             errors,
+            policy_weights,
         })
     }
 

@@ -11,6 +11,7 @@ pub mod embedded;
 pub mod engine;
 pub mod input;
 mod input_reads;
+pub mod karmada;
 pub mod kube_client;
 mod memo;
 pub mod opa;

@@ -446,7 +446,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-            errors: vec![],
+            ..Decision::default()
         }
     }
 

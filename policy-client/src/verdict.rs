@@ -138,6 +138,7 @@ mod tests {
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             errors: errors.iter().map(|e| (*e).to_owned()).collect(),
+            ..Decision::default()
         }
     }
 

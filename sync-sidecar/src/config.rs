@@ -9,6 +9,7 @@ use clap::{Parser, ValueEnum};
 use policy_client::{DEFAULT_DECISION_PATH, Token};
 
 use crate::error::SyncError;
+use crate::reconcile::KarmadaSettings;
 use crate::reconcile::blast::BlastRadius;
 use crate::reconcile::health::PartitionRule;
 use crate::reconcile::scope::Scope;
@@ -520,31 +521,44 @@ impl OwnershipArgs {
     }
 }
 
-/// Scheduling Karmada bindings.
+/// Scheduling and guarding Karmada bindings.
 #[derive(Debug, Clone, clap::Args)]
 struct KarmadaArgs {
     /// Schedule Karmada ResourceBindings and ClusterResourceBindings whose
     /// `spec.schedulerName` is `--scheduler-name`: the policy decides their
-    /// clusters (karmada-scheduler ignores them). Replicate Karmada's
-    /// Clusters with `--replicate-cluster=cluster.karmada.io/v1alpha1/clusters`.
+    /// clusters within what their placement selects (karmada-scheduler
+    /// ignores them). Replicate Karmada's Clusters with
+    /// `--replicate-cluster=cluster.karmada.io/v1alpha1/clusters`.
     #[arg(long, env = "PLACEMENT_SYNC_SCHEDULE_KARMADA_BINDINGS")]
     schedule_karmada_bindings: bool,
 
-    /// The scheduler name of the bindings this sidecar schedules.
+    /// Guardrail: keep the placement of every other binding (karmada-
+    /// scheduler's) within the clusters the policy allows its template,
+    /// admitting it again when the answer changes. The webhook, registered
+    /// with Karmada's API server for bindings, narrows every binding write.
+    #[arg(long, env = "PLACEMENT_SYNC_GUARD_KARMADA_BINDINGS")]
+    guard_karmada_bindings: bool,
+
+    /// The scheduler name of the bindings this sidecar schedules (the
+    /// guardrail leaves them alone).
     #[arg(long, env = "PLACEMENT_SYNC_SCHEDULER_NAME", default_value = DEFAULT_SCHEDULER_NAME)]
     scheduler_name: String,
 }
 
 impl KarmadaArgs {
-    /// The scheduler's name, when it schedules bindings.
-    fn scheduler(&self) -> Result<Option<String>, SyncError> {
-        match (self.schedule_karmada_bindings, self.scheduler_name.trim()) {
-            (false, _) => Ok(None),
-            (true, "") => Err(SyncError::Config(
+    /// Which bindings are scheduled and which guarded.
+    fn settings(&self) -> Result<KarmadaSettings, SyncError> {
+        let settings = KarmadaSettings {
+            scheduler_name: self.scheduler_name.trim().to_owned(),
+            schedule: self.schedule_karmada_bindings,
+            guard: self.guard_karmada_bindings,
+        };
+        if settings.any() && settings.scheduler_name.is_empty() {
+            return Err(SyncError::Config(
                 "--scheduler-name must not be empty".to_owned(),
-            )),
-            (true, name) => Ok(Some(name.to_owned())),
+            ));
         }
+        Ok(settings)
     }
 }
 
@@ -731,8 +745,8 @@ pub struct Settings {
     pub(crate) decision: String,
     pub(crate) remediation: RemediationMode,
     pub(crate) remediate: Vec<Gvr>,
-    /// The Karmada scheduler's name, when it schedules bindings.
-    pub(crate) karmada_scheduler: Option<String>,
+    /// Which Karmada bindings are scheduled and which guarded.
+    pub(crate) karmada: KarmadaSettings,
     pub(crate) remediation_rate: f64,
     pub(crate) remediation_debounce: Duration,
     /// What the remediator acts on.
@@ -771,10 +785,10 @@ impl Settings {
         let workers = args.engine_sync.workers()?;
         let engine_check_interval = args.engine_sync.check_interval()?;
         let remediation = args.remediation.mode(&configmaps)?;
-        let karmada_scheduler = args.karmada.scheduler()?;
+        let karmada = args.karmada.settings()?;
         // Whoever writes placements elects one replica to do it: remediation,
-        // or the Karmada scheduler (with remediation off too).
-        let writes = remediation != RemediationMode::Off || karmada_scheduler.is_some();
+        // or the Karmada scheduler or guardrail (with remediation off too).
+        let writes = remediation != RemediationMode::Off || karmada.any();
         let leader = args
             .leader
             .settings(writes, configmaps.policy_namespace.as_deref())?;
@@ -802,7 +816,7 @@ impl Settings {
             decision,
             remediation,
             remediate: args.remediation.remediate,
-            karmada_scheduler,
+            karmada,
             remediation_rate,
             remediation_debounce: args.remediation.remediation_debounce,
             scope,
@@ -1088,8 +1102,17 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(s.remediation, RemediationMode::Off);
-        assert_eq!(s.karmada_scheduler.as_deref(), Some("placement-policy"));
+        assert!(s.karmada.schedule && !s.karmada.guard);
+        assert_eq!(s.karmada.scheduler_name, "placement-policy");
         assert_eq!(s.leader.unwrap().identity, "pod-a");
+        let guard = Settings::from_args(args(&[
+            "--remediation=off",
+            "--guard-karmada-bindings",
+            "--identity=pod-a",
+        ]))
+        .unwrap();
+        assert!(guard.karmada.guard && !guard.karmada.schedule);
+        assert!(guard.leader.is_some(), "the guardrail writes too");
         let alone = Settings::from_args(args(&["--remediation=off", "--identity=pod-a"])).unwrap();
         assert!(alone.leader.is_none());
     }

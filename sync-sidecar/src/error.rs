@@ -30,6 +30,8 @@ pub enum SyncError {
     },
     #[error("{0}")]
     Serialize(#[from] serde_json::Error),
+    #[error("a Karmada binding's resource template: {0}")]
+    Template(#[from] policy_client::karmada::TemplateError),
     #[error(
         "the engine restarted while replicated data was being written for new policies; retrying"
     )]

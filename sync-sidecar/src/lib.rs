@@ -242,7 +242,7 @@ impl Sidecar {
         ));
 
         let mut leader_task = None;
-        if settings.remediation != RemediationMode::Off || settings.karmada_scheduler.is_some() {
+        if settings.remediation != RemediationMode::Off || settings.karmada.any() {
             let (leader, task) = leader::elect(
                 client.clone(),
                 settings.leader.clone(),
@@ -270,19 +270,23 @@ impl Sidecar {
                     .iter()
                     .map(|gvr| watches.subscribe(gvr, reconcile::workload_need(&settings.scope)))
                     .collect(),
-                bindings: match &settings.karmada_scheduler {
-                    Some(_) => reconcile::BINDING_TYPES
+                bindings: match settings.karmada.any() {
+                    true => reconcile::BINDING_TYPES
                         .into_iter()
                         .map(|t| watches.subscribe(&gvr(t), reconcile::binding_need()))
                         .collect(),
-                    None => Vec::new(),
+                    false => Vec::new(),
                 },
-                karmada_clusters: (settings.karmada_scheduler.is_some()
+                karmada_clusters: (settings.karmada.any()
                     && settings
                         .replicate
                         .iter()
                         .any(|spec| spec.gvr == gvr(reconcile::KARMADA_CLUSTERS)))
                 .then(|| watches.subscribe(&gvr(reconcile::KARMADA_CLUSTERS), Default::default())),
+                propagation_policies: settings.karmada.guard.then(|| {
+                    reconcile::PROPAGATION_POLICY_TYPES
+                        .map(|t| watches.subscribe(&gvr(t), Default::default()))
+                }),
             };
             tasks.spawn(reconcile::run(
                 reconcile::ReconcilerContext {
@@ -313,7 +317,7 @@ impl Sidecar {
                     applied: leader::AppliedRecord::new(&client, settings.leader.as_ref()),
                     leader,
                     recorder,
-                    scheduler_name: settings.karmada_scheduler.clone().unwrap_or_default(),
+                    karmada: settings.karmada.clone(),
                 },
                 subscriptions,
                 cancel.clone(),
@@ -324,7 +328,8 @@ impl Sidecar {
             replicate = settings.replicate.len(),
             policies = %settings.configmaps.describe(),
             remediation = ?settings.remediation,
-            karmada_scheduler = settings.karmada_scheduler.as_deref(),
+            karmada_scheduler = settings.karmada.schedule.then_some(settings.karmada.scheduler_name.as_str()),
+            karmada_guardrail = settings.karmada.guard,
             "placement-sync started"
         );
 

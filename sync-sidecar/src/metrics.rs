@@ -75,7 +75,8 @@ pub(crate) struct Metrics {
     /// `placement_sync_remediation_queries_total`: decision queries the remediator sent.
     pub remediation_queries: Counter,
     /// `placement_sync_binding_schedules_total{result}`: Karmada binding writes:
-    /// `scheduled` (placed), `failed` (`Scheduled=False` written), `error`.
+    /// `scheduled` (placed), `failed` (`Scheduled=False` written), `bounded`
+    /// (a guarded binding admitted again with a new bound), `error`.
     pub binding_schedules: Family<ResultLabels, Counter>,
     /// `placement_sync_leader`: 1 while this replica holds the remediation Lease.
     pub leader: Gauge,
@@ -202,7 +203,7 @@ impl Metrics {
         );
         registry.register(
             "binding_schedules",
-            "Karmada binding writes by result (scheduled, failed, error)",
+            "Karmada binding writes by result (scheduled, failed, bounded, error)",
             m.binding_schedules.clone(),
         );
         registry.register(

@@ -9,51 +9,18 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use placement_tests::karmada::scenario::{
+    EU_KEY, PCI_KEY, binding_clusters, create, deployment, propagation_policy, split,
+};
 use placement_tests::karmada::{MEMBERS, MemberKind, PCI_LABEL, WORKLOAD_IMAGE, cluster_ready};
 use placement_tests::{
-    Karmada, OpaServer, SidecarProcess, WebhookProcess, repo_root, shipped_policy_modules,
-    unique_name, wait_for,
+    Karmada, OpaServer, SidecarProcess, WebhookProcess, repo_root, restoring,
+    shipped_policy_modules, unique_name, wait_for, wait_or_explain,
 };
 use serde_json::{Value, json};
 
 // One test at a time: they share one federation, and one stops a member.
 use placement_tests::serial;
-
-/// [`wait_for`], failing with `context()` (the state of the bed) added.
-fn wait_or_explain<T>(
-    what: &str,
-    timeout: Duration,
-    check: impl FnMut() -> Option<T>,
-    context: impl FnOnce() -> String,
-) -> T {
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for(what, timeout, check)
-    })) {
-        Ok(value) => value,
-        Err(_) => panic!(
-            "timed out after {timeout:?} waiting for {what}\n{}",
-            context()
-        ),
-    }
-}
-
-/// Runs `body`, then `restore` whether it panicked or not (the tests share
-/// the federation), then goes on with the panic if there was one.
-fn restoring<T>(body: impl FnOnce() -> T, restore: impl FnOnce()) -> T {
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
-    restore();
-    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-}
-
-/// The replicas of Deployment `namespace/name` in each Work Karmada made
-/// for it, by member.
-fn deployment_works(karmada: &Karmada, namespace: &str, name: &str) -> BTreeMap<String, i64> {
-    karmada
-        .works_for(namespace, "Deployment", name)
-        .into_iter()
-        .map(|(member, manifest)| (member, manifest["spec"]["replicas"].as_i64().unwrap_or(-1)))
-        .collect()
-}
 
 /// A Deployment of 3 replicas propagated by a native PropagationPolicy
 /// (karmada-scheduler, static weights 2:1 over the two EU members) is split
@@ -129,12 +96,12 @@ fn karmada_propagates_a_deployment_by_static_weights_onto_the_eu_members() {
         Duration::from_secs(120),
         || {
             karmada.check_components();
-            (deployment_works(karmada, &namespace, "web") == expected).then_some(())
+            (karmada.deployment_works(&namespace, "web") == expected).then_some(())
         },
         || {
             format!(
                 "Works by member: {:?}, expected {expected:?}\n{}",
-                deployment_works(karmada, &namespace, "web"),
+                karmada.deployment_works(&namespace, "web"),
                 karmada.diagnostics()
             )
         },
@@ -290,9 +257,6 @@ fn karmada_sees_a_member_api_server_killed_and_back() {
 // placement-policy as Karmada's scheduler
 // ---------------------------------------------------------------------------
 
-const EU_KEY: &str = "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required";
-const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
-
 /// OPA and placement-sync scheduling the bindings named `scheduler_name`,
 /// with `modules` (file name, Rego) as the policy ConfigMap of a policy
 /// namespace of their own.
@@ -312,23 +276,7 @@ impl Scheduler {
     /// `placement-policy`; the tests run one at a time).
     fn named(karmada: &Karmada, modules: &[(String, String)], name: &str) -> Scheduler {
         let name = name.to_owned();
-        let policy_namespace = unique_name("karmada-policy");
-        karmada.create_policy_namespace(&policy_namespace);
-        let mut args = vec![
-            "create".to_owned(),
-            "configmap".to_owned(),
-            "placement".to_owned(),
-            "-n".to_owned(),
-            policy_namespace.clone(),
-        ];
-        let dir = placement_tests::scratch_dir("karmada-policy");
-        for (file, source) in modules {
-            let path = dir.join(file);
-            std::fs::write(&path, source).expect("write policy module");
-            args.push(format!("--from-file={}", path.display()));
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        karmada.kubectl_ok(&args);
+        let policy_namespace = karmada.policy_namespace_with(modules);
         let opa = OpaServer::start();
         let sync = karmada.start_placement_sync(
             &opa,
@@ -363,53 +311,18 @@ impl Drop for Scheduler {
     }
 }
 
-fn deployment(namespace: &str, name: &str, replicas: i64, annotations: Value) -> Value {
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {"containers": [{"name": "app", "image": WORKLOAD_IMAGE}]}
-            }
-        }
-    })
-}
-
 /// A PropagationPolicy handing Deployment `name` to `scheduler`, its replicas
 /// divided (by the policy's weights).
 fn handed_to(namespace: &str, name: &str, scheduler: &str) -> Value {
-    json!({
-        "apiVersion": "policy.karmada.io/v1alpha1",
-        "kind": "PropagationPolicy",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "schedulerName": scheduler,
-            "resourceSelectors": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": name}],
-            "placement": {
-                "replicaScheduling": {
-                    "replicaSchedulingType": "Divided",
-                    "replicaDivisionPreference": "Weighted"
-                }
-            }
-        }
-    })
-}
-
-fn create(karmada: &Karmada, objects: &[&Value]) {
-    for object in objects {
-        let out = karmada.kubectl_stdin(&["create", "-f", "-"], &object.to_string());
-        assert!(
-            out.status.success(),
-            "create {} {}: {}",
-            object["kind"],
-            object["metadata"]["name"],
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    propagation_policy(
+        namespace,
+        name,
+        Some(scheduler),
+        json!({"replicaScheduling": {
+            "replicaSchedulingType": "Divided",
+            "replicaDivisionPreference": "Weighted"
+        }}),
+    )
 }
 
 /// The ResourceBinding of Deployment `namespace/name`, when it exists.
@@ -422,21 +335,6 @@ fn scheduled_condition(binding: &Value) -> Option<&Value> {
         .as_array()?
         .iter()
         .find(|c| c["type"] == "Scheduled")
-}
-
-/// The binding's clusters as `{member: replicas}`.
-fn binding_clusters(binding: &Value) -> BTreeMap<String, i64> {
-    binding["spec"]["clusters"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|c| {
-            (
-                c["name"].as_str().unwrap_or_default().to_owned(),
-                c["replicas"].as_i64().unwrap_or(0),
-            )
-        })
-        .collect()
 }
 
 /// Wait until the binding of `namespace/name` is `Scheduled=True` for its
@@ -459,7 +357,7 @@ fn wait_scheduled(
                 && binding["status"]["schedulerObservedGeneration"]
                     == binding["metadata"]["generation"]
                 && binding_clusters(&binding) == *expected
-                && deployment_works(karmada, namespace, name) == *expected;
+                && karmada.deployment_works(namespace, name) == *expected;
             current.then_some(binding)
         },
         || {
@@ -471,71 +369,12 @@ fn wait_scheduled(
                             + &serde_json::to_string_pretty(&b["status"]).unwrap()
                     )
                     .unwrap_or_else(|| "none".into()),
-                deployment_works(karmada, namespace, name),
+                karmada.deployment_works(namespace, name),
                 scheduler.log_tail(),
                 karmada.diagnostics()
             )
         },
     )
-}
-
-/// The replicas of Deployment `namespace/name` in each member's own API
-/// server (`None`: the member has no such Deployment).
-fn member_replicas(
-    karmada: &Karmada,
-    namespace: &str,
-    name: &str,
-) -> BTreeMap<String, Option<i64>> {
-    karmada
-        .members()
-        .iter()
-        .map(|member| {
-            let out = member.kubectl(&[
-                "get",
-                "deployment",
-                name,
-                "-n",
-                namespace,
-                "-o",
-                "jsonpath={.spec.replicas}",
-            ]);
-            let replicas = out
-                .status
-                .success()
-                .then(|| String::from_utf8_lossy(&out.stdout).trim().parse().ok())
-                .flatten();
-            (member.name().to_owned(), replicas)
-        })
-        .collect()
-}
-
-fn wait_member_replicas(
-    karmada: &Karmada,
-    namespace: &str,
-    name: &str,
-    expected: &BTreeMap<String, i64>,
-) {
-    let want: BTreeMap<String, Option<i64>> = karmada
-        .members()
-        .iter()
-        .map(|m| (m.name().to_owned(), expected.get(m.name()).copied()))
-        .collect();
-    wait_or_explain(
-        "each member's API server to hold its share (and only those)",
-        Duration::from_secs(120),
-        || (member_replicas(karmada, namespace, name) == want).then_some(()),
-        || {
-            format!(
-                "members: {:?}, expected {want:?}\n{}",
-                member_replicas(karmada, namespace, name),
-                karmada.diagnostics()
-            )
-        },
-    );
-}
-
-fn split(pairs: &[(&str, i64)]) -> BTreeMap<String, i64> {
-    pairs.iter().map(|(n, r)| ((*n).to_owned(), *r)).collect()
 }
 
 /// The first scenario of scheduling by policy: a Deployment of 6 replicas with EU
@@ -568,7 +407,7 @@ fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members()
         binding["status"]["lastScheduledTime"].is_string(),
         "{binding}"
     );
-    wait_member_replicas(karmada, namespace, web, &expected);
+    karmada.wait_member_replicas(namespace, web, &expected);
 
     let eu1 = karmada.member("member-eu-1");
     wait_or_explain(
@@ -596,32 +435,6 @@ fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members()
         },
         || eu1.cluster().expect("member-eu-1 has a node").diagnostics(),
     );
-}
-
-/// Karmada Events on an object, as `(reason, message)`.
-fn events(karmada: &Karmada, namespace: &str, kind: &str, name: &str) -> Vec<(String, String)> {
-    let text = karmada.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        &format!("involvedObject.kind={kind},involvedObject.name={name}"),
-        "-o",
-        "json",
-    ]);
-    let list: Value = serde_json::from_str(&text).expect("event list JSON");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            (
-                e["reason"].as_str().unwrap_or_default().to_owned(),
-                e["message"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
 }
 
 /// A workload the policy forbids (PCI level 5: no member has it) is not
@@ -657,16 +470,18 @@ fn karmada_a_forbidden_workload_is_not_scheduled_and_says_why() {
         "a Warning Event on the Deployment",
         Duration::from_secs(30),
         || {
-            events(karmada, namespace, "Deployment", "vault")
+            karmada
+                .events(namespace, "Deployment", "vault")
                 .iter()
                 .any(|(reason, text)| reason == "ScheduleBindingFailed" && text == message)
                 .then_some(())
         },
-        || format!("{:?}", events(karmada, namespace, "Deployment", "vault")),
+        || format!("{:?}", karmada.events(namespace, "Deployment", "vault")),
     );
-    assert!(deployment_works(karmada, namespace, "vault").is_empty());
+    assert!(karmada.deployment_works(namespace, "vault").is_empty());
     assert!(
-        member_replicas(karmada, namespace, "vault")
+        karmada
+            .member_replicas(namespace, "vault")
             .values()
             .all(Option::is_none)
     );
@@ -716,7 +531,7 @@ fn karmada_scaling_and_an_annotation_edit_re_place_the_deployment() {
     };
     let scaled = split(&[("member-eu-1", first), ("member-eu-2", second)]);
     wait_scheduled(karmada, &scheduler, &namespace, "web", &scaled);
-    wait_member_replicas(karmada, &namespace, "web", &scaled);
+    karmada.wait_member_replicas(&namespace, "web", &scaled);
 
     karmada.kubectl_ok(&[
         "annotate",
@@ -729,7 +544,7 @@ fn karmada_scaling_and_an_annotation_edit_re_place_the_deployment() {
     ]);
     let pci3 = split(&[("member-eu-2", 9)]);
     wait_scheduled(karmada, &scheduler, &namespace, "web", &pci3);
-    wait_member_replicas(karmada, &namespace, "web", &pci3);
+    karmada.wait_member_replicas(&namespace, "web", &pci3);
 }
 
 /// Karmada's tie-breaker direction (`tieBreakerByUID`): FNV-1a of the UID.
@@ -779,7 +594,7 @@ fn karmada_a_member_labelled_non_eu_gives_its_replicas_to_the_other_eu_member() 
                 "every replica on member-eu-1",
                 Duration::from_secs(120),
                 || {
-                    let works = deployment_works(karmada, &namespace, "web");
+                    let works = karmada.deployment_works(&namespace, "web");
                     seen_us |= works.contains_key("member-us-1");
                     let binding = binding(karmada, &namespace, "web")?;
                     seen_us |= binding_clusters(&binding).contains_key("member-us-1");
@@ -788,7 +603,7 @@ fn karmada_a_member_labelled_non_eu_gives_its_replicas_to_the_other_eu_member() 
                 || format!("{}\n{}", scheduler.log_tail(), karmada.diagnostics()),
             );
             assert!(!seen_us, "a replica went to member-us-1");
-            wait_member_replicas(karmada, &namespace, "web", &expected);
+            karmada.wait_member_replicas(&namespace, "web", &expected);
         },
         || {
             karmada.kubectl_ok(&[
@@ -834,7 +649,7 @@ fn karmada_failover_re_places_a_dead_members_replicas_and_rebalances_when_it_ret
     );
     let even = split(&[("member-eu-1", 3), ("member-eu-2", 3)]);
     wait_scheduled(karmada, &scheduler, &namespace, "web", &even);
-    wait_member_replicas(karmada, &namespace, "web", &even);
+    karmada.wait_member_replicas(&namespace, "web", &even);
 
     let member = karmada.member("member-eu-2");
     member.stop_apiserver();
@@ -857,7 +672,7 @@ fn karmada_failover_re_places_a_dead_members_replicas_and_rebalances_when_it_ret
             );
             karmada.wait_members_ready();
             wait_scheduled(karmada, &scheduler, &namespace, "web", &even);
-            wait_member_replicas(karmada, &namespace, "web", &even);
+            karmada.wait_member_replicas(&namespace, "web", &even);
         },
         || {
             karmada.kubectl(&["delete", "clustertaintpolicy", &namespace]);

@@ -454,6 +454,30 @@ impl ControlPlane {
     /// CREATE/UPDATE of ReplicaSets and Deployments in namespaces labelled
     /// `placement-test=<name>` to `url`, trusting `ca_pem`.
     pub fn register_webhook(&self, name: &str, url: &str, ca_pem: &str, policy_namespace: &str) {
+        self.register_webhook_for(
+            name,
+            url,
+            ca_pem,
+            policy_namespace,
+            serde_json::json!([{
+                "apiGroups": ["apps"],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["replicasets", "deployments"],
+                "scope": "Namespaced"
+            }]),
+        );
+    }
+
+    /// [`ControlPlane::register_webhook`] with these `rules`.
+    pub fn register_webhook_for(
+        &self,
+        name: &str,
+        url: &str,
+        ca_pem: &str,
+        policy_namespace: &str,
+        rules: serde_json::Value,
+    ) {
         let config = serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
             "kind": "MutatingWebhookConfiguration",
@@ -462,13 +486,7 @@ impl ControlPlane {
                 "name": "placement.placement-policy.io",
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": {"url": url, "caBundle": placement_certs::ca_bundle(ca_pem)},
-                "rules": [{
-                    "apiGroups": ["apps"],
-                    "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["replicasets", "deployments"],
-                    "scope": "Namespaced"
-                }],
+                "rules": rules,
                 "namespaceSelector": {
                     "matchLabels": {"placement-test": name},
                     "matchExpressions": [{

@@ -31,7 +31,7 @@ pub use control_plane::{ControlPlane, Identity, POLICY_NAMESPACE, SYSTEM_NAMESPA
 pub use fault_proxy::FaultProxy;
 pub use karmada::Karmada;
 pub use opa::OpaServer;
-pub use process::{Process, free_port, port_open, wait_for};
+pub use process::{Process, free_port, port_open, restoring, wait_for, wait_or_explain};
 pub use sidecar::SidecarProcess;
 pub use webhook::WebhookProcess;
 

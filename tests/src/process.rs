@@ -171,6 +171,32 @@ pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Opt
     }
 }
 
+/// [`wait_for`], failing with `context()` (the state of the bed) added.
+pub fn wait_or_explain<T>(
+    what: &str,
+    timeout: Duration,
+    check: impl FnMut() -> Option<T>,
+    context: impl FnOnce() -> String,
+) -> T {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for(what, timeout, check)
+    })) {
+        Ok(value) => value,
+        Err(_) => panic!(
+            "timed out after {timeout:?} waiting for {what}\n{}",
+            context()
+        ),
+    }
+}
+
+/// Runs `body`, then `restore` whether it panicked or not (tests sharing a
+/// bed put back what they changed), then goes on with the panic if any.
+pub fn restoring<T>(body: impl FnOnce() -> T, restore: impl FnOnce()) -> T {
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    restore();
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// A free loopback port for a peer to listen on. Chosen below the kernel's
 /// ephemeral range, so no outgoing connection (of which the tests open many) can
 /// take it between this probe and the peer's bind; never the same port twice in

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use policy_client::karmada::{BoundError, bound, template_input};
 use policy_client::placement::MergeError;
 use policy_client::text::bounded;
 use policy_client::verdict::{Plan, plan, request_changed};
@@ -15,6 +16,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::events::EventSink;
+use crate::guardrail::{self, Guardrail, TemplateFailure};
 use crate::metrics::{Metrics, Outcome};
 use crate::presence::PolicyPresence;
 use crate::review::{
@@ -47,6 +49,12 @@ pub(crate) enum PlacementFailure {
         "the ownership record's keys are not loaded yet (the webhook is reading, or making, its key Secret)"
     )]
     KeysUnavailable,
+    /// A Karmada binding's template cannot be read: no decision for it.
+    #[error("the binding's resource template gives no decision: {0}")]
+    Template(#[from] TemplateFailure),
+    /// The policy's placement for a binding's template cannot be read.
+    #[error("the placement policy's placement for the binding's template is invalid: {0}")]
+    InvalidBound(#[from] BoundError),
 }
 
 impl PlacementFailure {
@@ -60,6 +68,8 @@ impl PlacementFailure {
             PlacementFailure::InvalidDecision(_) => "InvalidPolicyDecision",
             PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
             PlacementFailure::KeysUnavailable => "OwnershipKeysUnavailable",
+            PlacementFailure::Template(_) => "BindingTemplateUnavailable",
+            PlacementFailure::InvalidBound(_) => "InvalidPolicyPlacement",
         }
     }
 
@@ -67,9 +77,11 @@ impl PlacementFailure {
         match self {
             PlacementFailure::EngineUnavailable(_)
             | PlacementFailure::Undefined { .. }
-            | PlacementFailure::KeysUnavailable => 503,
+            | PlacementFailure::KeysUnavailable
+            | PlacementFailure::Template(_) => 503,
             PlacementFailure::InvalidDecision(_)
             | PlacementFailure::InvalidAnnotations(_)
+            | PlacementFailure::InvalidBound(_)
             | PlacementFailure::PolicyError(_) => 500,
             PlacementFailure::InvalidInput(_) => 400,
         }
@@ -114,6 +126,7 @@ pub(crate) struct Admission {
     presence: PolicyPresence,
     events: EventSink,
     metrics: Arc<Metrics>,
+    guardrail: Guardrail,
 }
 
 impl Admission {
@@ -123,6 +136,7 @@ impl Admission {
         presence: PolicyPresence,
         events: EventSink,
         metrics: Arc<Metrics>,
+        guardrail: Guardrail,
     ) -> Self {
         Admission {
             engine,
@@ -130,6 +144,7 @@ impl Admission {
             presence,
             events,
             metrics,
+            guardrail,
         }
     }
 
@@ -215,6 +230,9 @@ impl Admission {
         {
             return (AdmissionResponse::allow(uid), Outcome::Skipped);
         }
+        if policy_client::karmada::is_binding(&request.kind.group, &request.kind.kind) {
+            return self.guard_binding(request, object, mode).await;
+        }
         match self.place(request, object).await {
             Ok(Placement::Denied { new, existing }) => {
                 let mut message =
@@ -299,6 +317,76 @@ impl Admission {
         }
     }
 
+    /// A Karmada binding write: narrowed to the clusters the policy allows
+    /// its template ([`guardrail`]). Only `/mutate` narrows; no binding write
+    /// is denied for the policy's errors (the detector's updates carry the
+    /// template's scaling too).
+    async fn guard_binding(
+        &self,
+        request: &AdmissionRequest,
+        object: &Value,
+        mode: Mode,
+    ) -> (AdmissionResponse, Outcome) {
+        let uid = request.uid.as_str();
+        if mode == Mode::Validate
+            || !self.guardrail.guards(object)
+            || Guardrail::unchanged(request, object)
+        {
+            return (AdmissionResponse::allow(uid), Outcome::Skipped);
+        }
+        let (bound, kept) = match self.binding_decision(object).await {
+            Ok(decision) if !decision.is_denied() => match bound(&decision) {
+                Ok(bound) => (bound, None),
+                Err(e) => (
+                    guardrail::fallback_bound(request),
+                    Some(PlacementFailure::from(e).to_string()),
+                ),
+            },
+            Ok(decision) => (
+                guardrail::fallback_bound(request),
+                Some(format!(
+                    "the placement policy reports errors for the binding's resource template: {}",
+                    decision.errors.join("; ")
+                )),
+            ),
+            // Without a decision a new binding fails closed iff policies exist.
+            Err(failure) if request.operation == Operation::Create => {
+                return self.guard(request, failure);
+            }
+            Err(failure) => (
+                guardrail::fallback_bound(request),
+                Some(failure.to_string()),
+            ),
+        };
+        let patch = guardrail::patch(object, &bound);
+        let mut response = AdmissionResponse::allow(uid);
+        if let Some(patch) = &patch {
+            response = response.with_patch(patch);
+        }
+        match kept {
+            None if patch.is_some() => (response, Outcome::Patched),
+            None => (response, Outcome::Unchanged),
+            Some(why) => {
+                let message = bounded(format!(
+                    "placement-policy: the binding's placement is kept within the clusters allowed before ({}), because {why}",
+                    describe_bound(&bound)
+                ));
+                tracing::warn!(uid, "{message}");
+                self.events.emit(request, "PlacementGuardKept", &message);
+                (response.with_warning(message), Outcome::Tolerated)
+            }
+        }
+    }
+
+    /// The decision for a binding's resource template.
+    async fn binding_decision(&self, binding: &Value) -> Result<Decision, PlacementFailure> {
+        let deadline = Instant::now() + self.settings.engine_deadline;
+        let keys = self.keys()?;
+        let (template, resource) = self.guardrail.template(binding).await?;
+        let input = template_input(&template, &resource, binding, &keys);
+        self.query(&input, deadline).await
+    }
+
     async fn place(
         &self,
         request: &AdmissionRequest,
@@ -356,9 +444,14 @@ impl Admission {
     ) -> Result<Decision, PlacementFailure> {
         let keys = self.keys()?;
         let input = request_input(request, object, &keys);
+        self.query(&input, deadline).await
+    }
+
+    /// Ask the engine for the decision on `input`.
+    async fn query(&self, input: &Value, deadline: Instant) -> Result<Decision, PlacementFailure> {
         let outcome = self
             .engine
-            .query(&self.settings.decision_path, &input, deadline)
+            .query(&self.settings.decision_path, input, deadline)
             .await
             .map_err(PlacementFailure::from_engine)?;
         let QueryOutcome::Defined(result) = outcome else {
@@ -367,6 +460,19 @@ impl Admission {
             });
         };
         Ok(Decision::from_result(&result)?)
+    }
+}
+
+/// A bound as a message says it.
+fn describe_bound(bound: &policy_client::karmada::Bound) -> String {
+    match bound {
+        policy_client::karmada::Bound::Any => "any cluster".to_owned(),
+        policy_client::karmada::Bound::Clusters(names) if names.is_empty() => "none".to_owned(),
+        policy_client::karmada::Bound::Clusters(names) => names
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join(", "),
     }
 }
 

@@ -154,9 +154,19 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub(crate) policies: PolicySelectionArgs,
     /// Kubeconfig for Events and the policy ConfigMap watch [default: in-cluster
-    /// or $KUBECONFIG].
+    /// or $KUBECONFIG]; registered with Karmada's API server, Karmada's (the
+    /// guardrail reads bindings' resource templates there).
     #[arg(long, env = "PLACEMENT_KUBECONFIG")]
     pub(crate) kubeconfig: Option<PathBuf>,
+    /// Karmada bindings naming this scheduler (`spec.schedulerName`) are
+    /// placement-sync's to schedule: the guardrail leaves them alone and
+    /// narrows every other binding to the clusters the policy allows.
+    #[arg(
+        long,
+        env = "PLACEMENT_KARMADA_SCHEDULER_NAME",
+        default_value = "placement-policy"
+    )]
+    pub(crate) karmada_scheduler_name: String,
     /// Largest AdmissionReview accepted (bytes; `Ki`/`Mi`/`Gi` suffixes).
     #[arg(long, env = "PLACEMENT_MAX_REQUEST_BYTES", value_parser = parse_bytes, default_value = "6Mi")]
     pub(crate) max_request_bytes: usize,

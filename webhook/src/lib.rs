@@ -11,6 +11,7 @@ mod admission;
 mod budget;
 mod config;
 mod events;
+mod guardrail;
 mod metrics;
 mod presence;
 mod readiness;

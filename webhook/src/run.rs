@@ -18,6 +18,7 @@ use crate::config::{
     CertsArgs, ConfigError, EngineKind, OutputFormat, ResolvedEngine, ReviewArgs, ServeArgs,
 };
 use crate::events::{EventLimits, EventSink};
+use crate::guardrail::Guardrail;
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
 use crate::readiness::Readiness;
@@ -260,6 +261,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         presence,
         events,
         metrics,
+        Guardrail::new(client.clone(), args.karmada_scheduler_name.clone()),
     );
     let verifier = match &args.client_ca_file {
         Some(path) => Some(client_verifier(path)?),
@@ -411,6 +413,8 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
         presence,
         EventSink::disabled(),
         Arc::new(Metrics::new()),
+        // Offline: no API server to read a binding's template from.
+        Guardrail::new(None, String::new()),
     );
     let mut summary = ReviewSummary {
         documents: 0,

@@ -1,17 +1,21 @@
-//! Karmada bindings as a target of the reconciler: the scheduler. A binding
-//! whose `spec.schedulerName` is ours is placed where the decision for its
-//! resource template puts it (the template as the webhook sees it, plus the
-//! binding under `input._binding`), with exactly the writes karmada-scheduler
-//! makes ([`crate::reconcile::karmada::binding`]).
+//! Karmada bindings as a target of the reconciler. The decision for a
+//! binding's resource template (the template as the webhook sees it, plus the
+//! binding under `input._binding`: [`policy_client::karmada::template_input`])
+//! either schedules it, when its `spec.schedulerName` is ours, with exactly
+//! the writes karmada-scheduler makes
+//! ([`crate::reconcile::karmada::binding`]), or, with the guardrail, bounds
+//! the placement karmada-scheduler works from
+//! ([`crate::reconcile::karmada::guard`]).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::api::{Api, ApiResource, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use policy_client::{BINDING_INPUT_KEY, QueryOutcome};
+use policy_client::QueryOutcome;
+use policy_client::karmada::{TemplateRef, propagation_policy, template_input};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 use super::changes::fingerprint;
 use super::pass::Step;
 use super::target::{BindingItem, Item, Kind, describe};
+use super::workloads::guarded_patch;
 use super::{FIELD_MANAGER, Reconciler};
 use crate::error::SyncError;
-use crate::reconcile::karmada::binding::{
-    Binding, BindingWrite, Placement, ResourceRef, placement, plan,
-};
-use crate::replication::document::{ObjectKey, object_value};
-use crate::replication::watched::Need;
+use crate::reconcile::karmada::binding::{Binding, BindingWrite, Mode, Placement, placement, plan};
+use crate::reconcile::karmada::guard::{Guarding, guard, guarded_view};
+use crate::replication::document::ObjectKey;
+use crate::replication::watched::{Need, WatchedType};
 
 /// The binding types of Karmada, scheduled when the scheduler is on.
 pub(crate) const BINDING_TYPES: [(&str, &str, &str); 2] = [
@@ -38,12 +42,54 @@ pub(crate) const BINDING_TYPES: [(&str, &str, &str); 2] = [
 pub(crate) const KARMADA_CLUSTERS: (&str, &str, &str) =
     ("cluster.karmada.io", "v1alpha1", "clusters");
 
+/// Karmada's PropagationPolicy and ClusterPropagationPolicy types: the
+/// placements the guardrail admits bindings with again.
+pub(crate) const PROPAGATION_POLICY_TYPES: [(&str, &str, &str); 2] = [
+    ("policy.karmada.io", "v1alpha1", "propagationpolicies"),
+    (
+        "policy.karmada.io",
+        "v1alpha1",
+        "clusterpropagationpolicies",
+    ),
+];
+
+/// The watched PropagationPolicies and ClusterPropagationPolicies.
+pub(crate) struct PropagationPolicies {
+    pub(crate) namespaced: Arc<WatchedType>,
+    pub(crate) cluster: Arc<WatchedType>,
+}
+
+impl PropagationPolicies {
+    /// The placement the (Cluster)PropagationPolicy that made `binding` asks
+    /// for, as stored; `None` when it is gone or not named.
+    fn placement(&self, binding: &Value) -> Option<Value> {
+        let (namespace, name) = propagation_policy(binding)?;
+        let store = match &namespace {
+            Some(_) => &self.namespaced,
+            None => &self.cluster,
+        };
+        let json = store
+            .objects
+            .get(&ObjectKey::new(namespace.as_deref(), &name))?;
+        serde_json::from_slice::<Value>(&json)
+            .ok()?
+            .pointer("/spec/placement")
+            .cloned()
+    }
+}
+
 /// What the scheduler needs of a binding type's watch.
 pub(crate) fn need() -> Need {
     Need {
         listed: true,
         ..Need::default()
     }
+}
+
+/// A fingerprint of what the guardrail reads of a binding
+/// ([`guarded_view`]: not karmada-scheduler's result).
+pub(crate) fn guarded_fingerprint(raw: &Value) -> u64 {
+    fingerprint(&guarded_view(raw))
 }
 
 /// A fingerprint of what scheduling reads of a binding: its spec (not its
@@ -80,20 +126,25 @@ pub(crate) enum Verdict {
         placement: Placement,
         write: BindingWrite,
     },
+    /// The guardrail's plan for another scheduler's binding.
+    Guarded(Guarding),
 }
 
 impl BindingEvaluation {
     /// Whether this write would move a placement the binding has.
     pub(crate) fn replaces_a_placement(&self) -> bool {
-        !self.item.binding.clusters().is_empty()
-            && matches!(&self.verdict, Verdict::Planned { write, .. } if write.moves)
+        match &self.verdict {
+            Verdict::Planned { write, .. } => {
+                !self.item.binding.clusters().is_empty() && write.moves
+            }
+            Verdict::Guarded(Guarding::Bounded {
+                patch: Some(_),
+                moves,
+                ..
+            }) => *moves,
+            _ => false,
+        }
     }
-}
-
-/// Resource types of templates found by discovery, by apiVersion and kind.
-#[derive(Default)]
-pub(crate) struct TemplateTypes {
-    found: std::sync::Mutex<HashMap<(String, String), (ApiResource, bool)>>,
 }
 
 impl Reconciler {
@@ -106,26 +157,29 @@ impl Reconciler {
             |i, key, json| {
                 let raw: Value = serde_json::from_slice(json).ok()?;
                 let binding = Binding::parse(json).ok()?;
-                if binding.skip(&self.ctx.scheduler_name).is_some() {
-                    return None;
-                }
+                let mode = binding.mode(&self.ctx.karmada)?;
                 Some(Item::Binding(
                     i,
-                    Arc::new(BindingItem { key, raw, binding }),
+                    Arc::new(BindingItem {
+                        key,
+                        raw,
+                        binding,
+                        mode,
+                    }),
                 ))
             },
         )
     }
 
-    /// The names of the Karmada Clusters replicated, when they are.
-    fn known_clusters(&self) -> Option<BTreeSet<String>> {
+    /// The Karmada Clusters replicated, by name, when they are.
+    fn known_clusters(&self) -> Option<BTreeMap<String, Value>> {
         let clusters = self.karmada_clusters.as_ref()?;
         Some(
             clusters
                 .objects
                 .snapshot(|_| true)
                 .into_iter()
-                .map(|(key, _)| key.name)
+                .filter_map(|(key, json)| Some((key.name, serde_json::from_slice(&json).ok()?)))
                 .collect(),
         )
     }
@@ -135,7 +189,7 @@ impl Reconciler {
     /// server. `None` when it is gone.
     async fn template(
         &self,
-        template: &ResourceRef,
+        template: &TemplateRef,
     ) -> Result<Option<(Value, ApiResource)>, SyncError> {
         let key = ObjectKey::new(template.namespace.as_deref(), &template.name);
         for target in &self.targets {
@@ -150,53 +204,7 @@ impl Reconciler {
                 return Ok(Some((serde_json::from_slice(&json)?, resource.clone())));
             }
         }
-        let (resource, namespaced) = self.template_type(template).await?;
-        let client = self.ctx.client.clone();
-        let api: Api<DynamicObject> = match (&template.namespace, namespaced) {
-            (Some(ns), true) => Api::namespaced_with(client, ns, &resource),
-            _ => Api::all_with(client, &resource),
-        };
-        Ok(api
-            .get_opt(&template.name)
-            .await?
-            .map(|object| (object_value(&object, &resource), resource)))
-    }
-
-    async fn template_type(
-        &self,
-        template: &ResourceRef,
-    ) -> Result<(ApiResource, bool), SyncError> {
-        let id = (template.api_version.clone(), template.kind.clone());
-        if let Some(found) = self
-            .templates
-            .found
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-        {
-            return Ok(found.clone());
-        }
-        let (group, version) = match template.api_version.split_once('/') {
-            Some((group, version)) => (group, version),
-            None => ("", template.api_version.as_str()),
-        };
-        let gvk = GroupVersionKind::gvk(group, version, &template.kind);
-        let (resource, capabilities) = kube::discovery::pinned_kind(&self.ctx.client, &gvk)
-            .await
-            .map_err(|e| SyncError::Discovery {
-            gvr: format!("{}/{}", template.api_version, template.kind),
-            reason: e.to_string(),
-        })?;
-        let found = (
-            resource,
-            capabilities.scope == kube::discovery::Scope::Namespaced,
-        );
-        self.templates
-            .found
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, found.clone());
-        Ok(found)
+        Ok(self.templates.get(template).await?)
     }
 
     /// Ask the decision for one binding's template and plan the writes.
@@ -220,13 +228,7 @@ impl Reconciler {
             }
         };
         let (template, template_type) = template;
-        let mut input = self.update_input(&template, &template_type);
-        if let Value::Object(map) = &mut input {
-            map.insert(
-                BINDING_INPUT_KEY.to_owned(),
-                Binding::policy_view(&item.raw),
-            );
-        }
+        let input = template_input(&template, &template_type, &item.raw, &self.keys.current());
         let deadline = Instant::now() + self.ctx.query_timeout;
         self.ctx.metrics.remediation_queries.inc();
         let outcome = match self
@@ -243,6 +245,13 @@ impl Reconciler {
         };
         if matches!(outcome, QueryOutcome::Undefined) {
             return Verdict::Nothing;
+        }
+        if item.mode == Mode::Guard {
+            let requested = self
+                .propagation_policies
+                .as_ref()
+                .and_then(|p| p.placement(&item.raw));
+            return Verdict::Guarded(guard(&item.raw, requested.as_ref(), &outcome));
         }
         let known = self.known_clusters();
         let Some(placement) = placement(
@@ -268,6 +277,9 @@ impl Reconciler {
         let (placement, write) = match verdict {
             Verdict::Failed => return Step::Failed,
             Verdict::Nothing => return Step::Undefined,
+            Verdict::Guarded(guarding) => {
+                return self.act_guarded(i, &item, guarding, cancel).await;
+            }
             Verdict::Planned { placement, write } => (placement, write),
         };
         let failed = matches!(placement, Placement::Failed { .. });
@@ -294,18 +306,7 @@ impl Reconciler {
                     .binding_schedule(if failed { "failed" } else { "scheduled" });
                 tracing::info!(binding = %name, placement = ?placement, "scheduled binding");
                 if let Some((normal, reason, note)) = &write.event {
-                    let type_ = if *normal {
-                        EventType::Normal
-                    } else {
-                        EventType::Warning
-                    };
-                    for reference in [
-                        binding_reference(&item.raw),
-                        template_reference(&item.binding),
-                    ] {
-                        self.events
-                            .queue(reference, type_, reason, "Schedule", note.clone());
-                    }
+                    self.binding_events(&item, *normal, reason, note);
                 }
                 if failed {
                     Step::Unplaceable
@@ -324,6 +325,107 @@ impl Reconciler {
                     failed: true,
                 }
             }
+        }
+    }
+
+    /// Act on the guardrail's plan for one binding: admit it again with its
+    /// placement bounded by the new answer.
+    async fn act_guarded(
+        &self,
+        i: usize,
+        item: &BindingItem,
+        guarding: Guarding,
+        cancel: &CancellationToken,
+    ) -> Step {
+        let name = describe(self.targets[i].resource(), Some(&item.key));
+        let (bound, patch) = match guarding {
+            Guarding::Undefined => return Step::Undefined,
+            Guarding::Kept(why) => {
+                let note = format!(
+                    "the placement stays within the clusters allowed before, because {why}"
+                );
+                self.binding_events(item, false, "PlacementGuardKept", &note);
+                return Step::Unplaceable;
+            }
+            Guarding::Bounded { patch: None, .. } => return Step::Placed,
+            Guarding::Bounded {
+                bound,
+                patch: Some(patch),
+                ..
+            } => (bound, patch),
+        };
+        let key = (i, item.key.clone());
+        if self.is_in_flight(&key, item.binding.resource_version()) {
+            return Step::InFlight;
+        }
+        self.limiter.acquire().await;
+        if cancel.is_cancelled() || !self.may_act() {
+            return Step::Aborted;
+        }
+        let target = &self.targets[i];
+        let api = match &item.key.namespace {
+            Some(ns) => {
+                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
+            }
+            None => target.api.clone(),
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let planned_from = item.binding.resource_version().map(str::to_owned);
+        let patch = guarded_patch(&patch, planned_from.as_deref());
+        match api
+            .patch(&item.key.name, &params, &Patch::<()>::Json(patch))
+            .await
+        {
+            Ok(_) => {
+                self.ctx.metrics.binding_schedule("bounded");
+                self.mark_in_flight(key, planned_from);
+                tracing::info!(binding = %name, allowed = %bound.record(), "admitted the binding again with its placement bounded by the policy");
+                let note = format!(
+                    "the placement policy now allows {}: the placement is admitted again with its cluster names bounded to them",
+                    match bound.record().as_str() {
+                        "" => "no cluster".to_owned(),
+                        "*" => "any cluster".to_owned(),
+                        names => names.replace(',', ", "),
+                    }
+                );
+                self.binding_events(item, true, "PlacementBounded", &note);
+                Step::Stale {
+                    patched: true,
+                    failed: false,
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => Step::Placed,
+            Err(e) => {
+                self.ctx.metrics.binding_schedule("error");
+                tracing::warn!(binding = %name, error = %e, "admitting the binding again failed; will retry");
+                Step::Stale {
+                    patched: false,
+                    failed: true,
+                }
+            }
+        }
+    }
+
+    /// Queue an Event on a binding and on its resource template.
+    fn binding_events(&self, item: &BindingItem, normal: bool, reason: &str, note: &str) {
+        let type_ = if normal {
+            EventType::Normal
+        } else {
+            EventType::Warning
+        };
+        let action = match item.mode {
+            Mode::Schedule => "Schedule",
+            Mode::Guard => "Guard",
+        };
+        for reference in [
+            binding_reference(&item.raw),
+            template_reference(&item.binding),
+        ] {
+            self.events
+                .queue(reference, type_, reason, action, note.to_owned());
         }
     }
 

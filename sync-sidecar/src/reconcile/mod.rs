@@ -6,7 +6,8 @@
 //!   the webhook evaluates (remediation);
 //! - **Karmada bindings** ([`bindings`]): the `spec.clusters` of the
 //!   ResourceBindings and ClusterResourceBindings whose `spec.schedulerName`
-//!   is ours (the scheduler).
+//!   is ours (the scheduler), and with the guardrail the `spec.placement` of
+//!   every other binding, kept within the clusters the policy allows.
 //!
 //! When a policy module or replicated data the policies read changes
 //! (coalesced over a short quiet time), the leader re-evaluates every target
@@ -49,6 +50,7 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::Client;
 use kube::api::{Api, ApiResource, PostParams};
 use kube::runtime::events::Recorder;
+use policy_client::karmada::Templates;
 use policy_client::ownership_secret::KeySecret;
 use policy_client::{OwnershipKeys, PolicyEngine, RequestMeta, SharedKeys, policy_input};
 use serde_json::{Value, json};
@@ -56,9 +58,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS};
+pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS, PROPAGATION_POLICY_TYPES};
 use changes::{Changes, ItemKey};
 use events::PassEvents;
+pub(crate) use karmada::binding::KarmadaSettings;
 use rate::RateLimiter;
 use target::{Kind, Target};
 
@@ -124,9 +127,9 @@ pub(crate) struct ReconcilerContext {
     pub(crate) applied: Option<AppliedRecord>,
     pub(crate) leader: watch::Receiver<bool>,
     pub(crate) recorder: Recorder,
-    /// The Karmada scheduler's name (`spec.schedulerName` of the bindings it
-    /// schedules); unused without binding subscriptions.
-    pub(crate) scheduler_name: String,
+    /// Which Karmada bindings are scheduled and which guarded; unused
+    /// without binding subscriptions.
+    pub(crate) karmada: KarmadaSettings,
 }
 
 /// The watches of the reconciler's targets.
@@ -138,6 +141,9 @@ pub(crate) struct Subscriptions {
     pub(crate) bindings: Vec<Subscription>,
     /// Karmada's replicated Clusters, when they are replicated.
     pub(crate) karmada_clusters: Option<Subscription>,
+    /// Karmada's PropagationPolicies and ClusterPropagationPolicies, for the
+    /// guardrail.
+    pub(crate) propagation_policies: Option<[Subscription; 2]>,
 }
 
 pub(crate) struct Reconciler {
@@ -157,10 +163,11 @@ pub(crate) struct Reconciler {
     events: PassEvents,
     /// Objects created or changed since they were last evaluated.
     changes: Arc<Changes>,
-    /// Template types found by discovery (bindings whose templates are not
-    /// among the watched workload types).
-    templates: bindings::TemplateTypes,
+    /// Bindings' templates that are not among the watched workload types,
+    /// read from the API server.
+    templates: Templates,
     karmada_clusters: Option<Arc<WatchedType>>,
+    propagation_policies: Option<bindings::PropagationPolicies>,
 }
 
 /// What a pass evaluates.
@@ -221,7 +228,7 @@ async fn ownership_keys(
 struct Fingerprinter {
     kind: Kind,
     selector: Option<kube::core::Selector>,
-    scheduler_name: String,
+    karmada: KarmadaSettings,
     keys: SharedKeys,
 }
 
@@ -231,9 +238,14 @@ impl Fingerprinter {
         match self.kind {
             Kind::Workloads { .. } => workloads::selected(self.selector.as_ref(), object)
                 .then(|| workloads::developer_fingerprint(object, &self.keys.current())),
-            Kind::Bindings => (object.pointer("/spec/schedulerName")
-                == Some(&json!(self.scheduler_name)))
-            .then(|| bindings::binding_fingerprint(object)),
+            Kind::Bindings => {
+                let binding =
+                    <karmada::binding::Binding as serde::Deserialize>::deserialize(object).ok()?;
+                match binding.mode(&self.karmada)? {
+                    karmada::binding::Mode::Schedule => Some(bindings::binding_fingerprint(object)),
+                    karmada::binding::Mode::Guard => Some(bindings::guarded_fingerprint(object)),
+                }
+            }
         }
     }
 }
@@ -327,7 +339,7 @@ pub(crate) async fn run(
             let fingerprinter = Fingerprinter {
                 kind,
                 selector,
-                scheduler_name: ctx.scheduler_name.clone(),
+                karmada: ctx.karmada.clone(),
                 keys: keys.clone(),
             };
             watchers.push(watch_changes(
@@ -341,14 +353,24 @@ pub(crate) async fn run(
         targets.push(target);
     }
     let karmada_clusters = match subscriptions.karmada_clusters {
-        Some(mut watch) => {
-            let found = tokio::select! {
-                found = watch.found() => found,
-                _ = cancel.cancelled() => return Ok(()),
+        Some(watch) => match store_only(watch, &cancel).await {
+            Some(found) => Some(found),
+            None => return Ok(()),
+        },
+        None => None,
+    };
+    let propagation_policies = match subscriptions.propagation_policies {
+        Some([namespaced, cluster]) => {
+            let (Some(namespaced), Some(cluster)) = (
+                store_only(namespaced, &cancel).await,
+                store_only(cluster, &cancel).await,
+            ) else {
+                return Ok(());
             };
-            // Only the store is read; the changes reach the replicator.
-            drop(watch.changes);
-            found
+            Some(bindings::PropagationPolicies {
+                namespaced,
+                cluster,
+            })
         }
         None => None,
     };
@@ -360,6 +382,7 @@ pub(crate) async fn run(
     }
     let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
     let user_info = own_user_info(&ctx.client).await;
+    let templates = Templates::new(ctx.client.clone());
     let reconciler = Reconciler {
         limiter: RateLimiter::new(ctx.rate),
         events: PassEvents::new(ctx.recorder.clone()),
@@ -370,14 +393,29 @@ pub(crate) async fn run(
         keys,
         changes,
         in_flight: std::sync::Mutex::new(HashMap::new()),
-        templates: bindings::TemplateTypes::default(),
+        templates,
         karmada_clusters,
+        propagation_policies,
     };
     reconciler.run(cancel).await;
     for w in watchers {
         let _ = w.await;
     }
     Ok(())
+}
+
+/// A watched type whose store alone is read (its changes reach a replicator,
+/// or nobody); `None` when stopping first.
+async fn store_only(
+    mut watch: Subscription,
+    cancel: &CancellationToken,
+) -> Option<Arc<WatchedType>> {
+    let found = tokio::select! {
+        found = watch.found() => found,
+        _ = cancel.cancelled() => None,
+    };
+    drop(watch.changes);
+    found
 }
 
 /// The identity of this process as the API server sees it (a

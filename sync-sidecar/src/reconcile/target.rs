@@ -7,7 +7,7 @@ use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::Selector;
 use serde_json::Value;
 
-use crate::reconcile::karmada::binding::Binding;
+use crate::reconcile::karmada::binding::{Binding, Mode};
 use crate::replication::document::ObjectKey;
 use crate::replication::watched::WatchedType;
 
@@ -60,6 +60,8 @@ pub(crate) struct BindingItem {
     pub(crate) key: ObjectKey,
     pub(crate) raw: Value,
     pub(crate) binding: Binding,
+    /// Scheduled by us, or guarded.
+    pub(crate) mode: Mode,
 }
 
 /// One object a pass evaluates.

@@ -21,6 +21,7 @@
 
 mod control_plane;
 mod members;
+pub mod scenario;
 mod works;
 
 use std::ops::Deref;
@@ -47,6 +48,40 @@ pub fn scheduler_args(policy_namespace: &str) -> Vec<String> {
         "--schedule-karmada-bindings".to_owned(),
         "--remediation=off".to_owned(),
     ]
+}
+
+/// The flags of placement-sync as Karmada's guardrail: Karmada's Clusters
+/// replicated, the policies of `policy_namespace`, every binding not handed to
+/// placement-policy kept within the clusters the policy allows.
+pub fn guardrail_args(policy_namespace: &str) -> Vec<String> {
+    vec![
+        format!("--replicate-cluster={KARMADA_CLUSTERS}"),
+        format!("--policy-namespace={policy_namespace}"),
+        "--guard-karmada-bindings".to_owned(),
+        "--remediation=off".to_owned(),
+    ]
+}
+
+/// What the webhook is registered for in Karmada's API server as the
+/// guardrail: workload templates (denied when the policy cannot place them)
+/// and ResourceBindings (narrowed).
+pub fn guardrail_rules() -> serde_json::Value {
+    serde_json::json!([
+        {
+            "apiGroups": ["apps"],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["replicasets", "deployments"],
+            "scope": "Namespaced"
+        },
+        {
+            "apiGroups": ["work.karmada.io"],
+            "apiVersions": ["v1alpha2"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourcebindings"],
+            "scope": "Namespaced"
+        }
+    ])
 }
 
 /// The members, as registered with Karmada.
@@ -126,6 +161,27 @@ pub fn karmada_assets() -> &'static Path {
         }
         dir
     })
+}
+
+/// A member that joined after the federation started ([`Karmada::join`]).
+pub struct Joined<'a> {
+    karmada: &'a Karmada,
+    member: Member,
+}
+
+impl Deref for Joined<'_> {
+    type Target = Member;
+
+    fn deref(&self) -> &Member {
+        &self.member
+    }
+}
+
+impl Drop for Joined<'_> {
+    fn drop(&mut self) {
+        let name = format!("clusters.cluster.karmada.io/{}", self.member.name());
+        self.karmada.kubectl(&["delete", &name, "--timeout=60s"]);
+    }
 }
 
 /// A running Karmada federation. Every process ends with it (or with the test
@@ -268,6 +324,42 @@ impl Karmada {
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         SidecarProcess::start_as(&self.plane, Identity::Admin, opa, &args)
+    }
+
+    /// placement-sync as the guardrail against the Karmada API server and
+    /// `opa` ([`guardrail_args`]), with `extra` flags.
+    pub fn start_guardrail_sync(
+        &self,
+        opa: &OpaServer,
+        policy_namespace: &str,
+        extra: &[&str],
+    ) -> SidecarProcess {
+        let mut args = guardrail_args(policy_namespace);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        SidecarProcess::start_as(&self.plane, Identity::Admin, opa, &args)
+    }
+
+    /// A member joining the federation now: a plain API server (one Node of
+    /// `spec`'s capacity) registered as `spec` says, Ready before this
+    /// returns. It leaves (its Cluster deleted) and stops when dropped.
+    pub fn join(&self, spec: MemberSpec) -> Joined<'_> {
+        let member = Member::start(spec);
+        member.register(&self.plane);
+        wait_for(
+            &format!("Karmada to report {} Ready", spec.name),
+            Duration::from_secs(120),
+            || {
+                self.clusters()
+                    .iter()
+                    .any(|c| c["metadata"]["name"] == spec.name && cluster_ready(c))
+                    .then_some(())
+            },
+        );
+        Joined {
+            karmada: self,
+            member,
+        }
     }
 
     /// Where the logs are, and the state of the Clusters, for a failing test.

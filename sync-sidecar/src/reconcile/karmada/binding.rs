@@ -5,21 +5,21 @@
 //! condition, `status.schedulerObservedGeneration` and
 //! `status.lastScheduledTime`, and nothing else.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use policy_client::Decision;
+use policy_client::karmada::{PREFERENCES_ANNOTATION, TemplateRef};
 use policy_client::placement::desired_annotations;
 use policy_client::{OwnershipKeys, QueryOutcome};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
+use super::affinity::{matches, untolerated_taint};
 use super::division::{ClusterPreference, DivisionError, divide};
 
 /// The annotation holding the placement a binding was scheduled with (the
 /// taint manager evicts only bindings that carry it).
 pub(crate) const APPLIED_PLACEMENT_ANNOTATION: &str = "policy.karmada.io/applied-placement";
-/// The placement the policy decides: Federation v1's replica-set preferences.
-pub(crate) const PREFERENCES_ANNOTATION: &str = "federation.kubernetes.io/replica-set-preferences";
 /// The binding's condition type of scheduling.
 pub(crate) const SCHEDULED: &str = "Scheduled";
 /// karmada-scheduler's message of a successful schedule.
@@ -46,21 +46,6 @@ impl Reason {
             Reason::SchedulerError => "SchedulerError",
         }
     }
-}
-
-/// The template a binding propagates (`spec.resource`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(crate) struct ResourceRef {
-    pub(crate) api_version: String,
-    pub(crate) kind: String,
-    #[serde(default)]
-    pub(crate) namespace: Option<String>,
-    pub(crate) name: String,
-    #[serde(default)]
-    pub(crate) uid: String,
-    #[serde(default)]
-    pub(crate) resource_version: String,
 }
 
 /// One cluster of `spec.clusters`.
@@ -104,7 +89,7 @@ struct Suspension {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Spec {
-    resource: ResourceRef,
+    resource: TemplateRef,
     #[serde(default)]
     replicas: i32,
     #[serde(default)]
@@ -131,6 +116,8 @@ struct Status {
     #[serde(default)]
     scheduler_observed_generation: i64,
     #[serde(default)]
+    scheduler_observed_affinity_name: Option<String>,
+    #[serde(default)]
     last_scheduled_time: Option<String>,
     #[serde(default)]
     conditions: Vec<Value>,
@@ -145,16 +132,31 @@ pub(crate) struct Binding {
     status: Status,
 }
 
-/// Why a binding is not scheduled by us at all.
+/// What placement-sync does with a binding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Skip {
-    /// Another scheduler's binding.
-    OtherScheduler,
-    Deleting,
-    /// `spec.suspension.scheduling` is set.
-    Suspended,
-    /// No `spec.placement` (the detector always sets one).
-    NoPlacement,
+pub(crate) enum Mode {
+    /// It names our scheduler: the policy decides its clusters.
+    Schedule,
+    /// Another scheduler's (karmada-scheduler's): the guardrail keeps its
+    /// placement narrowed to the clusters the policy allows.
+    Guard,
+}
+
+/// Which of Karmada's bindings placement-sync acts on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct KarmadaSettings {
+    /// Our scheduler's name (`spec.schedulerName` of the bindings we schedule).
+    pub(crate) scheduler_name: String,
+    /// Schedule the bindings naming it.
+    pub(crate) schedule: bool,
+    /// Guard every other binding.
+    pub(crate) guard: bool,
+}
+
+impl KarmadaSettings {
+    pub(crate) fn any(&self) -> bool {
+        self.schedule || self.guard
+    }
 }
 
 impl Binding {
@@ -162,7 +164,7 @@ impl Binding {
         serde_json::from_slice(json)
     }
 
-    pub(crate) fn template(&self) -> &ResourceRef {
+    pub(crate) fn template(&self) -> &TemplateRef {
         &self.spec.resource
     }
 
@@ -174,25 +176,23 @@ impl Binding {
         &self.spec.clusters
     }
 
-    /// Whether this scheduler (`scheduler_name`) schedules the binding now.
-    pub(crate) fn skip(&self, scheduler_name: &str) -> Option<Skip> {
-        if self.spec.scheduler_name.as_deref() != Some(scheduler_name) {
-            Some(Skip::OtherScheduler)
-        } else if self.metadata.deletion_timestamp.is_some() {
-            Some(Skip::Deleting)
-        } else if self
+    /// What `settings` make placement-sync do with the binding now; `None`:
+    /// nothing (another scheduler's binding without the guardrail, one being
+    /// deleted, our own with scheduling suspended or without a placement).
+    pub(crate) fn mode(&self, settings: &KarmadaSettings) -> Option<Mode> {
+        if self.metadata.deletion_timestamp.is_some() {
+            return None;
+        }
+        if self.spec.scheduler_name.as_deref() != Some(settings.scheduler_name.as_str()) {
+            return settings.guard.then_some(Mode::Guard);
+        }
+        let suspended = self
             .spec
             .suspension
             .as_ref()
             .and_then(|s| s.scheduling)
-            .unwrap_or(false)
-        {
-            Some(Skip::Suspended)
-        } else if self.spec.placement.is_none() {
-            Some(Skip::NoPlacement)
-        } else {
-            None
-        }
+            .unwrap_or(false);
+        (settings.schedule && !suspended && self.spec.placement.is_some()).then_some(Mode::Schedule)
     }
 
     /// A reschedule was asked for (`spec.rescheduleTriggeredAt` after
@@ -234,37 +234,21 @@ impl Binding {
             .iter()
             .find(|c| c.get("type").and_then(Value::as_str) == Some(SCHEDULED))
     }
-
-    /// What the policy sees of the binding (`input._binding`): its identity
-    /// and spec, not its status (aggregated status churns and decides nothing).
-    pub(crate) fn policy_view(raw: &Value) -> Value {
-        let mut metadata = Map::new();
-        for key in [
-            "name",
-            "namespace",
-            "uid",
-            "generation",
-            "labels",
-            "annotations",
-        ] {
-            if let Some(v) = raw.pointer(&format!("/metadata/{key}")) {
-                metadata.insert(key.to_owned(), v.clone());
-            }
-        }
-        json!({
-            "apiVersion": raw.get("apiVersion").cloned().unwrap_or(Value::Null),
-            "kind": raw.get("kind").cloned().unwrap_or(Value::Null),
-            "metadata": metadata,
-            "spec": raw.get("spec").cloned().unwrap_or(Value::Null),
-        })
-    }
 }
 
 /// Where the policy puts a binding: its clusters, or why it cannot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Placement {
-    Clusters(Vec<TargetCluster>),
-    Failed { reason: Reason, message: String },
+    Clusters {
+        clusters: Vec<TargetCluster>,
+        /// The `clusterAffinities` term they were chosen from (Karmada's
+        /// `schedulerObservedAffinityName`), when the placement has terms.
+        affinity: Option<String>,
+    },
+    Failed {
+        reason: Reason,
+        message: String,
+    },
 }
 
 impl Placement {
@@ -277,14 +261,15 @@ impl Placement {
 }
 
 /// The placement the decision gives `binding`. `template` is the resource
-/// template as stored; the clusters the policy may name are `known` (the
-/// Karmada Clusters replicated), when they are known.
+/// template as stored; `clusters` are Karmada's Cluster objects replicated,
+/// by name, when they are (the policy may name no others; the user's
+/// placement selects among them by their labels, fields and taints).
 pub(crate) fn placement(
     binding: &Binding,
     template: &Value,
     outcome: &QueryOutcome,
     keys: &OwnershipKeys,
-    known: Option<&BTreeSet<String>>,
+    clusters: Option<&BTreeMap<String, Value>>,
 ) -> Option<Placement> {
     let result = match outcome {
         // No decision yet (the engine is not in sync): nothing to write.
@@ -318,7 +303,12 @@ pub(crate) fn placement(
             ),
         ));
     };
-    Some(clusters_from(binding, preferences, known))
+    Some(clusters_from(
+        binding,
+        preferences,
+        clusters,
+        decision.policy_weights,
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -326,10 +316,51 @@ struct ReplicaSetPreferences {
     clusters: BTreeMap<String, ClusterPreference>,
 }
 
+/// Where guardrail mode is the answer: a field of the user's placement this
+/// scheduler does not implement, named.
+fn unimplemented_field(placement: &Value, workload: bool) -> Option<&'static str> {
+    let present = |pointer: &str| {
+        placement
+            .pointer(pointer)
+            .is_some_and(|v| !v.is_null() && v.as_array().is_none_or(|a| !a.is_empty()))
+    };
+    if present("/spreadConstraints") {
+        return Some("spreadConstraints");
+    }
+    if present("/workloadAffinity") {
+        return Some("workloadAffinity");
+    }
+    if let Some(terms) = placement.get("clusterAffinities").and_then(Value::as_array)
+        && terms.iter().any(|t| {
+            t.get("overflowAffinities")
+                .and_then(Value::as_array)
+                .is_some_and(|o| !o.is_empty())
+        })
+    {
+        return Some("clusterAffinities[].overflowAffinities");
+    }
+    if !workload {
+        return None;
+    }
+    if present("/replicaScheduling/weightPreference/dynamicWeight") {
+        return Some("replicaScheduling.weightPreference.dynamicWeight");
+    }
+    let divided = placement
+        .pointer("/replicaScheduling/replicaSchedulingType")
+        .and_then(Value::as_str)
+        == Some("Divided");
+    let aggregated = placement
+        .pointer("/replicaScheduling/replicaDivisionPreference")
+        .and_then(Value::as_str)
+        == Some("Aggregated");
+    (divided && aggregated).then_some("replicaScheduling.replicaDivisionPreference: Aggregated")
+}
+
 fn clusters_from(
     binding: &Binding,
     preferences: &str,
-    known: Option<&BTreeSet<String>>,
+    clusters: Option<&BTreeMap<String, Value>>,
+    policy_weights: bool,
 ) -> Placement {
     let mut preferences = match serde_json::from_str::<ReplicaSetPreferences>(preferences) {
         Ok(p) => p.clusters,
@@ -348,10 +379,10 @@ fn clusters_from(
             ),
         );
     }
-    if let Some(known) = known {
+    if let Some(known) = clusters {
         let unknown: Vec<&str> = preferences
             .keys()
-            .filter(|name| !known.contains(*name))
+            .filter(|name| !known.contains_key(*name))
             .map(String::as_str)
             .collect();
         if !unknown.is_empty() {
@@ -364,6 +395,15 @@ fn clusters_from(
             );
         }
     }
+    let user = binding.spec.placement.clone().unwrap_or(Value::Null);
+    if let Some(field) = unimplemented_field(&user, binding.is_workload()) {
+        return Placement::failed(
+            Reason::SchedulerError,
+            format!(
+                "placement-policy's scheduler does not implement {field}: run this PropagationPolicy with karmada-scheduler and placement-policy's guardrail (docs/karmada.md#guardrail-mode), which keeps every karmada-scheduler feature within the clusters the policy allows"
+            ),
+        );
+    }
     // Clusters being evicted from are no candidates (Karmada's
     // ClusterEviction filter).
     for task in &binding.spec.graceful_eviction_tasks {
@@ -375,9 +415,17 @@ fn clusters_from(
             "every cluster the policy allows is being evicted from",
         );
     }
+    let (preferences, affinity) = match users_choice(binding, &user, preferences, clusters) {
+        Ok(chosen) => chosen,
+        Err(message) => return Placement::failed(Reason::NoClusterFit, message),
+    };
+    let scheduled = |clusters: Vec<TargetCluster>| Placement::Clusters {
+        clusters,
+        affinity: affinity.clone(),
+    };
     if !binding.is_workload() {
         // Non-workloads go to every cluster, without replicas.
-        return Placement::Clusters(
+        return scheduled(
             preferences
                 .into_keys()
                 .map(|name| TargetCluster { name, replicas: 0 })
@@ -386,7 +434,7 @@ fn clusters_from(
     }
     if !binding.is_divided_workload() {
         // Duplicated: every cluster runs all replicas.
-        return Placement::Clusters(
+        return scheduled(
             preferences
                 .into_keys()
                 .map(|name| TargetCluster {
@@ -396,12 +444,17 @@ fn clusters_from(
                 .collect(),
         );
     }
+    let preferences = if policy_weights {
+        preferences
+    } else {
+        with_static_weights(&user, preferences, clusters)
+    };
     match divide(
         binding.spec.replicas,
         &preferences,
         &binding.spec.resource.uid,
     ) {
-        Ok(division) => Placement::Clusters(
+        Ok(division) => scheduled(
             division
                 .into_iter()
                 .map(|(name, replicas)| TargetCluster { name, replicas })
@@ -412,6 +465,143 @@ fn clusters_from(
         }
         Err(e) => Placement::failed(Reason::Unschedulable, e.to_string()),
     }
+}
+
+/// The policy's clusters the user's placement selects (karmada-scheduler's
+/// filters inside the policy's allowed set): its `clusterAffinity`, or the
+/// first of its `clusterAffinities` terms (from the one observed last, as
+/// karmada-scheduler goes on from it) that selects any, and its
+/// `clusterTolerations`. With the term's name; an error message when none fits.
+fn users_choice(
+    binding: &Binding,
+    user: &Value,
+    preferences: BTreeMap<String, ClusterPreference>,
+    clusters: Option<&BTreeMap<String, Value>>,
+) -> Result<(BTreeMap<String, ClusterPreference>, Option<String>), String> {
+    let object = |name: &str| -> Value {
+        clusters
+            .and_then(|c| c.get(name).cloned())
+            .unwrap_or_else(|| json!({"metadata": {"name": name}}))
+    };
+    let tolerations = user
+        .get("clusterTolerations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut untolerated = Vec::new();
+    let candidates: BTreeMap<String, ClusterPreference> = preferences
+        .into_iter()
+        .filter(|(name, _)| {
+            // A cluster the binding is on already stays a candidate
+            // (Karmada's TaintToleration filter).
+            if binding.spec.clusters.iter().any(|c| &c.name == name) {
+                return true;
+            }
+            match untolerated_taint(&object(name), &tolerations) {
+                Some(taint) => {
+                    untolerated.push(format!("{name} ({taint})"));
+                    false
+                }
+                None => true,
+            }
+        })
+        .collect();
+    let allowed = candidates.keys().cloned().collect::<Vec<_>>().join(", ");
+    let fitting = |affinity: &Value| -> BTreeMap<String, ClusterPreference> {
+        candidates
+            .iter()
+            .filter(|(name, _)| matches(&object(name), affinity))
+            .map(|(name, p)| (name.clone(), *p))
+            .collect()
+    };
+    let why = |what: &str| {
+        let mut message = format!(
+            "no cluster the placement policy allows ({}) matches the placement's {what}",
+            if allowed.is_empty() {
+                "none left"
+            } else {
+                &allowed
+            }
+        );
+        if !untolerated.is_empty() {
+            message.push_str(&format!("; untolerated taints: {}", untolerated.join(", ")));
+        }
+        message
+    };
+    let terms = user
+        .get("clusterAffinities")
+        .and_then(Value::as_array)
+        .filter(|t| !t.is_empty());
+    if let Some(terms) = terms {
+        let observed = binding.status.scheduler_observed_affinity_name.as_deref();
+        let start = if binding.reschedule_required() {
+            0
+        } else {
+            terms
+                .iter()
+                .position(|t| t.get("affinityName").and_then(Value::as_str) == observed)
+                .unwrap_or(0)
+        };
+        for term in &terms[start..] {
+            let fit = fitting(term);
+            if !fit.is_empty() {
+                let name = term
+                    .get("affinityName")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                return Ok((fit, name));
+            }
+        }
+        let names: Vec<&str> = terms[start..]
+            .iter()
+            .filter_map(|t| t.get("affinityName").and_then(Value::as_str))
+            .collect();
+        return Err(why(&format!(
+            "clusterAffinities (tried {})",
+            names.join(", ")
+        )));
+    }
+    let fit = match user.get("clusterAffinity").filter(|a| !a.is_null()) {
+        Some(affinity) => fitting(affinity),
+        None => candidates.clone(),
+    };
+    if fit.is_empty() {
+        return Err(why("clusterAffinity and clusterTolerations"));
+    }
+    Ok((fit, None))
+}
+
+/// The user's `staticWeightList` over the policy's even weights (Karmada's
+/// rule: a cluster's weight is the largest of the rules that select it; a
+/// cluster no rule selects gets none; when none gets any, all weigh alike).
+/// The policy's `minReplicas`/`maxReplicas` stay.
+fn with_static_weights(
+    user: &Value,
+    mut preferences: BTreeMap<String, ClusterPreference>,
+    clusters: Option<&BTreeMap<String, Value>>,
+) -> BTreeMap<String, ClusterPreference> {
+    let Some(rules) = user
+        .pointer("/replicaScheduling/weightPreference/staticWeightList")
+        .and_then(Value::as_array)
+        .filter(|r| !r.is_empty())
+    else {
+        return preferences;
+    };
+    for (name, preference) in preferences.iter_mut() {
+        let object = clusters
+            .and_then(|c| c.get(name).cloned())
+            .unwrap_or_else(|| json!({"metadata": {"name": name}}));
+        preference.weight = rules
+            .iter()
+            .filter(|rule| {
+                rule.get("targetCluster")
+                    .is_some_and(|target| matches(&object, target))
+            })
+            .filter_map(|rule| rule.get("weight").and_then(Value::as_i64))
+            .max()
+            .unwrap_or(0);
+    }
+    preferences
 }
 
 /// The writes that bring a binding to a placement (none when it has it).
@@ -448,12 +638,12 @@ pub(crate) fn describe_clusters(clusters: &[TargetCluster]) -> String {
 /// `lastTransitionTime`.
 pub(crate) fn plan(binding: &Binding, placement: &Placement, now: &str) -> BindingWrite {
     let (status, reason, message) = match placement {
-        Placement::Clusters(_) => ("True", Reason::Success, SUCCESS_MESSAGE.to_owned()),
+        Placement::Clusters { .. } => ("True", Reason::Success, SUCCESS_MESSAGE.to_owned()),
         Placement::Failed { reason, message } => ("False", *reason, message.clone()),
     };
     let mut spec = None;
     let mut moves = false;
-    if let Placement::Clusters(clusters) = placement {
+    if let Placement::Clusters { clusters, .. } = placement {
         let applied = binding
             .spec
             .placement
@@ -479,10 +669,20 @@ pub(crate) fn plan(binding: &Binding, placement: &Placement, now: &str) -> Bindi
     let condition_changed = field("status") != Some(status)
         || field("reason") != Some(reason.as_str())
         || field("message") != Some(message.as_str());
-    let succeeded = matches!(placement, Placement::Clusters(_));
+    let succeeded = matches!(placement, Placement::Clusters { .. });
+    let affinity = match placement {
+        Placement::Clusters {
+            affinity: Some(name),
+            ..
+        } => Some(name),
+        _ => None,
+    };
+    let affinity_changed =
+        affinity.is_some() && affinity != binding.status.scheduler_observed_affinity_name.as_ref();
     let status_due = condition_changed
         || (succeeded
             && (spec.is_some()
+                || affinity_changed
                 || binding.status.scheduler_observed_generation != binding.metadata.generation
                 || binding.reschedule_required()));
     let status_patch = status_due.then(|| {
@@ -511,10 +711,13 @@ pub(crate) fn plan(binding: &Binding, placement: &Placement, now: &str) -> Bindi
             status["schedulerObservedGeneration"] = json!(binding.metadata.generation);
             status["lastScheduledTime"] = json!(now);
         }
+        if let Some(name) = affinity {
+            status["schedulerObservedAffinityName"] = json!(name);
+        }
         json!({ "status": status })
     });
     let event = match placement {
-        Placement::Clusters(clusters) if spec.is_some() => Some((
+        Placement::Clusters { clusters, .. } if spec.is_some() => Some((
             true,
             "ScheduleBindingSucceed",
             format!("{SUCCESS_MESSAGE} Result: {}", describe_clusters(clusters)),
@@ -598,6 +801,13 @@ mod tests {
             .collect()
     }
 
+    fn scheduled(pairs: &[(&str, i32)]) -> Placement {
+        Placement::Clusters {
+            clusters: targets(pairs),
+            affinity: None,
+        }
+    }
+
     const EU: &str =
         r#"{"clusters":{"member-eu-1":{"weight":1},"member-eu-2":{"weight":1}},"rebalance":true}"#;
 
@@ -607,10 +817,7 @@ mod tests {
         let placed = placement(&b, &template(), &decision(json!(EU), &[]), keys(), None);
         assert_eq!(
             placed,
-            Some(Placement::Clusters(targets(&[
-                ("member-eu-1", 3),
-                ("member-eu-2", 3)
-            ])))
+            Some(scheduled(&[("member-eu-1", 3), ("member-eu-2", 3)]))
         );
     }
 
@@ -622,10 +829,7 @@ mod tests {
         );
         assert_eq!(
             placement(&dup, &template(), &decision(json!(EU), &[]), keys(), None),
-            Some(Placement::Clusters(targets(&[
-                ("member-eu-1", 4),
-                ("member-eu-2", 4)
-            ])))
+            Some(scheduled(&[("member-eu-1", 4), ("member-eu-2", 4)]))
         );
         let (_, config) = binding(json!({"placement": {}}), json!({}));
         assert_eq!(
@@ -636,10 +840,7 @@ mod tests {
                 keys(),
                 None
             ),
-            Some(Placement::Clusters(targets(&[
-                ("member-eu-1", 0),
-                ("member-eu-2", 0)
-            ])))
+            Some(scheduled(&[("member-eu-1", 0), ("member-eu-2", 0)]))
         );
     }
 
@@ -718,7 +919,7 @@ mod tests {
                 ..
             })
         ));
-        let known: BTreeSet<String> = ["member-eu-1".to_owned()].into();
+        let known: BTreeMap<String, Value> = [("member-eu-1".to_owned(), json!({}))].into();
         let Some(Placement::Failed { message, .. }) = placement(
             &b,
             &template(),
@@ -740,14 +941,14 @@ mod tests {
         );
         assert_eq!(
             placement(&b, &template(), &decision(json!(EU), &[]), keys(), None),
-            Some(Placement::Clusters(targets(&[("member-eu-1", 6)])))
+            Some(scheduled(&[("member-eu-1", 6)]))
         );
     }
 
     #[test]
     fn a_new_placement_writes_spec_status_and_an_event() {
         let (raw, b) = binding(json!({"replicas": 6}), json!({}));
-        let placed = Placement::Clusters(targets(&[("member-eu-1", 3), ("member-eu-2", 3)]));
+        let placed = scheduled(&[("member-eu-1", 3), ("member-eu-2", 3)]);
         let write = plan(&b, &placed, "2026-11-25T10:00:00Z");
         assert!(write.moves);
         let spec = write.spec.unwrap();
@@ -795,7 +996,7 @@ mod tests {
             APPLIED_PLACEMENT_ANNOTATION.to_owned(),
             placement_json.to_string(),
         );
-        let placed = Placement::Clusters(targets(&[("member-eu-1", 3), ("member-eu-2", 3)]));
+        let placed = scheduled(&[("member-eu-1", 3), ("member-eu-2", 3)]);
         let write = plan(&b, &placed, "2026-11-25T10:00:00Z");
         assert!(write.is_empty(), "{write:?}");
         // Another placement (a new PropagationPolicy) with the same clusters:
@@ -821,15 +1022,255 @@ mod tests {
         assert!(plan(&b, &placed, "2026-11-25T10:00:00Z").status.is_some());
     }
 
-    #[test]
-    fn the_policy_sees_the_bindings_spec_not_its_status() {
-        let (raw, _) = binding(
-            json!({"replicas": 6}),
-            json!({"aggregatedStatus": [{"clusterName": "x"}]}),
+    /// The Karmada Clusters of the test bed, as replicated.
+    fn members() -> BTreeMap<String, Value> {
+        [
+            ("member-eu-1", "europe-west1", json!([])),
+            ("member-eu-2", "europe-west2", json!([])),
+            (
+                "member-us-1",
+                "us-central1",
+                json!([{"key": "gpu", "value": "a100", "effect": "NoSchedule"}]),
+            ),
+        ]
+        .into_iter()
+        .map(|(name, region, taints)| {
+            (
+                name.to_owned(),
+                json!({"metadata": {"name": name, "labels": {"region": region}},
+                       "spec": {"region": region, "taints": taints}}),
+            )
+        })
+        .collect()
+    }
+
+    /// Scheduled under the shipped policy's answer for an EU workload (both
+    /// EU members, even weights) with the user's `placement`.
+    fn schedule_eu(replicas: i32, placement: Value, status: Value) -> Placement {
+        let (_, b) = binding(
+            json!({"replicas": replicas, "placement": placement}),
+            status,
         );
-        let view = Binding::policy_view(&raw);
-        assert_eq!(view["spec"]["replicas"], 6);
-        assert_eq!(view["metadata"]["name"], "web-deployment");
-        assert!(view.get("status").is_none());
+        placement_of(&b, &decision(json!(EU), &[]))
+    }
+
+    fn placement_of(b: &Binding, outcome: &QueryOutcome) -> Placement {
+        placement(b, &template(), outcome, keys(), Some(&members())).unwrap()
+    }
+
+    const DIVIDED: &str = "Divided";
+
+    fn divided(extra: Value) -> Value {
+        let mut p = json!({"replicaScheduling": {"replicaSchedulingType": DIVIDED,
+                                                 "replicaDivisionPreference": "Weighted"}});
+        for (k, v) in extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        p
+    }
+
+    #[test]
+    fn the_users_cluster_names_select_within_what_the_policy_allows() {
+        assert_eq!(
+            schedule_eu(
+                4,
+                divided(json!({"clusterAffinity": {"clusterNames": ["member-eu-2"]}})),
+                json!({})
+            ),
+            scheduled(&[("member-eu-2", 4)])
+        );
+        assert_eq!(
+            schedule_eu(
+                3,
+                divided(
+                    json!({"clusterAffinity": {"clusterNames": ["member-eu-2", "member-us-1"]}})
+                ),
+                json!({})
+            ),
+            scheduled(&[("member-eu-2", 3)]),
+            "a cluster the policy forbids is never chosen"
+        );
+        let Placement::Failed { reason, message } = schedule_eu(
+            3,
+            divided(json!({"clusterAffinity": {"clusterNames": ["member-us-1"]}})),
+            json!({}),
+        ) else {
+            panic!("nothing allowed fits")
+        };
+        assert_eq!(reason, Reason::NoClusterFit);
+        assert!(message.contains("member-eu-1, member-eu-2"), "{message}");
+        assert_eq!(
+            schedule_eu(
+                2,
+                divided(json!({"clusterAffinity": {"exclude": ["member-eu-1"],
+                    "fieldSelector": {"matchExpressions": [{"key": "region", "operator": "In",
+                        "values": ["europe-west1", "europe-west2"]}]}}})),
+                json!({})
+            ),
+            scheduled(&[("member-eu-2", 2)])
+        );
+    }
+
+    #[test]
+    fn static_weights_replace_the_policys_even_weights_unless_the_policy_weighs() {
+        let weighted = divided(json!({"replicaScheduling": {
+            "replicaSchedulingType": "Divided", "replicaDivisionPreference": "Weighted",
+            "weightPreference": {"staticWeightList": [
+                {"targetCluster": {"clusterNames": ["member-eu-1"]}, "weight": 2},
+                {"targetCluster": {"clusterNames": ["member-eu-2"]}, "weight": 1}]}}}));
+        assert_eq!(
+            schedule_eu(6, weighted.clone(), json!({})),
+            scheduled(&[("member-eu-1", 4), ("member-eu-2", 2)])
+        );
+        let (_, b) = binding(json!({"replicas": 6, "placement": weighted}), json!({}));
+        let policy_weighs = QueryOutcome::Defined(json!({
+            "annotations": {PREFERENCES_ANNOTATION:
+                r#"{"clusters":{"member-eu-1":{"weight":1000},"member-eu-2":{"weight":5000}}}"#},
+            "errors": [],
+            "policy_weights": true,
+        }));
+        assert_eq!(
+            placement_of(&b, &policy_weighs),
+            scheduled(&[("member-eu-1", 1), ("member-eu-2", 5)]),
+            "a policy that weighs on purpose wins"
+        );
+    }
+
+    #[test]
+    fn the_first_affinity_term_with_an_allowed_cluster_is_chosen_and_observed() {
+        let terms = divided(json!({"clusterAffinities": [
+            {"affinityName": "primary", "clusterNames": ["member-us-1"]},
+            {"affinityName": "backup", "clusterNames": ["member-eu-1"]}]}));
+        let placed = schedule_eu(2, terms.clone(), json!({}));
+        assert_eq!(
+            placed,
+            Placement::Clusters {
+                clusters: targets(&[("member-eu-1", 2)]),
+                affinity: Some("backup".to_owned())
+            }
+        );
+        let (_, b) = binding(
+            json!({"replicas": 2, "placement": terms.clone()}),
+            json!({}),
+        );
+        let write = plan(&b, &placed, "2026-11-25T10:00:00Z");
+        assert_eq!(
+            write.status.unwrap()["status"]["schedulerObservedAffinityName"],
+            "backup"
+        );
+        // karmada-scheduler goes on from the observed term.
+        let both = divided(json!({"clusterAffinities": [
+            {"affinityName": "primary", "clusterNames": ["member-eu-2"]},
+            {"affinityName": "backup", "clusterNames": ["member-eu-1"]}]}));
+        assert_eq!(
+            schedule_eu(
+                2,
+                both.clone(),
+                json!({"schedulerObservedAffinityName": "backup"})
+            ),
+            Placement::Clusters {
+                clusters: targets(&[("member-eu-1", 2)]),
+                affinity: Some("backup".to_owned())
+            }
+        );
+        assert_eq!(
+            schedule_eu(2, both, json!({})),
+            Placement::Clusters {
+                clusters: targets(&[("member-eu-2", 2)]),
+                affinity: Some("primary".to_owned())
+            }
+        );
+        let none = divided(json!({"clusterAffinities": [
+            {"affinityName": "primary", "clusterNames": ["member-us-1"]}]}));
+        assert!(matches!(
+            schedule_eu(2, none, json!({})),
+            Placement::Failed {
+                reason: Reason::NoClusterFit,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn untolerated_taints_keep_new_replicas_off_a_cluster() {
+        // A policy that allows every member, the tainted one too.
+        let all = QueryOutcome::Defined(json!({
+            "annotations": {PREFERENCES_ANNOTATION: r#"{"clusters":{"member-eu-1":{"weight":1},"member-us-1":{"weight":1}}}"#},
+            "errors": [],
+        }));
+        let (_, b) = binding(
+            json!({"replicas": 2, "placement": divided(json!({}))}),
+            json!({}),
+        );
+        assert_eq!(placement_of(&b, &all), scheduled(&[("member-eu-1", 2)]));
+        let tolerated =
+            divided(json!({"clusterTolerations": [{"key": "gpu", "operator": "Exists"}]}));
+        let (_, b) = binding(json!({"replicas": 2, "placement": tolerated}), json!({}));
+        assert_eq!(
+            placement_of(&b, &all),
+            scheduled(&[("member-eu-1", 1), ("member-us-1", 1)])
+        );
+        let (_, on_it) = binding(
+            json!({"replicas": 2, "placement": divided(json!({})),
+                   "clusters": [{"name": "member-us-1", "replicas": 2}]}),
+            json!({}),
+        );
+        assert_eq!(
+            placement_of(&on_it, &all),
+            scheduled(&[("member-eu-1", 1), ("member-us-1", 1)]),
+            "a cluster the binding is on stays a candidate"
+        );
+    }
+
+    #[test]
+    fn what_the_scheduler_does_not_implement_is_named_never_dropped() {
+        for (extra, field) in [
+            (
+                json!({"spreadConstraints": [{"spreadByField": "region", "maxGroups": 2}]}),
+                "spreadConstraints",
+            ),
+            (
+                json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+                    "replicaDivisionPreference": "Weighted",
+                    "weightPreference": {"dynamicWeight": "AvailableReplicas"}}}),
+                "dynamicWeight",
+            ),
+            (
+                json!({"replicaScheduling": {"replicaSchedulingType": "Divided",
+                    "replicaDivisionPreference": "Aggregated"}}),
+                "Aggregated",
+            ),
+            (
+                json!({"clusterAffinities": [{"affinityName": "a",
+                    "overflowAffinities": [{"affinityName": "b"}]}]}),
+                "overflowAffinities",
+            ),
+        ] {
+            let Placement::Failed { reason, message } =
+                schedule_eu(2, divided(extra.clone()), json!({}))
+            else {
+                panic!("{extra} was scheduled")
+            };
+            assert_eq!(reason, Reason::SchedulerError);
+            assert!(message.contains(field), "{message}");
+            assert!(message.contains("guardrail"), "{message}");
+        }
+    }
+
+    #[test]
+    fn only_the_bindings_settings_ask_for_are_acted_on() {
+        let settings = |schedule, guard| KarmadaSettings {
+            scheduler_name: "placement-policy".to_owned(),
+            schedule,
+            guard,
+        };
+        let (_, ours) = binding(json!({}), json!({}));
+        let (_, theirs) = binding(json!({"schedulerName": "default-scheduler"}), json!({}));
+        assert_eq!(ours.mode(&settings(true, false)), Some(Mode::Schedule));
+        assert_eq!(ours.mode(&settings(false, true)), None);
+        assert_eq!(theirs.mode(&settings(true, false)), None);
+        assert_eq!(theirs.mode(&settings(false, true)), Some(Mode::Guard));
+        let (_, suspended) = binding(json!({"suspension": {"scheduling": true}}), json!({}));
+        assert_eq!(suspended.mode(&settings(true, true)), None);
     }
 }
