@@ -4,9 +4,10 @@
 #
 #   POST /v1/data/io/k8s/federation/admission   {"input": <the Kubernetes object>}
 #
-# and gets back exactly two keys:
+# and gets back two keys, and a third where the policy weighs on purpose:
 #
 #   {"annotations": {<key>: <value>}, "errors": ["<message>", ...]}
+#   "policy_weights": true   (only with the least-loaded weighting, rule 5)
 #
 # `annotations` are merged into the object (policy values replace the developer's
 # values for the same key; non-string values are serialized to compact JSON).
@@ -94,6 +95,11 @@ annotations := {"federation.kubernetes.io/replica-set-preferences": placement.pr
 	count(placement.selected) > 0
 	count(placement.errors - placement.request_conflicts) == 0
 } else := {} if placement.loaded
+
+# Weights by free CPU are deliberate: a scheduler given weights of its own
+# (a Karmada PropagationPolicy's staticWeightList) keeps the policy's. Even
+# weights are not (absent: given weights replace them).
+policy_weights if placement.load_weighted
 
 # Rules 2-4 and 6: every reason the workload cannot be placed.
 errors := placement.errors if placement.workload

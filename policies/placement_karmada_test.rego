@@ -126,6 +126,12 @@ test_least_loaded_weights_by_free_millicores if {
 		with data.kubernetes.clusters as loaded
 		with data.io.k8s.federation.settings.weighting as "least-loaded"
 	weights(doc) == {"member-eu-1": 500, "member-eu-2": 6000}
+	doc.policy_weights == true
+}
+
+test_even_weights_are_not_the_policys_own if {
+	doc := admission with input as eu_pci2 with data.kubernetes.clusters as members
+	not doc.policy_weights
 }
 
 test_least_loaded_counts_allocating_and_never_goes_below_zero if {
@@ -153,6 +159,7 @@ test_least_loaded_without_a_summary_spreads_evenly if {
 		with data.kubernetes.clusters as object.union(no_summary, {"member-eu-2": ours})
 		with data.io.k8s.federation.settings.weighting as "least-loaded"
 	weights(doc) == {"member-eu-1": 1, "member-eu-2": 1}
+	not doc.policy_weights
 }
 
 test_an_unknown_weighting_is_an_error if {

@@ -145,12 +145,16 @@ default weighting := "even"
 weighting := data.io.k8s.federation.settings.weighting
 
 # Weighted by free CPU when every selected cluster reports it, else evenly.
+load_weighted if {
+	weighting == "least-loaded"
+	count(free_millicores) == count(selected)
+}
+
 preferences := {
 	"clusters": {name: {"weight": free_millicores[name]} | some name in selected},
 	"rebalance": rebalance,
 } if {
-	weighting == "least-loaded"
-	count(free_millicores) == count(selected)
+	load_weighted
 } else := {
 	"clusters": {name: {"weight": 1} | some name in selected},
 	"rebalance": rebalance,
