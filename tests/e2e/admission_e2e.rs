@@ -690,3 +690,97 @@ async fn an_update_under_existing_violations_keeps_the_stored_placement() {
     let stored = kept("a denied request change");
     assert!(stored["metadata"]["annotations"].get("team").is_none());
 }
+
+/// An API server Helm does not reach (Karmada's) gets its webhook
+/// configuration from the webhook itself: with self-managed certificates and
+/// `--register-configuration`, the configuration appears with the CA bundle
+/// of the Secret the webhook keeps, and the API server then calls it (a
+/// ReplicaSet created through it is placed).
+#[test]
+fn a_self_managed_webhook_registers_its_configuration_with_its_ca_bundle() {
+    let plane = ControlPlane::shared();
+    let ns = unique_name("register");
+    plane.create_namespace(&ns);
+    let port = placement_tests::free_port();
+    let configuration = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": ns},
+        "webhooks": [{
+            "name": "placement.placement-policy.io",
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": format!("https://localhost:{port}/mutate")},
+            "rules": [{"apiGroups": ["apps"], "apiVersions": ["v1"],
+                       "operations": ["CREATE", "UPDATE"], "resources": ["replicasets"],
+                       "scope": "Namespaced"}],
+            "namespaceSelector": {"matchLabels": {"placement-test": ns}},
+            "sideEffects": "None",
+            "timeoutSeconds": 10,
+            "failurePolicy": "Fail"
+        }]
+    });
+    let file = placement_tests::scratch_dir("register").join("configuration.yaml");
+    std::fs::write(&file, configuration.to_string()).expect("write the configuration");
+    let _webhook = WebhookProcess::start(&[
+        format!("--listen=127.0.0.1:{port}"),
+        format!("--tls-secret={ns}/webhook-tls"),
+        "--tls-dns-name=localhost".to_owned(),
+        format!("--register-configuration={}", file.display()),
+        format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Admin).display()
+        ),
+        format!("--policy-dir={}", repo_root().join("policies").display()),
+    ]);
+    let secret_ca = plane.kubectl_ok(&[
+        "get",
+        "secret",
+        "webhook-tls",
+        "-n",
+        &ns,
+        "-o",
+        "jsonpath={.data.ca\\.crt}",
+    ]);
+    let bundle = wait_for(
+        "the configuration registered with a CA bundle",
+        Duration::from_secs(60),
+        || {
+            let out = plane.kubectl(&[
+                "get",
+                "mutatingwebhookconfiguration",
+                &ns,
+                "-o",
+                "jsonpath={.webhooks[0].clientConfig.caBundle}",
+            ]);
+            let bundle = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+            (out.status.success() && !bundle.is_empty()).then_some(bundle)
+        },
+    );
+    let decode = |b64: &str| {
+        use base64::Engine as _;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .expect("base64");
+        String::from_utf8(bytes).expect("PEM")
+    };
+    assert!(
+        placement_certs::rotation::bundle_trusts(&decode(&bundle), &decode(&secret_ca)),
+        "the configuration trusts the Secret's CA"
+    );
+    let placed = wait_for(
+        "a ReplicaSet placed through the registered configuration",
+        Duration::from_secs(60),
+        || {
+            let name = unique_name("rs");
+            let out = plane.kubectl_stdin(
+                &["create", "-n", &ns, "-o", "json", "-f", "-"],
+                &replicaset_manifest(&name, &[(EU, "true")]),
+            );
+            let created: Value = serde_json::from_slice(&out.stdout).ok()?;
+            created["metadata"]["annotations"]
+                .get(PREFS)
+                .map(|_| created)
+        },
+    );
+    assert!(!placed_clusters(&placed).is_empty());
+}

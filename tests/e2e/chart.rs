@@ -125,7 +125,12 @@ fn every_pod_is_hardened_in_every_mode() {
         &["engine.type=embedded"][..],
         &["webhook.certificates.mode=cert-manager"][..],
         &["remediator.mode=report", "webhook.replicas=3"][..],
-        &["karmada.enabled=true", "karmada.webhookKeys=true"][..],
+        &["karmada.enabled=true"][..],
+        &[
+            "karmada.enabled=true",
+            "karmada.guardrail=false",
+            "karmada.webhookKeys=true",
+        ][..],
     ] {
         let docs = render(values);
         let deployments = of_kind(&docs, "Deployment");
@@ -168,13 +173,17 @@ fn every_pod_is_hardened_in_every_mode() {
     }
 }
 
-/// `karmada.enabled` adds placement-policy as Karmada's scheduler: OPA and
-/// placement-sync working in Karmada's API server through the kubeconfig
-/// Secret, replicating Karmada's Clusters and scheduling the bindings that
-/// name `karmada.schedulerName`, with no token of this cluster; nothing of
-/// it by default.
+/// `karmada.enabled` adds placement-policy in Karmada: OPA and placement-sync
+/// working in Karmada's API server through the kubeconfig Secret, replicating
+/// Karmada's Clusters and scheduling the bindings that name
+/// `karmada.schedulerName`, with no token of this cluster; nothing of it by
+/// default. With `karmada.guardrail` (the default) each pod also runs the
+/// webhook against Karmada's API server, which keeps its keys and
+/// certificates there and registers the configuration this release renders
+/// (templates and bindings, reached through the release's Service), and
+/// placement-sync guards karmada-scheduler's bindings with the same keys.
 #[test]
-fn values_run_a_scheduler_in_the_api_server_of_karmada() {
+fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
     let name = "placement-policy-karmada-scheduler";
     let defaults = render(&[]);
     assert!(
@@ -198,36 +207,138 @@ fn values_run_a_scheduler_in_the_api_server_of_karmada() {
         .find(|v| v["name"] == "karmada-kubeconfig")
         .expect("the kubeconfig volume");
     assert_eq!(volume["secret"]["secretName"], "karmada-config", "{volume}");
-    let sync = containers(deployment)
-        .into_iter()
-        .find(|c| c["name"] == "placement-sync")
-        .expect("placement-sync container");
-    let flags = args(sync);
+    let container = |docs: &[Value], c: &str| {
+        containers(named(docs, "Deployment", name))
+            .into_iter()
+            .find(|x| x["name"] == c)
+            .cloned()
+    };
+    let sync = container(&docs, "placement-sync").expect("placement-sync container");
+    let flags = args(&sync);
+    let keys = "--ownership-secret=karmada-system/placement-policy-karmada-ownership";
     for flag in [
         "--kubeconfig=/etc/karmada/kubeconfig",
         "--schedule-karmada-bindings",
+        "--guard-karmada-bindings",
         "--scheduler-name=rego",
         "--replicate-cluster=cluster.karmada.io/v1alpha1/clusters",
         "--lease-namespace=karmada-system",
         "--remediation=off",
+        keys,
     ] {
         assert!(flags.contains(&flag.to_owned()), "{flag} in {flags:?}");
     }
+    let webhook = container(&docs, "webhook").expect("the guardrail's webhook");
+    let flags = args(&webhook);
+    let host = "placement-policy-karmada-webhook.placement-system.svc";
+    for flag in [
+        "--kubeconfig=/etc/karmada/kubeconfig".to_owned(),
+        "--opa-url=http://127.0.0.1:8181".to_owned(),
+        "--karmada-scheduler-name=rego".to_owned(),
+        keys.to_owned(),
+        "--tls-secret=karmada-system/placement-policy-karmada-webhook-tls".to_owned(),
+        format!("--tls-dns-name={host}"),
+        "--register-configuration=/etc/placement/karmada-webhook/configuration.yaml".to_owned(),
+    ] {
+        assert!(flags.contains(&flag), "{flag} in {flags:?}");
+    }
+    let service = named(&docs, "Service", "placement-policy-karmada-webhook");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let configmap = named(
+        &docs,
+        "ConfigMap",
+        "placement-policy-karmada-webhook-configuration",
+    );
+    let configuration: Value =
+        yaml_serde::from_str(configmap["data"]["configuration.yaml"].as_str().unwrap())
+            .expect("the configuration parses");
+    let hook = &configuration["webhooks"][0];
+    assert_eq!(
+        hook["clientConfig"]["url"],
+        format!("https://{host}:443/mutate")
+    );
+    let resources: Vec<&str> = hook["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["resources"][0].as_str())
+        .collect();
+    assert_eq!(
+        resources,
+        [
+            "replicasets",
+            "deployments",
+            "resourcebindings",
+            "clusterresourcebindings"
+        ]
+    );
+    let excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"].clone();
+    assert_eq!(
+        excluded,
+        json!([
+            "karmada-system",
+            "karmada-cluster",
+            "kube-federation-scheduling-policy",
+            "kube-system",
+            "kube-public",
+            "kube-node-lease"
+        ]),
+        "Karmada's and the policy's namespaces, not this cluster's release namespace"
+    );
+    let sync_scope = format!(
+        "--scope-exclude-namespaces={}",
+        excluded
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    assert!(
+        args(&sync).contains(&sync_scope),
+        "placement-sync guards what the webhook sees: {sync_scope}"
+    );
+    // A configuration Karmada's API server (a kube-apiserver) accepts.
+    let plane = ControlPlane::shared();
+    let accepted = plane.kubectl_stdin(
+        &["apply", "--dry-run=server", "-f", "-"],
+        &configuration.to_string(),
+    );
+    assert!(
+        accepted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+
+    // Without the guardrail: the scheduler alone, no webhook, no keys unless
+    // a hand-registered webhook's are mounted.
+    let alone = render(&["karmada.enabled=true", "karmada.guardrail=false"]);
+    assert!(container(&alone, "webhook").is_none());
+    let flags = args(&container(&alone, "placement-sync").expect("placement-sync"));
+    assert!(!flags.contains(&"--guard-karmada-bindings".to_owned()));
     assert!(
         !flags.iter().any(|f| f.starts_with("--ownership-")),
-        "without the webhook in Karmada, no keys: {flags:?}"
+        "without a webhook in Karmada, no keys: {flags:?}"
     );
-    let with_keys = render(&["karmada.enabled=true", "karmada.webhookKeys=true"]);
-    let sync = containers(named(&with_keys, "Deployment", name))
-        .into_iter()
-        .find(|c| c["name"] == "placement-sync")
-        .cloned()
-        .expect("placement-sync container");
+    let with_keys = render(&[
+        "karmada.enabled=true",
+        "karmada.guardrail=false",
+        "karmada.webhookKeys=true",
+    ]);
+    let sync = container(&with_keys, "placement-sync").expect("placement-sync container");
     assert!(
         args(&sync)
             .contains(&"--ownership-key-file=/etc/placement/ownership/ownership.keys".to_owned()),
         "{:?}",
         args(&sync)
+    );
+    refused(
+        "karmada.enabled=true,karmada.webhookKeys=true",
+        "karmada.webhookKeys is for a webhook registered with Karmada's API server by hand",
     );
 }
 

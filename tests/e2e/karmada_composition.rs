@@ -39,6 +39,7 @@ const CONFIRM: &str = "placement-policy.io/confirm-remediation";
 /// their own (the webhook registered for its templates and bindings,
 /// placement-sync scoped to it), with `modules` as the policy.
 struct Guardrail {
+    karmada: &'static Karmada,
     namespace: String,
     policy_namespace: String,
     sync: Option<SidecarProcess>,
@@ -48,7 +49,12 @@ struct Guardrail {
 
 impl Guardrail {
     fn start(karmada: &Karmada, modules: &[(String, String)]) -> Guardrail {
-        let namespace = unique_name("karmada-guard");
+        Guardrail::of(karmada, &unique_name("karmada-guard"), modules)
+    }
+
+    /// The guardrail of `namespace` (labelled `placement-test=<namespace>`).
+    fn of(karmada: &Karmada, namespace: &str, modules: &[(String, String)]) -> Guardrail {
+        let namespace = namespace.to_owned();
         karmada.create_namespace(&namespace);
         let policy_namespace = karmada.policy_namespace_with(modules);
         let opa = OpaServer::start();
@@ -69,6 +75,7 @@ impl Guardrail {
             guardrail_rules(),
         );
         Guardrail {
+            karmada: Karmada::shared(),
             namespace,
             policy_namespace,
             sync: Some(sync),
@@ -128,6 +135,14 @@ impl Guardrail {
 
 impl Drop for Guardrail {
     fn drop(&mut self) {
+        // Its webhook stops with it: a configuration left behind would fail
+        // every later binding write of the namespace.
+        self.karmada.kubectl(&[
+            "delete",
+            "mutatingwebhookconfiguration",
+            &self.namespace,
+            "--ignore-not-found",
+        ]);
         if let Some(sync) = self.sync.take() {
             sync.stop();
         }
@@ -251,6 +266,52 @@ fn karmada_guardrail_bounds_what_karmada_scheduler_chooses_to_what_the_policy_al
         "the primary group has no allowed member: it selects none (not any)"
     );
     assert_eq!(primary["status"]["schedulerObservedAffinityName"], "backup");
+}
+
+/// The tour of docs/karmada.md, with its files: karmada-scheduler's static
+/// weights 2:1:1 over member-eu-1, member-eu-2 and member-us-1 give an EU
+/// workload 4 and 2 on the EU members, none in the US; member-eu-2
+/// relabelled non-EU gives all 6 to member-eu-1.
+#[test]
+fn karmada_guardrail_tour_as_documented() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let guard = Guardrail::of(karmada, "default", &shipped_policy_modules());
+    for example in ["propagationpolicy.yaml", "deployment-eu-pci.yaml"] {
+        let path = placement_tests::repo_root()
+            .join("examples/karmada/guardrail")
+            .join(example);
+        karmada.kubectl_ok(&["apply", "-f", &path.display().to_string()]);
+    }
+    guard.wait_replicas(
+        karmada,
+        "web-eu",
+        &split(&[("member-eu-1", 4), ("member-eu-2", 2)]),
+    );
+    let binding = binding(karmada, "default", "web-eu").expect("binding");
+    assert_eq!(
+        binding["spec"]["placement"]["clusterAffinity"]["clusterNames"],
+        json!(["member-eu-1", "member-eu-2"])
+    );
+    restoring(
+        || {
+            karmada.kubectl_ok(&[
+                "label",
+                "clusters.cluster.karmada.io",
+                "member-eu-2",
+                "placement-policy.io/jurisdiction=non-eu",
+            ]);
+            guard.wait_replicas(karmada, "web-eu", &split(&[("member-eu-1", 6)]));
+        },
+        || {
+            karmada.kubectl(&[
+                "label",
+                "clusters.cluster.karmada.io",
+                "member-eu-2",
+                "placement-policy.io/jurisdiction-",
+            ]);
+        },
+    );
 }
 
 /// The table in scheduler mode: placement-sync schedules the same

@@ -36,13 +36,22 @@ impl WebhookProcess {
             &["127.0.0.1".into(), "localhost".into()],
         )
         .expect("webhook certificates");
-        let mut full: Vec<String> = vec![
-            "serve".into(),
-            "--listen=127.0.0.1:0".into(),
-            "--metrics-listen=127.0.0.1:0".into(),
-            format!("--tls-cert={}", paths.cert.display()),
-            format!("--tls-key={}", paths.key.display()),
-        ];
+        let given = |flag: &str| args.iter().any(|a| a.starts_with(flag));
+        let mut full: Vec<String> = vec!["serve".into()];
+        for (flag, default) in [
+            ("--listen", "--listen=127.0.0.1:0"),
+            ("--metrics-listen", "--metrics-listen=127.0.0.1:0"),
+        ] {
+            if !given(&format!("{flag}=")) {
+                full.push(default.into());
+            }
+        }
+        // With self-managed certificates (--tls-secret) the webhook makes
+        // its own; `ca_pem` is then the generated CA nobody uses.
+        if !given("--tls-secret") {
+            full.push(format!("--tls-cert={}", paths.cert.display()));
+            full.push(format!("--tls-key={}", paths.key.display()));
+        }
         if !args.iter().any(|a| a.starts_with("--ownership-")) {
             full.push(format!(
                 "--ownership-key-file={}",

@@ -53,6 +53,17 @@ pub(crate) struct SelfManagedTlsArgs {
         requires = "tls_secret"
     )]
     pub inject_ca_into: Vec<ConfigurationRef>,
+    /// Webhook configuration manifest (YAML or JSON file) to create in the
+    /// API server at start, and again whenever it is missing, with its
+    /// `caBundle` kept like --inject-ca-into's: for an API server Helm does
+    /// not reach, such as Karmada's; repeatable.
+    #[arg(
+        long = "register-configuration",
+        env = "PLACEMENT_REGISTER_CONFIGURATIONS",
+        value_delimiter = ',',
+        requires = "tls_secret"
+    )]
+    pub register_configurations: Vec<std::path::PathBuf>,
     /// Lifetime of a new CA (renewed when a third is left).
     #[arg(long, env = "PLACEMENT_CA_VALIDITY", default_value = "8760h", value_parser = humantime::parse_duration)]
     pub ca_validity: Duration,
@@ -153,8 +164,52 @@ pub enum SelfManagedError {
         configuration: ConfigurationRef,
         source: kube::Error,
     },
+    #[error(
+        "--register-configuration {path}: {reason} (expected one MutatingWebhookConfiguration or ValidatingWebhookConfiguration with a name)"
+    )]
+    Manifest {
+        path: std::path::PathBuf,
+        reason: String,
+    },
+    #[error("cannot register {configuration}: {source}")]
+    Register {
+        configuration: ConfigurationRef,
+        source: kube::Error,
+    },
     #[error(transparent)]
     Certificate(#[from] placement_certs::CertError),
+}
+
+/// A configuration the webhook registers itself.
+struct Registration {
+    configuration: ConfigurationRef,
+    manifest: serde_json::Value,
+}
+
+/// Read a `--register-configuration` manifest.
+fn registration(path: &std::path::Path) -> Result<Registration, SelfManagedError> {
+    let invalid = |reason: String| SelfManagedError::Manifest {
+        path: path.to_owned(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+    let manifest: serde_json::Value =
+        yaml_serde::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+    let name = manifest
+        .pointer("/metadata/name")
+        .and_then(serde_json::Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| invalid("it has no metadata.name".to_owned()))?
+        .to_owned();
+    let configuration = match manifest.get("kind").and_then(serde_json::Value::as_str) {
+        Some("MutatingWebhookConfiguration") => ConfigurationRef::Mutating(name),
+        Some("ValidatingWebhookConfiguration") => ConfigurationRef::Validating(name),
+        other => return Err(invalid(format!("its kind is {other:?}"))),
+    };
+    Ok(Registration {
+        configuration,
+        manifest,
+    })
 }
 
 /// How often the Secret and the configurations are checked at most apart, and
@@ -171,6 +226,10 @@ struct Controller {
     client: Client,
     names: Vec<String>,
     inject: Vec<ConfigurationRef>,
+    /// Configurations created here (their CA bundle is in `inject` too).
+    registrations: Vec<Registration>,
+    /// Whether this process applied them once (upgrades change them).
+    registered: bool,
     lifetimes: Lifetimes,
     /// Since when every configuration has trusted this CA (PEM).
     trusted: Option<(String, Instant)>,
@@ -195,12 +254,21 @@ pub(crate) async fn start(
     if args.tls_dns_names.is_empty() {
         return Err(SelfManagedError::NoNames);
     }
+    let registrations = args
+        .register_configurations
+        .iter()
+        .map(|path| registration(path))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut inject = args.inject_ca_into.clone();
+    inject.extend(registrations.iter().map(|r| r.configuration.clone()));
     let mut controller = Controller {
         secrets: Api::namespaced(client.clone(), &secret.namespace),
         secret,
         client,
         names: args.tls_dns_names.clone(),
-        inject: args.inject_ca_into.clone(),
+        inject,
+        registrations,
+        registered: false,
         lifetimes: Lifetimes {
             ca: args.ca_validity,
             serving: args.cert_validity,
@@ -341,6 +409,7 @@ impl Controller {
                 Err(e) => return Err(e),
             }
         }
+        self.register(&material).await?;
         self.inject(&material).await?;
         let next = rotation::next_check(
             &material,
@@ -409,6 +478,53 @@ impl Controller {
             })
     }
 
+    /// Create the configurations to register (with `material`'s CA bundle):
+    /// once per process (an upgrade may change them), then whenever one is
+    /// missing.
+    async fn register(&mut self, material: &Material) -> Result<(), SelfManagedError> {
+        if material.ca_cert.is_empty() {
+            return Ok(());
+        }
+        for registration in &self.registrations {
+            let configuration = &registration.configuration;
+            if self.registered && !self.webhooks(configuration).await?.is_empty() {
+                continue;
+            }
+            let mut manifest = registration.manifest.clone();
+            for webhook in manifest
+                .get_mut("webhooks")
+                .and_then(serde_json::Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                webhook["clientConfig"]["caBundle"] = json!(material.ca_bundle());
+            }
+            let params = PatchParams::apply("placement-webhook").force();
+            let patch = Patch::Apply(&manifest);
+            let result = match configuration {
+                ConfigurationRef::Mutating(name) => {
+                    Api::<MutatingWebhookConfiguration>::all(self.client.clone())
+                        .patch(name, &params, &patch)
+                        .await
+                        .map(|_| ())
+                }
+                ConfigurationRef::Validating(name) => {
+                    Api::<ValidatingWebhookConfiguration>::all(self.client.clone())
+                        .patch(name, &params, &patch)
+                        .await
+                        .map(|_| ())
+                }
+            };
+            result.map_err(|source| SelfManagedError::Register {
+                configuration: configuration.clone(),
+                source,
+            })?;
+            tracing::info!(%configuration, "registered the webhook configuration");
+        }
+        self.registered = true;
+        Ok(())
+    }
+
     /// Whether every configuration has trusted the current CA for a while.
     async fn ca_trusted(&mut self, material: &Material) -> Result<bool, SelfManagedError> {
         if material.ca_cert.is_empty() {
@@ -471,10 +587,22 @@ impl Controller {
                     })
             }
         };
-        webhooks.map_err(|source| SelfManagedError::ReadConfiguration {
-            configuration: configuration.clone(),
-            source,
-        })
+        match webhooks {
+            // Not registered yet: it trusts nothing.
+            Err(kube::Error::Api(status))
+                if status.code == 404
+                    && self
+                        .registrations
+                        .iter()
+                        .any(|r| r.configuration == *configuration) =>
+            {
+                Ok(Vec::new())
+            }
+            other => other.map_err(|source| SelfManagedError::ReadConfiguration {
+                configuration: configuration.clone(),
+                source,
+            }),
+        }
     }
 
     /// Write the bundle into every webhook of every configuration that lacks it.
@@ -547,5 +675,45 @@ mod tests {
             "mutatingwebhookconfigurations/placement-policy"
         );
         assert!("services/x".parse::<ConfigurationRef>().is_err());
+    }
+
+    #[test]
+    fn a_registered_configuration_is_read_from_its_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path
+        };
+        let ok = write(
+            "ok.yaml",
+            "apiVersion: admissionregistration.k8s.io/v1\nkind: MutatingWebhookConfiguration\nmetadata:\n  name: karmada-guardrail\nwebhooks: []\n",
+        );
+        let read = registration(&ok).unwrap();
+        assert_eq!(
+            read.configuration,
+            ConfigurationRef::Mutating("karmada-guardrail".to_owned())
+        );
+        for (file, text, reason) in [
+            (
+                "noname.yaml",
+                "kind: MutatingWebhookConfiguration\nmetadata: {}\n",
+                "no metadata.name",
+            ),
+            (
+                "kind.yaml",
+                "kind: ConfigMap\nmetadata: {name: x}\n",
+                "ConfigMap",
+            ),
+            ("bad.yaml", ": : :\n", ""),
+        ] {
+            let error = registration(&write(file, text))
+                .err()
+                .expect(file)
+                .to_string();
+            assert!(error.contains(reason) && error.contains(file), "{error}");
+        }
+        let missing = registration(&dir.path().join("absent.yaml")).err().unwrap();
+        assert!(missing.to_string().contains("absent.yaml"), "{missing}");
     }
 }

@@ -43,6 +43,26 @@ app.kubernetes.io/component: {{ .component }}
 {{- join "," $all -}}
 {{- end -}}
 
+{{/* Namespaces of Karmada's API server never evaluated: Karmada's own, the
+policy namespace and the configured ones (the release namespace is this
+cluster's). */}}
+{{- define "pp.karmadaExcludedNamespaces" -}}
+{{- $all := concat (list "karmada-system" "karmada-cluster" .Values.karmada.namespace .Values.policy.namespace) .Values.scope.excludedNamespaces | uniq -}}
+{{- join "," $all -}}
+{{- end -}}
+
+{{/* Admission rules for the workload types in scope (`scope.resources`). */}}
+{{- define "pp.scopeRules" -}}
+{{- range .Values.scope.resources }}
+{{- $parts := splitList "/" . }}
+- apiGroups: [{{ if eq (len $parts) 3 }}{{ first $parts | quote }}{{ else }}""{{ end }}]
+  apiVersions: [{{ index $parts (sub (len $parts) 2) | quote }}]
+  resources: [{{ last $parts | quote }}]
+  operations: ["CREATE", "UPDATE"]
+  scope: Namespaced
+{{- end }}
+{{- end -}}
+
 {{/* RBAC rules for `[group/]version/resource` strings: (dict "types" list "verbs" list). */}}
 {{- define "pp.rulesFor" -}}
 {{- $verbs := .verbs -}}

@@ -189,7 +189,10 @@ fn up_karmada(bare: bool) {
             &karmada.karmada_kubeconfig(),
             POLICY_NAMESPACE,
         );
-        let sidecar = karmada.start_placement_sync(&opa, POLICY_NAMESPACE, &[]);
+        // Both modes: the guardrail for karmada-scheduler's bindings, the
+        // scheduler for those handed to placement-policy.
+        let sidecar =
+            karmada.start_placement_sync(&opa, POLICY_NAMESPACE, &["--guard-karmada-bindings"]);
         runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
         eprintln!("starting placement-webhook, registered with Karmada's API server ...");
         let webhook = WebhookProcess::start(&[
@@ -197,7 +200,7 @@ fn up_karmada(bare: bool) {
             format!("--opa-token-file={}", opa.token_file().display()),
             format!("--kubeconfig={}", karmada.karmada_kubeconfig().display()),
         ]);
-        register(karmada.plane(), &webhook);
+        karmada.register_guardrail_webhook(&webhook.url("/mutate"), &webhook.ca_pem);
         product = Some((opa, sidecar, webhook));
     }
 
@@ -242,10 +245,10 @@ fn up_karmada(bare: bool) {
     );
     println!("  kubectl get clusters.cluster.karmada.io");
     if product.is_some() {
-        println!("  kubectl apply -f examples/karmada/propagationpolicy.yaml");
-        println!("  kubectl create -f examples/karmada/deployment-eu-pci.yaml");
+        println!("  kubectl apply -f examples/karmada/guardrail/propagationpolicy.yaml");
+        println!("  kubectl create -f examples/karmada/guardrail/deployment-eu-pci.yaml");
         println!(
-            "  kubectl get resourcebinding nginx-eu-deployment -o jsonpath='{{.spec.clusters}}'"
+            "  kubectl get resourcebinding web-eu-deployment -o jsonpath='{{.spec.clusters}}'"
         );
         println!("  kubectl create -f examples/karmada/deployment-forbidden.yaml   # denied");
     }

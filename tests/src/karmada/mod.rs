@@ -340,6 +340,45 @@ impl Karmada {
         SidecarProcess::start_as(&self.plane, Identity::Admin, opa, &args)
     }
 
+    /// Register the webhook at `url` (trusting `ca_pem`) with Karmada's API
+    /// server as the guardrail, for every namespace but Karmada's and the
+    /// system's: workload templates, ResourceBindings and
+    /// ClusterResourceBindings (`scripts/testbed up --karmada`).
+    pub fn register_guardrail_webhook(&self, url: &str, ca_pem: &str) {
+        let mut rules = guardrail_rules();
+        if let Some(rules) = rules.as_array_mut() {
+            rules.push(serde_json::json!({
+                "apiGroups": ["work.karmada.io"],
+                "apiVersions": ["v1alpha2"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["clusterresourcebindings"],
+                "scope": "Cluster"
+            }));
+        }
+        let configuration = serde_json::json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "placement-policy-guardrail"},
+            "webhooks": [{
+                "name": "placement.placement-policy.io",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"url": url, "caBundle": placement_certs::ca_bundle(ca_pem)},
+                "rules": rules,
+                "namespaceSelector": {"matchExpressions": [{
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": ["kube-system", "kube-public", "kube-node-lease",
+                               "karmada-system", "karmada-cluster", crate::POLICY_NAMESPACE]
+                }]},
+                "sideEffects": "NoneOnDryRun",
+                "timeoutSeconds": 10,
+                "failurePolicy": "Fail",
+                "reinvocationPolicy": "Never"
+            }]
+        });
+        crate::kubectl::apply_documents(&self.karmada_kubeconfig(), vec![configuration]);
+    }
+
     /// A member joining the federation now: a plain API server (one Node of
     /// `spec`'s capacity) registered as `spec` says, Ready before this
     /// returns. It leaves (its Cluster deleted) and stops when dropped.
