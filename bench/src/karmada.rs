@@ -418,10 +418,13 @@ async fn binding_admission_latency(
         let mut times = Vec::with_capacity(SAMPLES);
         for _ in 0..SAMPLES {
             let mut binding = api.get(&name).await?;
-            if widen && let Some(placement) = binding.data.pointer_mut("/spec/placement") {
-                if let Some(placement) = placement.as_object_mut() {
-                    placement.remove("clusterAffinity");
-                }
+            if widen
+                && let Some(placement) = binding
+                    .data
+                    .pointer_mut("/spec/placement")
+                    .and_then(Value::as_object_mut)
+            {
+                placement.remove("clusterAffinity");
             }
             let started = Instant::now();
             api.replace(&name, &PostParams::default(), &binding).await?;

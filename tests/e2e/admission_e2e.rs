@@ -777,9 +777,8 @@ fn a_self_managed_webhook_registers_its_configuration_with_its_ca_bundle() {
                 &replicaset_manifest(&name, &[(EU, "true")]),
             );
             let created: Value = serde_json::from_slice(&out.stdout).ok()?;
-            created["metadata"]["annotations"]
-                .get(PREFS)
-                .map(|_| created)
+            let placed = created["metadata"]["annotations"].get(PREFS).is_some();
+            placed.then_some(created)
         },
     );
     assert!(!placed_clusters(&placed).is_empty());

@@ -265,7 +265,10 @@ fn karmada_guardrail_bounds_what_karmada_scheduler_chooses_to_what_the_policy_al
         json!([NO_CLUSTER]),
         "the primary group has no allowed member: it selects none (not any)"
     );
-    assert_eq!(primary["status"]["schedulerObservedAffinityName"], "backup");
+    assert_eq!(
+        primary["status"]["schedulerObservingAffinityName"],
+        "backup"
+    );
 }
 
 /// The tour of docs/karmada.md, with its files: karmada-scheduler's static
@@ -361,7 +364,10 @@ fn karmada_scheduler_mode_honours_the_users_placement_or_says_it_cannot() {
         assert_eq!(binding_clusters(&binding), expected, "{name}");
     }
     let primary = binding(karmada, &namespace, "primary-us-backup-eu").expect("binding");
-    assert_eq!(primary["status"]["schedulerObservedAffinityName"], "backup");
+    assert_eq!(
+        primary["status"]["schedulerObservingAffinityName"],
+        "backup"
+    );
     let refused = wait_or_explain(
         "the spread-constrained binding refused with a reason",
         Duration::from_secs(120),

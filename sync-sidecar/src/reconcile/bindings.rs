@@ -158,6 +158,12 @@ impl Reconciler {
                 let raw: Value = serde_json::from_slice(json).ok()?;
                 let binding = Binding::parse(json).ok()?;
                 let mode = binding.mode(&self.ctx.karmada)?;
+                // The guardrail acts on the bindings of the namespaces the
+                // webhook configuration selects (the scope); bindings handed
+                // to our scheduler are ours wherever they are.
+                if mode == Mode::Guard && !self.scope.admits(key.namespace.as_deref()) {
+                    return None;
+                }
                 Some(Item::Binding(
                     i,
                     Arc::new(BindingItem {

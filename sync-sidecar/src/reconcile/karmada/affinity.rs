@@ -261,7 +261,7 @@ mod tests {
             json!({"operator": "Exists"}),
         ] {
             assert_eq!(
-                untolerated_taint(&tainted, &[toleration.clone()]),
+                untolerated_taint(&tainted, std::slice::from_ref(&toleration)),
                 None,
                 "{toleration}"
             );
@@ -272,7 +272,7 @@ mod tests {
             json!({"key": "other", "operator": "Exists"}),
         ] {
             assert!(
-                untolerated_taint(&tainted, &[toleration.clone()]).is_some(),
+                untolerated_taint(&tainted, std::slice::from_ref(&toleration)).is_some(),
                 "{toleration}"
             );
         }

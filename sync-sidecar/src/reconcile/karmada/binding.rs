@@ -115,7 +115,8 @@ struct Spec {
 struct Status {
     #[serde(default)]
     scheduler_observed_generation: i64,
-    #[serde(default)]
+    /// Karmada's `SchedulerObservedAffinityName` (its JSON name differs).
+    #[serde(default, rename = "schedulerObservingAffinityName")]
     scheduler_observed_affinity_name: Option<String>,
     #[serde(default)]
     last_scheduled_time: Option<String>,
@@ -242,7 +243,7 @@ pub(crate) enum Placement {
     Clusters {
         clusters: Vec<TargetCluster>,
         /// The `clusterAffinities` term they were chosen from (Karmada's
-        /// `schedulerObservedAffinityName`), when the placement has terms.
+        /// `schedulerObservingAffinityName`), when the placement has terms.
         affinity: Option<String>,
     },
     Failed {
@@ -712,7 +713,7 @@ pub(crate) fn plan(binding: &Binding, placement: &Placement, now: &str) -> Bindi
             status["lastScheduledTime"] = json!(now);
         }
         if let Some(name) = affinity {
-            status["schedulerObservedAffinityName"] = json!(name);
+            status["schedulerObservingAffinityName"] = json!(name);
         }
         json!({ "status": status })
     });
@@ -1155,7 +1156,7 @@ mod tests {
         );
         let write = plan(&b, &placed, "2026-11-25T10:00:00Z");
         assert_eq!(
-            write.status.unwrap()["status"]["schedulerObservedAffinityName"],
+            write.status.unwrap()["status"]["schedulerObservingAffinityName"],
             "backup"
         );
         // karmada-scheduler goes on from the observed term.
@@ -1166,7 +1167,7 @@ mod tests {
             schedule_eu(
                 2,
                 both.clone(),
-                json!({"schedulerObservedAffinityName": "backup"})
+                json!({"schedulerObservingAffinityName": "backup"})
             ),
             Placement::Clusters {
                 clusters: targets(&[("member-eu-1", 2)]),
