@@ -167,6 +167,20 @@ impl Bound {
     }
 }
 
+impl std::fmt::Display for Bound {
+    /// As a message says it: `any cluster`, `no cluster`, or the names.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Bound::Any => f.write_str("any cluster"),
+            Bound::Clusters(names) if names.is_empty() => f.write_str("no cluster"),
+            Bound::Clusters(names) => {
+                let names: Vec<&str> = names.iter().map(String::as_str).collect();
+                f.write_str(&names.join(", "))
+            }
+        }
+    }
+}
+
 /// A Karmada cluster name: a DNS label (what Karmada's API accepts).
 fn valid_cluster_name(name: &str) -> bool {
     !name.is_empty()

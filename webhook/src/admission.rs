@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use policy_client::karmada::{BoundError, bound, template_input};
+use policy_client::karmada::{BoundError, bound, is_binding, template_input};
 use policy_client::placement::MergeError;
 use policy_client::text::bounded;
 use policy_client::verdict::{Plan, plan, request_changed};
@@ -230,7 +230,7 @@ impl Admission {
         {
             return (AdmissionResponse::allow(uid), Outcome::Skipped);
         }
-        if policy_client::karmada::is_binding(&request.kind.group, &request.kind.kind) {
+        if is_binding(&request.kind.group, &request.kind.kind) {
             return self.guard_binding(request, object, mode).await;
         }
         match self.place(request, object).await {
@@ -287,12 +287,7 @@ impl Admission {
                 Outcome::Malformed,
             );
         }
-        if let PlacementFailure::EngineUnavailable(e) = &failure {
-            self.metrics.engine_error(e.kind());
-        }
-        if let PlacementFailure::PolicyError(_) = &failure {
-            self.metrics.engine_error("evaluation");
-        }
+        self.count_engine_error(&failure);
         let where_ = self.presence.describe();
         if self.presence.policies_exist() {
             let message = bounded(format!(
@@ -314,6 +309,15 @@ impl Admission {
                 AdmissionResponse::allow(uid).with_warning(message),
                 Outcome::FailedOpen,
             )
+        }
+    }
+
+    /// Count a failure of the engine or the policy itself.
+    fn count_engine_error(&self, failure: &PlacementFailure) {
+        match failure {
+            PlacementFailure::EngineUnavailable(e) => self.metrics.engine_error(e.kind()),
+            PlacementFailure::PolicyError(_) => self.metrics.engine_error("evaluation"),
+            _ => {}
         }
     }
 
@@ -353,10 +357,13 @@ impl Admission {
             Err(failure) if request.operation == Operation::Create => {
                 return self.guard(request, failure);
             }
-            Err(failure) => (
-                guardrail::fallback_bound(request),
-                Some(failure.to_string()),
-            ),
+            Err(failure) => {
+                self.count_engine_error(&failure);
+                (
+                    guardrail::fallback_bound(request),
+                    Some(failure.to_string()),
+                )
+            }
         };
         let patch = guardrail::patch(object, &bound);
         let mut response = AdmissionResponse::allow(uid);
@@ -368,8 +375,7 @@ impl Admission {
             None => (response, Outcome::Unchanged),
             Some(why) => {
                 let message = bounded(format!(
-                    "placement-policy: the binding's placement is kept within the clusters allowed before ({}), because {why}",
-                    describe_bound(&bound)
+                    "placement-policy: the binding's placement is kept within the clusters allowed before ({bound}), because {why}"
                 ));
                 tracing::warn!(uid, "{message}");
                 self.events.emit(request, "PlacementGuardKept", &message);
@@ -460,19 +466,6 @@ impl Admission {
             });
         };
         Ok(Decision::from_result(&result)?)
-    }
-}
-
-/// A bound as a message says it.
-fn describe_bound(bound: &policy_client::karmada::Bound) -> String {
-    match bound {
-        policy_client::karmada::Bound::Any => "any cluster".to_owned(),
-        policy_client::karmada::Bound::Clusters(names) if names.is_empty() => "none".to_owned(),
-        policy_client::karmada::Bound::Clusters(names) => names
-            .iter()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(", "),
     }
 }
 

@@ -388,14 +388,9 @@ impl Reconciler {
             Ok(_) => {
                 self.ctx.metrics.binding_schedule("bounded");
                 self.mark_in_flight(key, planned_from);
-                tracing::info!(binding = %name, allowed = %bound.record(), "admitted the binding again with its placement bounded by the policy");
+                tracing::info!(binding = %name, allowed = %bound, "admitted the binding again with its placement bounded by the policy");
                 let note = format!(
-                    "the placement policy now allows {}: the placement is admitted again with its cluster names bounded to them",
-                    match bound.record().as_str() {
-                        "" => "no cluster".to_owned(),
-                        "*" => "any cluster".to_owned(),
-                        names => names.replace(',', ", "),
-                    }
+                    "the placement policy now allows {bound}: the placement is admitted again with its cluster names bounded to them"
                 );
                 self.binding_events(item, true, "PlacementBounded", &note);
                 Step::Stale {
