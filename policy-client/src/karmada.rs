@@ -157,14 +157,6 @@ impl Bound {
             .all(|n| valid_cluster_name(n))
             .then_some(Bound::Clusters(names))
     }
-
-    /// Whether `cluster` is allowed.
-    pub fn allows(&self, cluster: &str) -> bool {
-        match self {
-            Bound::Any => true,
-            Bound::Clusters(names) => names.contains(cluster),
-        }
-    }
 }
 
 impl std::fmt::Display for Bound {
