@@ -142,6 +142,12 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
             format!("--opa-token-file={}", opa.token_file().display()),
             format!("--kubeconfig={}", karmada.karmada_kubeconfig().display()),
             format!("--policy-namespace={POLICY_NAMESPACE}"),
+            // As in the chart's pod: placement-sync, OPA's only writer,
+            // announces its writes, so the webhook remembers decisions.
+            format!(
+                "--engine-revisions-url=http://127.0.0.1:{}/engine/revisions",
+                sync.port
+            ),
         ],
     )?;
     register_guardrail(&karmada, &format!("https://{admission}/mutate"), &certs)?;
@@ -281,7 +287,8 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         "\nplacement-policy's CPU: placement-sync {:.2} s, OPA {:.2} s; {queries:.0} decision queries and {passes:.0} \
          reconciler passes for {n} bindings (means over runs). The guardrail's CPU beside karmada-scheduler's {:.2} s: \
          the webhook {:.2} s, placement-sync {:.2} s, OPA {:.2} s (the webhook registered with Karmada's API server for \
-         the Deployments and ResourceBindings of the guarded namespaces, placement-sync guarding their bindings).\n\n\
+         the Deployments and ResourceBindings of the guarded namespaces and remembering decisions while placement-sync \
+         announces OPA's writes, as in the chart's pod; placement-sync guarding their bindings).\n\n\
          A binding write's admission: a write of a ResourceBinding whose placement the guardrail narrows (the \
          detector's rewrite with the PropagationPolicy's placement) takes {:.2} ms through Karmada's API server (median \
          of {} sequential writes), against {:.2} ms for the same write where no webhook is registered: +{:.2} ms.\n",

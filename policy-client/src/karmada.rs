@@ -18,7 +18,7 @@
 //! [`NO_CLUSTER`], a name no Karmada cluster can have (an empty `clusterNames`
 //! would mean "any cluster" to Karmada). Everything else the user wrote stays.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Mutex;
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
@@ -406,11 +406,74 @@ pub enum TemplateError {
 }
 
 /// Reads bindings' resource templates from the API server, their resource
-/// types found by discovery once each.
+/// types found by discovery once each. A template read is kept by its UID and
+/// resourceVersion: a binding names the version of its template it was built
+/// from (`spec.resource.resourceVersion`), and Karmada's detector rewrites a
+/// binding from the same version on every reconcile, so those writes need no
+/// read ([`Templates::get_version`]; a version's content never changes).
 pub struct Templates {
     client: kube::Client,
     /// `(apiVersion, kind)` -> the type and whether it is namespaced.
     types: Mutex<HashMap<(String, String), (ApiResource, bool)>>,
+    versions: Mutex<Versions>,
+}
+
+/// How much the templates kept by version may take (their JSON, in bytes).
+const KEPT_VERSIONS_BYTES: usize = 8 * 1024 * 1024;
+
+/// Templates by `(uid, resourceVersion)`, the oldest dropped first beyond a
+/// byte budget.
+struct Versions {
+    kept: HashMap<(String, String), (Value, ApiResource, usize)>,
+    order: VecDeque<(String, String)>,
+    bytes: usize,
+    budget: usize,
+}
+
+impl Versions {
+    fn new(budget: usize) -> Versions {
+        Versions {
+            kept: HashMap::new(),
+            order: VecDeque::new(),
+            bytes: 0,
+            budget,
+        }
+    }
+
+    fn get(&self, uid: &str, version: &str) -> Option<(Value, ApiResource)> {
+        self.kept
+            .get(&(uid.to_owned(), version.to_owned()))
+            .map(|(value, resource, _)| (value.clone(), resource.clone()))
+    }
+
+    /// Keep `value` (of `size` bytes) unless it alone is over the budget.
+    fn keep(
+        &mut self,
+        uid: String,
+        version: String,
+        value: Value,
+        resource: ApiResource,
+        size: usize,
+    ) {
+        if size > self.budget || uid.is_empty() || version.is_empty() {
+            return;
+        }
+        let key = (uid, version);
+        if self.kept.contains_key(&key) {
+            return;
+        }
+        while self.bytes + size > self.budget {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some((_, _, freed)) = self.kept.remove(&oldest) {
+                self.bytes -= freed;
+            }
+        }
+        self.bytes += size;
+        self.order.push_back(key.clone());
+        self.kept.insert(key, (value, resource, size));
+    }
 }
 
 impl std::fmt::Debug for Templates {
@@ -424,6 +487,7 @@ impl Templates {
         Templates {
             client,
             types: Mutex::default(),
+            versions: Mutex::new(Versions::new(KEPT_VERSIONS_BYTES)),
         }
     }
 
@@ -460,12 +524,32 @@ impl Templates {
         Ok(found)
     }
 
-    /// The template as stored (without `managedFields`), with its type;
+    /// The version of the template `template` names, when it was read
+    /// before, else [`Templates::get`]. Only for a reference the writer of
+    /// the binding cannot choose (a stored binding's, or one a write leaves as
+    /// stored): an old version may allow what the current one does not.
+    pub async fn get_version(
+        &self,
+        template: &TemplateRef,
+    ) -> Result<Option<(Value, ApiResource)>, TemplateError> {
+        let kept = self
+            .versions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&template.uid, &template.resource_version);
+        match kept {
+            Some(kept) => Ok(Some(kept)),
+            None => self.get(template).await,
+        }
+    }
+
+    /// The template as stored now (without `managedFields`), with its type;
     /// `None` when it is gone.
     pub async fn get(
         &self,
         template: &TemplateRef,
     ) -> Result<Option<(Value, ApiResource)>, TemplateError> {
+        let versions = || self.versions.lock().unwrap_or_else(|e| e.into_inner());
         let (resource, namespaced) = self.resource(&template.api_version, &template.kind).await?;
         let api: Api<DynamicObject> = match (&template.namespace, namespaced) {
             (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &resource),
@@ -488,6 +572,10 @@ impl Templates {
             map.insert("apiVersion".to_owned(), json!(resource.api_version));
             map.insert("kind".to_owned(), json!(resource.kind));
         }
+        let uid = object.metadata.uid.clone().unwrap_or_default();
+        let version = object.metadata.resource_version.clone().unwrap_or_default();
+        let size = serde_json::to_vec(&value).map_or(usize::MAX, |v| v.len());
+        versions().keep(uid, version, value.clone(), resource.clone(), size);
         Ok(Some((value, resource)))
     }
 }
@@ -697,5 +785,33 @@ mod tests {
         let cpp = json!({"metadata": {"annotations": {"clusterpropagationpolicy.karmada.io/name": "all"}}});
         assert_eq!(propagation_policy(&cpp), Some((None, "all".to_owned())));
         assert_eq!(propagation_policy(&json!({})), None);
+    }
+
+    #[test]
+    fn template_versions_are_kept_within_their_budget() {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment"));
+        let mut versions = Versions::new(100);
+        let value = |n: u32| json!({"metadata": {"resourceVersion": n.to_string()}});
+        versions.keep("u1".into(), "1".into(), value(1), resource.clone(), 40);
+        versions.keep("u1".into(), "2".into(), value(2), resource.clone(), 40);
+        assert_eq!(versions.get("u1", "1").unwrap().0, value(1));
+        assert!(
+            versions.get("u1", "3").is_none(),
+            "another version is no hit"
+        );
+        versions.keep("u2".into(), "7".into(), value(7), resource.clone(), 40);
+        assert!(
+            versions.get("u1", "1").is_none(),
+            "the oldest dropped for the budget"
+        );
+        assert!(versions.get("u1", "2").is_some() && versions.get("u2", "7").is_some());
+        assert!(versions.bytes <= 100);
+        versions.keep("u3".into(), "1".into(), value(1), resource.clone(), 101);
+        assert!(
+            versions.get("u3", "1").is_none(),
+            "larger than the budget: not kept"
+        );
+        versions.keep(String::new(), "1".into(), value(1), resource, 1);
+        assert!(versions.get("", "1").is_none(), "no UID: not kept");
     }
 }

@@ -338,7 +338,7 @@ impl Admission {
         {
             return (AdmissionResponse::allow(uid), Outcome::Skipped);
         }
-        let (bound, kept) = match self.binding_decision(object).await {
+        let (bound, kept) = match self.binding_decision(request, object).await {
             Ok(decision) if !decision.is_denied() => match bound(&decision) {
                 Ok(bound) => (bound, None),
                 Err(e) => (
@@ -385,10 +385,14 @@ impl Admission {
     }
 
     /// The decision for a binding's resource template.
-    async fn binding_decision(&self, binding: &Value) -> Result<Decision, PlacementFailure> {
+    async fn binding_decision(
+        &self,
+        request: &AdmissionRequest,
+        binding: &Value,
+    ) -> Result<Decision, PlacementFailure> {
         let deadline = Instant::now() + self.settings.engine_deadline;
         let keys = self.keys()?;
-        let (template, resource) = self.guardrail.template(binding).await?;
+        let (template, resource) = self.guardrail.template(request, binding).await?;
         let input = template_input(&template, &resource, binding, &keys);
         self.query(&input, deadline).await
     }

@@ -81,23 +81,33 @@ impl Guardrail {
             && record(object) == record(old)
     }
 
-    /// The binding's resource template, with its type.
+    /// The binding's resource template, with its type: the version the
+    /// binding names when the write keeps the stored binding's reference (the
+    /// detector's rewrites), else the current one (the writer chose the
+    /// reference: an old version must not decide).
     pub(crate) async fn template(
         &self,
+        request: &AdmissionRequest,
         binding: &Value,
     ) -> Result<(Value, kube::api::ApiResource), TemplateFailure> {
         let reference = TemplateRef::of(binding).ok_or(TemplateFailure::NoReference)?;
         let templates = self.templates.as_ref().ok_or(TemplateFailure::NoClient)?;
-        templates
-            .get(&reference)
-            .await?
-            .ok_or_else(|| TemplateFailure::Gone {
-                kind: reference.kind.clone(),
-                name: match &reference.namespace {
-                    Some(ns) => format!("{ns}/{}", reference.name),
-                    None => reference.name.clone(),
-                },
-            })
+        let kept_reference = request
+            .old_object
+            .as_ref()
+            .is_some_and(|old| old.pointer("/spec/resource") == binding.pointer("/spec/resource"));
+        let found = if kept_reference {
+            templates.get_version(&reference).await?
+        } else {
+            templates.get(&reference).await?
+        };
+        found.ok_or_else(|| TemplateFailure::Gone {
+            kind: reference.kind.clone(),
+            name: match &reference.namespace {
+                Some(ns) => format!("{ns}/{}", reference.name),
+                None => reference.name.clone(),
+            },
+        })
     }
 }
 

@@ -210,7 +210,8 @@ impl Reconciler {
                 return Ok(Some((serde_json::from_slice(&json)?, resource.clone())));
             }
         }
-        Ok(self.templates.get(template).await?)
+        // A stored binding's reference: its version, when read before.
+        Ok(self.templates.get_version(template).await?)
     }
 
     /// Ask the decision for one binding's template and plan the writes.
