@@ -56,7 +56,7 @@ pub fn cluster_assets() -> &'static Path {
     })
 }
 
-fn node_bin(name: &str) -> PathBuf {
+pub(crate) fn node_bin(name: &str) -> PathBuf {
     let path = cluster_assets().join(name);
     assert!(
         path.exists(),

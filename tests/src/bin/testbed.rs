@@ -7,12 +7,13 @@
 //! `testbed up --cluster [--bare]`: the single-node cluster instead, with the
 //! product installed from its images. `testbed up --karmada [--bare]`: a
 //! Karmada federation (control plane and three members) with OPA and
-//! placement-sync against Karmada's API server.
+//! placement-sync against Karmada's API server. `testbed up --ocm [--bare]`:
+//! an Open Cluster Management hub with three managed clusters.
 
 use std::time::Duration;
 
 use placement_tests::{
-    Cluster, ControlPlane, Identity, Karmada, OpaServer, POLICY_NAMESPACE, SidecarProcess,
+    Cluster, ControlPlane, Identity, Karmada, Ocm, OpaServer, POLICY_NAMESPACE, SidecarProcess,
     WebhookProcess, cluster, repo_root,
 };
 use serde_json::json;
@@ -26,9 +27,12 @@ fn main() {
         Some("up") if args.iter().any(|a| a == "--karmada") => {
             up_karmada(args.iter().any(|a| a == "--bare"))
         }
+        Some("up") if args.iter().any(|a| a == "--ocm") => {
+            up_ocm(args.iter().any(|a| a == "--bare"))
+        }
         Some("up") => up(args.iter().any(|a| a == "--bare")),
         _ => {
-            eprintln!("usage: testbed up [--bare] [--cluster | --karmada]");
+            eprintln!("usage: testbed up [--bare] [--cluster | --karmada | --ocm]");
             std::process::exit(2);
         }
     }
@@ -264,6 +268,82 @@ fn up_karmada(bare: bool) {
     eprintln!("stopping ...");
     drop(product);
     drop(karmada);
+}
+
+/// `up --ocm [--bare]`: an OCM hub and its three managed clusters and,
+/// unless `--bare`, the shipped policy, OPA and placement-sync deciding the
+/// Placements that opt in.
+fn up_ocm(bare: bool) {
+    placement_tests::install_crypto();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    eprintln!("starting the OCM hub and its three managed clusters ...");
+    let ocm = Ocm::start();
+    let mut product = None;
+    if !bare {
+        eprintln!("starting OPA and placement-sync with the shipped policy ...");
+        let opa = OpaServer::start();
+        placement_tests::kubectl::create_shipped_policy_configmap(
+            &ocm.hub_kubeconfig(),
+            POLICY_NAMESPACE,
+        );
+        let sidecar = ocm.start_placement_sync(&opa, POLICY_NAMESPACE, &[]);
+        runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+        product = Some((opa, sidecar));
+    }
+
+    println!();
+    println!("OCM hub API server {}", ocm.server_url());
+    for cluster in ocm.clusters() {
+        println!("{:<18} {}", cluster.name(), cluster.server_url());
+    }
+    if let Some((opa, sidecar)) = &product {
+        println!(
+            "OPA                {} (bearer token in {})",
+            opa.url(),
+            opa.token_file().display()
+        );
+        println!(
+            "placement-sync     http://127.0.0.1:{}/metrics (log: {})",
+            sidecar.port,
+            sidecar.log_path().display()
+        );
+    }
+    println!("logs               {}", ocm.dir().display());
+    println!();
+    println!("OCM_HUB_KUBECONFIG={}", ocm.hub_kubeconfig().display());
+    for cluster in ocm.clusters() {
+        println!(
+            "MANAGED_KUBECONFIG_{}={}",
+            cluster.name().to_uppercase().replace('-', "_"),
+            cluster.kubeconfig().display()
+        );
+    }
+    println!();
+    println!("  export KUBECONFIG={}", ocm.hub_kubeconfig().display());
+    println!("  kubectl get managedclusters --show-labels");
+    if product.is_some() {
+        println!("  kubectl apply -f examples/ocm/placement-eu-pci.yaml");
+        println!(
+            "  kubectl get placementdecisions -l cluster.open-cluster-management.io/placement=web-eu -o yaml"
+        );
+    }
+    println!(
+        "  (the cluster set {} is bound to namespace default; workloads for ocm-eu-1 run image {}; docs/ocm.md has the tour)",
+        placement_tests::ocm::CLUSTER_SET,
+        placement_tests::karmada::WORKLOAD_IMAGE
+    );
+    println!();
+    println!("Ctrl-C stops everything.");
+    runtime.block_on(async {
+        let _ = tokio::signal::ctrl_c().await;
+    });
+    eprintln!("stopping ...");
+    drop(product);
+    drop(ocm);
 }
 
 /// Register the webhook with the chart's mutating configuration (from

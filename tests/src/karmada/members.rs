@@ -53,7 +53,7 @@ pub struct Member {
 }
 
 impl Member {
-    pub(super) fn start(spec: MemberSpec) -> Member {
+    pub(crate) fn start(spec: MemberSpec) -> Member {
         let server = match spec.kind {
             MemberKind::Node => {
                 let cluster = Cluster::start();
