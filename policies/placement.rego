@@ -23,22 +23,29 @@
 #
 # Data: the replicated Cluster objects at data.kubernetes.clusters[<name>]: the
 # CRD placement-policy.io/v1alpha1 Cluster, or Karmada's Cluster
-# (cluster.karmada.io/v1alpha1), or both side by side. A cluster is
+# (cluster.karmada.io/v1alpha1), or both side by side; and Open Cluster
+# Management's ManagedClusters (cluster.open-cluster-management.io/v1) at
+# data.kubernetes.managedclusters[<name>]. A cluster is
 #   - RUNNING when status.phase == "running" (placement-policy.io), or when its
 #     Ready condition is "True" and no taint of effect NoSchedule or NoExecute
-#     is on it (Karmada). Phase-1 rule: only running clusters accept
-#     workloads; pending, offline, terminated, not-ready and tainted ones never do.
+#     is on it (Karmada), or when its ManagedClusterConditionAvailable
+#     condition is "True" (OCM: its agent renews its lease). Phase-1 rule: only
+#     running clusters accept workloads; pending, offline, terminated,
+#     not-ready, tainted and unavailable ones never do.
 #   - in the EU when its label `placement-policy.io/jurisdiction` is "eu", or, when
-#     that label is neither "eu" nor "non-eu", when its spec.region starts with
+#     that label is neither "eu" nor "non-eu", when its region starts with
 #     "europe-" (GCE style, e.g. europe-west1) or "eu-" (AWS style, e.g.
-#     eu-central-1). The label "non-eu" marks a cluster as not in the EU whatever
-#     its region is.
+#     eu-central-1): spec.region, or for a ManagedCluster the value of its
+#     claim `region.open-cluster-management.io`. The label "non-eu" marks a
+#     cluster as not in the EU whatever its region is.
 #   - of PCI compliance level N when its label
 #     `placement-policy.io/pci-compliance-level` is the non-negative integer N;
 #     a missing label or any other value means level 0.
 #
-# Rules, for workloads only (kind ReplicaSet or Deployment, any apiVersion; for
-# every other kind the document is {"annotations": {}, "errors": []}):
+# Rules, for workloads only (kind ReplicaSet or Deployment, any apiVersion; and
+# an OCM Placement, cluster.open-cluster-management.io, whose own annotations
+# placement-sync weighs beside those of the workloads it delivers; for every
+# other kind the document is {"annotations": {}, "errors": []}):
 #
 #   1. Eligible clusters: the running clusters.
 #   2. EU jurisdiction: workload annotation
@@ -82,6 +89,14 @@
 #   value of rules 2-3 is invalid, only that error is reported (the allowed
 #   clusters are not known, so rules 4 and 6 are not checked).
 #
+#   When placement-sync decides an OCM Placement it asks for each of its
+#   workloads (and the Placement itself) with the Placement under
+#   `input._placement`; the answer then also has the annotation
+#   `placement-policy.io/cluster-reasons` = {<name>: "<why>", ...}, why each
+#   selected cluster may run it ("running, in the EU (eu-jurisdiction-required),
+#   PCI compliance level 3 >= 2 (pci-compliance-level)"): the reasons of the
+#   PlacementDecisions. The webhook never sends `_placement`.
+#
 #   Both values are undefined, and so is the decision, when the rules package is
 #   not loaded: a policy set missing a module it depends on never reads as
 #   "nothing to place" (the webhook fails closed iff policies exist).
@@ -89,8 +104,17 @@ package io.k8s.federation.admission
 
 import data.io.k8s.federation.placement
 
-# Rule 5: the placement annotation (see above for when it is given).
-annotations := {"federation.kubernetes.io/replica-set-preferences": placement.preferences} if {
+# Rule 5: the placement annotation (see above for when it is given), and the
+# reasons when placement-sync decides an OCM Placement (input._placement).
+annotations := {
+	"federation.kubernetes.io/replica-set-preferences": placement.preferences,
+	"placement-policy.io/cluster-reasons": placement.reasons,
+} if {
+	input._placement
+	placement.workload
+	count(placement.selected) > 0
+	count(placement.errors - placement.request_conflicts) == 0
+} else := {"federation.kubernetes.io/replica-set-preferences": placement.preferences} if {
 	placement.workload
 	count(placement.selected) > 0
 	count(placement.errors - placement.request_conflicts) == 0

@@ -15,6 +15,28 @@ loaded := true
 # Workload kinds this policy places; the admission package asks for nothing else.
 workload if input.kind in {"ReplicaSet", "Deployment"}
 
+# An Open Cluster Management Placement that placement-sync decides: its own
+# annotations are requirements too (beside those of the workloads it delivers).
+workload if {
+	input.kind == "Placement"
+	startswith(input.apiVersion, "cluster.open-cluster-management.io/")
+}
+
+# --- The clusters ---------------------------------------------------------------
+
+# Every replicated cluster, by name: placement-policy.io and Karmada Clusters
+# (data.kubernetes.clusters) and Open Cluster Management's ManagedClusters
+# (cluster.open-cluster-management.io/v1, data.kubernetes.managedclusters).
+default replicated_clusters := {}
+
+replicated_clusters := data.kubernetes.clusters
+
+default managed_clusters := {}
+
+managed_clusters := data.kubernetes.managedclusters
+
+clusters := object.union(replicated_clusters, managed_clusters)
+
 # --- The workload's requirements (rules 2 and 3) -----------------------------
 
 eu_value := object.get(input, ["metadata", "annotations", "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required"], "false")
@@ -43,14 +65,23 @@ requirements_valid if {
 # Rule 1: only running clusters accept workloads. A placement-policy.io
 # Cluster runs when its phase says so; a Karmada Cluster (cluster.karmada.io)
 # when its Ready condition is True and no taint keeps new workloads off it
-# (NoSchedule) or evicts them (NoExecute).
+# (NoSchedule) or evicts them (NoExecute); an OCM ManagedCluster when the hub
+# reports it available (its agent renews its lease).
 running_clusters contains name if {
-	some name, cluster in data.kubernetes.clusters
+	some name, cluster in clusters
 	cluster.status.phase == "running"
 }
 
 running_clusters contains name if {
-	some name, cluster in data.kubernetes.clusters
+	some name, cluster in clusters
+	startswith(cluster.apiVersion, "cluster.open-cluster-management.io/")
+	some condition in cluster.status.conditions
+	condition.type == "ManagedClusterConditionAvailable"
+	condition.status == "True"
+}
+
+running_clusters contains name if {
+	some name, cluster in clusters
 	startswith(cluster.apiVersion, "cluster.karmada.io/")
 	some condition in cluster.status.conditions
 	condition.type == "Ready"
@@ -59,44 +90,56 @@ running_clusters contains name if {
 }
 
 tainted_clusters contains name if {
-	some name, cluster in data.kubernetes.clusters
+	some name, cluster in clusters
 	some taint in cluster.spec.taints
 	taint.effect in {"NoSchedule", "NoExecute"}
 }
 
 # Rule 2: every cluster when EU jurisdiction is not required, else the EU
-# clusters: by label, or by region when the label says neither "eu" nor "non-eu".
+# clusters: by label, or by region when the label says neither "eu" nor "non-eu"
+# (spec.region; an OCM ManagedCluster's region is its agent's claim
+# region.open-cluster-management.io).
 jurisdiction_clusters contains name if {
 	eu_value == "false"
-	some name, _ in data.kubernetes.clusters
+	some name, _ in clusters
 }
 
 jurisdiction_clusters contains name if {
 	eu_value == "true"
-	some name, cluster in data.kubernetes.clusters
+	some name, cluster in clusters
 	cluster.metadata.labels["placement-policy.io/jurisdiction"] == "eu"
 }
 
 jurisdiction_clusters contains name if {
 	eu_value == "true"
-	some name, cluster in data.kubernetes.clusters
+	some name, cluster in clusters
 	not object.get(cluster, ["metadata", "labels", "placement-policy.io/jurisdiction"], "") in {"eu", "non-eu"}
 	region := cluster.spec.region
 	is_string(region)
 	strings.any_prefix_match(region, ["europe-", "eu-"])
 }
 
+jurisdiction_clusters contains name if {
+	eu_value == "true"
+	some name, cluster in clusters
+	not object.get(cluster, ["metadata", "labels", "placement-policy.io/jurisdiction"], "") in {"eu", "non-eu"}
+	some claim in cluster.status.clusterClaims
+	claim.name == "region.open-cluster-management.io"
+	is_string(claim.value)
+	strings.any_prefix_match(claim.value, ["europe-", "eu-"])
+}
+
 # Rule 3: every cluster when no PCI level is required, else the clusters whose
 # level label is a string of digits at least the required level.
 pci_clusters contains name if {
 	pci_min == 0
-	some name, _ in data.kubernetes.clusters
+	some name, _ in clusters
 }
 
 pci_clusters contains name if {
 	min := pci_min
 	min > 0
-	some name, cluster in data.kubernetes.clusters
+	some name, cluster in clusters
 	level := cluster.metadata.labels["placement-policy.io/pci-compliance-level"]
 	is_string(level)
 	level != ""
@@ -166,10 +209,24 @@ preferences := {
 free_millicores[name] := max([0, round(1000 * ((allocatable - allocated) - allocating))]) if {
 	weighting == "least-loaded"
 	some name in selected
-	summary := data.kubernetes.clusters[name].status.resourceSummary
+	summary := clusters[name].status.resourceSummary
 	allocatable := units.parse(summary.allocatable.cpu)
 	allocated := units.parse(object.get(summary, ["allocated", "cpu"], "0"))
 	allocating := units.parse(object.get(summary, ["allocating", "cpu"], "0"))
+}
+
+# --- Reasons (asked by Open Cluster Management's decider) ---------------------
+
+# Why each selected cluster may run the workload, in the policy's words: the
+# reason of an OCM PlacementDecision (the admission package gives it when
+# placement-sync asks for a Placement's workloads, with input._placement).
+reasons[name] := concat(", ", parts) if {
+	some name in selected
+	eu := ["in the EU (eu-jurisdiction-required)" | eu_value == "true"]
+	level := object.get(clusters[name], ["metadata", "labels", "placement-policy.io/pci-compliance-level"], "0")
+	pci := [sprintf("PCI compliance level %s >= %d (pci-compliance-level)", [level, pci_min]) | pci_min > 0]
+	asked := ["requested (replica-set-preferences)" | count(requested) > 0]
+	parts := array.concat(array.concat(array.concat(["running"], eu), pci), asked)
 }
 
 # --- Errors (asked for workloads only) ---------------------------------------
