@@ -20,6 +20,11 @@ pub const ADMISSION_INPUT_KEY: &str = "_admission";
 /// template is placed (its identity and spec; the template is the root).
 pub const BINDING_INPUT_KEY: &str = "_binding";
 
+/// Key of the OCM Placement in the policy input when placement-sync decides
+/// it: for each workload its ManifestWorkReplicaSets deliver (the workload is
+/// the root) and for the Placement itself (its identity and spec).
+pub const PLACEMENT_INPUT_KEY: &str = "_placement";
+
 /// The request metadata a policy may read, as `admission.k8s.io/v1` names it.
 #[derive(Debug, Clone, Copy)]
 pub struct RequestMeta<'a> {

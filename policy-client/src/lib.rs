@@ -27,7 +27,9 @@ pub mod verdict;
 pub use decision::{Decision, DecisionError};
 pub use embedded::{DEFAULT_DECISION_CACHE_BYTES, Embedded};
 pub use engine::{CompileError, EncodedJson, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
-pub use input::{ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, RequestMeta, policy_input};
+pub use input::{
+    ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, PLACEMENT_INPUT_KEY, RequestMeta, policy_input,
+};
 pub use input_reads::Uncacheable;
 pub use memo::DecisionCacheStats;
 pub use opa::{Opa, OpaConfig, Token};

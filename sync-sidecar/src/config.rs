@@ -97,6 +97,9 @@ pub struct Args {
     karmada: KarmadaArgs,
 
     #[command(flatten)]
+    ocm: OcmArgs,
+
+    #[command(flatten)]
     leader: LeaderArgs,
 
     /// Plain-HTTP address for `/metrics`, `/healthz` (also `/health`) and
@@ -562,6 +565,55 @@ impl KarmadaArgs {
     }
 }
 
+/// Deciding Open Cluster Management Placements.
+#[derive(Debug, Clone, clap::Args)]
+struct OcmArgs {
+    /// Decide the Open Cluster Management Placements (on the hub this
+    /// sidecar talks to) that opt in: annotated
+    /// `cluster.open-cluster-management.io/experimental-scheduling-disable:
+    /// "true"` (OCM's scheduler skips them) and
+    /// `placement-policy.io/scheduler-name: <--scheduler-name>`. The policy
+    /// decides their PlacementDecisions. Replicate the ManagedClusters with
+    /// `--replicate-cluster=cluster.open-cluster-management.io/v1/managedclusters`.
+    #[arg(long, env = "PLACEMENT_SYNC_DECIDE_OCM_PLACEMENTS")]
+    decide_ocm_placements: bool,
+
+    /// Also publish each decision of a Placement as a SIG-Multicluster
+    /// PlacementDecision (`multicluster.x-k8s.io/v1alpha1`, KEP-5313; its
+    /// CRD must be installed on the hub).
+    #[arg(long, env = "PLACEMENT_SYNC_SIG_PLACEMENT_DECISIONS")]
+    sig_placement_decisions: bool,
+}
+
+impl OcmArgs {
+    /// The decider, when it decides Placements, named `scheduler_name`.
+    fn decider(&self, scheduler_name: &str) -> Result<Option<OcmDecider>, SyncError> {
+        match (self.decide_ocm_placements, scheduler_name.trim()) {
+            (false, _) if self.sig_placement_decisions => Err(SyncError::Config(
+                "--sig-placement-decisions needs --decide-ocm-placements".to_owned(),
+            )),
+            (false, _) => Ok(None),
+            (true, "") => Err(SyncError::Config(
+                "--scheduler-name must not be empty".to_owned(),
+            )),
+            (true, name) => Ok(Some(OcmDecider {
+                scheduler_name: name.to_owned(),
+                sig_placement_decisions: self.sig_placement_decisions,
+            })),
+        }
+    }
+}
+
+/// The OCM decider's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct OcmDecider {
+    /// What the Placements it decides name in
+    /// `placement-policy.io/scheduler-name`.
+    pub(crate) scheduler_name: String,
+    /// Publish SIG-Multicluster PlacementDecisions too.
+    pub(crate) sig_placement_decisions: bool,
+}
+
 /// Leader election of the replica that writes placements.
 #[derive(Debug, Clone, clap::Args)]
 struct LeaderArgs {
@@ -747,6 +799,8 @@ pub struct Settings {
     pub(crate) remediate: Vec<Gvr>,
     /// Which Karmada bindings are scheduled and which guarded.
     pub(crate) karmada: KarmadaSettings,
+    /// The OCM decider, when it decides Placements.
+    pub(crate) ocm_decider: Option<OcmDecider>,
     pub(crate) remediation_rate: f64,
     pub(crate) remediation_debounce: Duration,
     /// What the remediator acts on.
@@ -786,9 +840,12 @@ impl Settings {
         let engine_check_interval = args.engine_sync.check_interval()?;
         let remediation = args.remediation.mode(&configmaps)?;
         let karmada = args.karmada.settings()?;
+        let ocm_decider = args.ocm.decider(&args.karmada.scheduler_name)?;
         // Whoever writes placements elects one replica to do it: remediation,
-        // or the Karmada scheduler or guardrail (with remediation off too).
-        let writes = remediation != RemediationMode::Off || karmada.any();
+        // the Karmada scheduler or guardrail, or the OCM decider (with
+        // remediation off too).
+        let writes =
+            remediation != RemediationMode::Off || karmada.any() || ocm_decider.is_some();
         let leader = args
             .leader
             .settings(writes, configmaps.policy_namespace.as_deref())?;
@@ -817,6 +874,7 @@ impl Settings {
             remediation,
             remediate: args.remediation.remediate,
             karmada,
+            ocm_decider,
             remediation_rate,
             remediation_debounce: args.remediation.remediation_debounce,
             scope,
@@ -1008,6 +1066,14 @@ mod tests {
                 "--scheduler-name must not be empty",
             ),
             (
+                &["--decide-ocm-placements", "--scheduler-name= "],
+                "--scheduler-name must not be empty",
+            ),
+            (
+                &["--sig-placement-decisions"],
+                "--sig-placement-decisions needs --decide-ocm-placements",
+            ),
+            (
                 &["--identity=pod-a", "--lease-duration=1s"],
                 "--lease-duration must be at least 3s",
             ),
@@ -1115,5 +1181,26 @@ mod tests {
         assert!(guard.leader.is_some(), "the guardrail writes too");
         let alone = Settings::from_args(args(&["--remediation=off", "--identity=pod-a"])).unwrap();
         assert!(alone.leader.is_none());
+    }
+
+    #[test]
+    fn the_ocm_decider_elects_a_leader_and_shares_the_scheduler_name() {
+        let s = Settings::from_args(args(&[
+            "--remediation=off",
+            "--decide-ocm-placements",
+            "--sig-placement-decisions",
+            "--scheduler-name=rego",
+            "--identity=pod-a",
+        ]))
+        .unwrap();
+        assert_eq!(
+            s.ocm_decider,
+            Some(OcmDecider {
+                scheduler_name: "rego".into(),
+                sig_placement_decisions: true
+            })
+        );
+        assert!(!s.karmada.any(), "deciding Placements schedules no binding");
+        assert_eq!(s.leader.unwrap().identity, "pod-a");
     }
 }

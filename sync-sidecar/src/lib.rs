@@ -8,8 +8,9 @@
 //! - `engine_sync`: notices engine restarts and has every component reload,
 //!   tracking whether the engine is in sync;
 //! - `reconcile`: on one elected replica, keeps existing workloads placed by
-//!   the current policy (remediation, behind the blast-radius guard) and
-//!   schedules Karmada bindings that name it as their scheduler;
+//!   the current policy (remediation, behind the blast-radius guard),
+//!   schedules Karmada bindings that name it as their scheduler and decides
+//!   the OCM Placements that opt in;
 //! - `server`: serves `/metrics`, `/healthz` and `/readyz`.
 //!
 //! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; nothing
@@ -242,7 +243,10 @@ impl Sidecar {
         ));
 
         let mut leader_task = None;
-        if settings.remediation != RemediationMode::Off || settings.karmada.any() {
+        if settings.remediation != RemediationMode::Off
+            || settings.karmada.any()
+            || settings.ocm_decider.is_some()
+        {
             let (leader, task) = leader::elect(
                 client.clone(),
                 settings.leader.clone(),
@@ -287,6 +291,12 @@ impl Sidecar {
                     reconcile::PROPAGATION_POLICY_TYPES
                         .map(|t| watches.subscribe(&gvr(t), Default::default()))
                 }),
+                ocm: settings.ocm_decider.as_ref().map(|decider| {
+                    reconcile::OcmSubscriptions::subscribe(
+                        &watches,
+                        decider.sig_placement_decisions,
+                    )
+                }),
             };
             tasks.spawn(reconcile::run(
                 reconcile::ReconcilerContext {
@@ -317,6 +327,8 @@ impl Sidecar {
                     applied: leader::AppliedRecord::new(&client, settings.leader.as_ref()),
                     leader,
                     recorder,
+                    // Its scheduler name is the OCM decider's too
+                    // (`--scheduler-name`).
                     karmada: settings.karmada.clone(),
                 },
                 subscriptions,
@@ -330,6 +342,7 @@ impl Sidecar {
             remediation = ?settings.remediation,
             karmada_scheduler = settings.karmada.schedule.then_some(settings.karmada.scheduler_name.as_str()),
             karmada_guardrail = settings.karmada.guard,
+            ocm_decider = settings.ocm_decider.as_ref().map(|d| d.scheduler_name.as_str()),
             "placement-sync started"
         );
 

@@ -532,7 +532,7 @@ y := data.a.c.rule
         ];
         assert_eq!(
             data_reads(shipped, &root),
-            DataReads::Types(["clusters".to_owned()].into())
+            DataReads::Types(["clusters".to_owned(), "managedclusters".to_owned()].into())
         );
         let aliased = "package a\nimport data.kubernetes.nodes as n\nx := count(n)\n";
         assert!(data_reads([aliased], &root).includes("nodes"));

@@ -37,6 +37,16 @@ impl Changes {
         }
     }
 
+    /// `key` is due: something it is decided from changed elsewhere (an OCM
+    /// Placement's ManifestWorkReplicaSets or PlacementDecisions).
+    pub(crate) fn due(&self, key: ItemKey) {
+        self.due
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key);
+        self.notify.notify_one();
+    }
+
     pub(crate) fn forget(&self, key: &ItemKey) {
         self.seen
             .lock()

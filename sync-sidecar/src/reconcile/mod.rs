@@ -7,7 +7,9 @@
 //! - **Karmada bindings** ([`bindings`]): the `spec.clusters` of the
 //!   ResourceBindings and ClusterResourceBindings whose `spec.schedulerName`
 //!   is ours (the scheduler), and with the guardrail the `spec.placement` of
-//!   every other binding, kept within the clusters the policy allows.
+//!   every other binding, kept within the clusters the policy allows;
+//! - **OCM Placements** ([`placements`]): the PlacementDecisions of the
+//!   Open Cluster Management Placements that opt in (the decider).
 //!
 //! When a policy module or replicated data the policies read changes
 //! (coalesced over a short quiet time), the leader re-evaluates every target
@@ -35,7 +37,9 @@ mod events;
 pub(crate) mod health;
 pub(crate) mod karmada;
 pub(crate) mod leader;
+pub(crate) mod ocm;
 mod pass;
+mod placements;
 mod rate;
 pub(crate) mod revision;
 pub(crate) mod scope;
@@ -62,6 +66,7 @@ pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS, PROPAGATION_POLICY_TY
 use changes::{Changes, ItemKey};
 use events::PassEvents;
 pub(crate) use karmada::binding::KarmadaSettings;
+pub(crate) use placements::OcmSubscriptions;
 use rate::RateLimiter;
 use target::{Kind, Target};
 
@@ -144,6 +149,8 @@ pub(crate) struct Subscriptions {
     /// Karmada's PropagationPolicies and ClusterPropagationPolicies, for the
     /// guardrail.
     pub(crate) propagation_policies: Option<[Subscription; 2]>,
+    /// OCM's types, when the decider is on.
+    pub(crate) ocm: Option<OcmSubscriptions>,
 }
 
 pub(crate) struct Reconciler {
@@ -168,6 +175,8 @@ pub(crate) struct Reconciler {
     templates: Templates,
     karmada_clusters: Option<Arc<WatchedType>>,
     propagation_policies: Option<bindings::PropagationPolicies>,
+    /// What the OCM decider reads besides its Placements.
+    ocm: Option<placements::OcmState>,
 }
 
 /// What a pass evaluates.
@@ -246,6 +255,10 @@ impl Fingerprinter {
                     karmada::binding::Mode::Guard => Some(bindings::guarded_fingerprint(object)),
                 }
             }
+            // One scheduler name for both (`--scheduler-name`).
+            Kind::Placements => {
+                placements::placement_fingerprint(object, &self.karmada.scheduler_name)
+            }
         }
     }
 }
@@ -300,6 +313,10 @@ pub(crate) async fn run(
     let act = ctx.mode != RemediationMode::Off;
     let mut targets = Vec::new();
     let mut watchers = Vec::new();
+    let (placement_watch, ocm_watches) = match subscriptions.ocm {
+        Some(ocm) => (Some(ocm.placements), Some(ocm.others)),
+        None => (None, None),
+    };
     let kinds = subscriptions
         .workloads
         .into_iter()
@@ -309,7 +326,8 @@ pub(crate) async fn run(
                 .bindings
                 .into_iter()
                 .map(|s| (Kind::Bindings, s)),
-        );
+        )
+        .chain(placement_watch.map(|s| (Kind::Placements, s)));
     for (kind, mut watch) in kinds {
         let watched = tokio::select! {
             found = watch.found() => found,
@@ -380,6 +398,28 @@ pub(crate) async fn run(
             _ = cancel.cancelled() => return Ok(()),
         }
     }
+    let ocm = match ocm_watches {
+        Some(others) => {
+            let placements = targets
+                .iter()
+                .position(|t| t.kind == Kind::Placements)
+                .expect("the Placements are a target when the decider is on");
+            let started = placements::start(
+                others,
+                placements,
+                changes.clone(),
+                ctx.trigger.clone(),
+                &cancel,
+            )
+            .await;
+            let Some((state, tasks)) = started else {
+                return Ok(());
+            };
+            watchers.extend(tasks);
+            Some(state)
+        }
+        None => None,
+    };
     let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
     let user_info = own_user_info(&ctx.client).await;
     let templates = Templates::new(ctx.client.clone());
@@ -396,6 +436,7 @@ pub(crate) async fn run(
         templates,
         karmada_clusters,
         propagation_policies,
+        ocm,
     };
     reconciler.run(cancel).await;
     for w in watchers {

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::bindings::BindingEvaluation;
 use super::changes::ItemKey;
+use super::placements::PlacementEvaluation;
 use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
@@ -77,6 +78,7 @@ pub(crate) struct WorkloadEvaluation {
 pub(crate) enum Evaluation {
     Workload(WorkloadEvaluation),
     Binding(BindingEvaluation),
+    Placement(PlacementEvaluation),
 }
 
 impl Evaluation {
@@ -90,6 +92,7 @@ impl Evaluation {
                     && matches!(&e.assessment, Some(Assessment::Stale { changed, .. }) if !changed.is_empty())
             }
             Evaluation::Binding(e) => e.replaces_a_placement(),
+            Evaluation::Placement(e) => e.replaces_a_placement(),
         }
     }
 
@@ -103,6 +106,9 @@ impl Evaluation {
             Evaluation::Binding(e) => {
                 describe(reconciler.targets[e.i].resource(), Some(&e.item.key))
             }
+            Evaluation::Placement(e) => {
+                describe(reconciler.targets[e.i].resource(), Some(&e.item.key))
+            }
         }
     }
 
@@ -110,6 +116,7 @@ impl Evaluation {
         match self {
             Evaluation::Workload(e) => ObjectKey::of(&e.object).map(|k| (e.i, k)),
             Evaluation::Binding(e) => Some((e.i, e.item.key.clone())),
+            Evaluation::Placement(e) => Some((e.i, e.item.key.clone())),
         }
     }
 }
@@ -127,6 +134,7 @@ impl Reconciler {
         let mut report = PassReport::default();
         let mut items = self.workloads(only);
         items.extend(self.bindings(only));
+        items.extend(self.placements(only));
         // The blast radius is weighed against every placed object in scope
         // (a pass over everything only).
         let placed_in_scope = items.iter().filter(|item| self.is_placed(item)).count();
@@ -166,6 +174,7 @@ impl Reconciler {
                 let step = match evaluation {
                     Evaluation::Workload(e) => self.act_workload(e, cancel).await,
                     Evaluation::Binding(e) => self.act_binding(e, cancel).await,
+                    Evaluation::Placement(e) => self.act_placement(e, cancel).await,
                 };
                 (key, step)
             })
@@ -221,16 +230,20 @@ impl Reconciler {
     }
 
     /// Whether passes over everything are weighed by the guard: they write
-    /// (remediation in `auto` mode, or the scheduler).
+    /// (remediation in `auto` mode, the scheduler, or the OCM decider).
     pub(super) fn guards(&self) -> bool {
         self.ctx.mode == RemediationMode::Auto
-            || self.targets.iter().any(|t| t.kind == Kind::Bindings)
+            || self
+                .targets
+                .iter()
+                .any(|t| matches!(t.kind, Kind::Bindings | Kind::Placements))
     }
 
     fn is_placed(&self, item: &Item) -> bool {
         match item {
             Item::Workload(_, object) => is_placed(object),
             Item::Binding(_, item) => !item.binding.clusters().is_empty(),
+            Item::Placement(_, item) => item.is_placed(),
         }
     }
 
@@ -350,6 +363,9 @@ impl Reconciler {
                 Evaluation::Workload(self.evaluate_workload(i, object).await)
             }
             Item::Binding(i, item) => Evaluation::Binding(self.evaluate_binding(i, item).await),
+            Item::Placement(i, item) => {
+                Evaluation::Placement(self.evaluate_placement(i, item).await)
+            }
         };
         if cancel.is_cancelled() || !self.may_act() {
             return None;

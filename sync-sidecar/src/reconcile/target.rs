@@ -1,5 +1,6 @@
 //! The reconciler's targets: one watched type each, of workloads (their
-//! placement annotations) or of Karmada bindings (their `spec.clusters`).
+//! placement annotations), of Karmada bindings (their `spec.clusters`) or of
+//! OCM Placements (their PlacementDecisions).
 
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use kube::core::Selector;
 use serde_json::Value;
 
 use crate::reconcile::karmada::binding::{Binding, Mode};
+use crate::reconcile::placements::PlacementItem;
 use crate::replication::document::ObjectKey;
 use crate::replication::watched::WatchedType;
 
@@ -19,6 +21,8 @@ pub(crate) enum Kind {
     Workloads { act: bool },
     /// Karmada ResourceBindings or ClusterResourceBindings.
     Bindings,
+    /// Open Cluster Management Placements.
+    Placements,
 }
 
 pub(crate) struct Target {
@@ -68,6 +72,7 @@ pub(crate) struct BindingItem {
 pub(crate) enum Item {
     Workload(usize, Arc<DynamicObject>),
     Binding(usize, Arc<BindingItem>),
+    Placement(usize, Arc<PlacementItem>),
 }
 
 /// `resource/namespace/name` of an object, for logs and reports.

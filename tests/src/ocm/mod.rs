@@ -270,6 +270,19 @@ impl Ocm {
         );
     }
 
+    /// Install the SIG-Multicluster PlacementDecision CRD (KEP-5313; the
+    /// chart's copy of cluster-inventory-api's) on the hub, once.
+    pub fn install_sig_placement_decisions(&self) {
+        let path = repo_root()
+            .join("charts/placement-policy/files/multicluster.x-k8s.io_placementdecisions.yaml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        hub::apply_crds_with(
+            &self.hub_kubeconfig(),
+            &crate::kubectl::yaml_documents(&text),
+        );
+    }
+
     /// The hub's API server (also reachable through `Deref`).
     pub fn hub(&self) -> &ControlPlane {
         &self.hub

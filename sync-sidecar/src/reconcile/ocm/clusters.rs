@@ -1,0 +1,674 @@
+//! The clusters a Placement may be decided onto, selected as OCM's scheduler
+//! selects them: the ManagedClusters of the ManagedClusterSets bound to the
+//! Placement's namespace (those of `spec.clusterSets` among them), not being
+//! deleted, matching one of its `predicates` (labels and claims), whose
+//! taints its `tolerations` tolerate (`pkg/placement/controllers/scheduling/
+//! helpers.go` and the `predicate` and `tainttoleration` plugins).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::core::{Selector, SelectorExt};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::placement::{ClusterSelector, Placement, Toleration};
+
+/// OCM's label of a cluster's exclusive ManagedClusterSet.
+pub(crate) const CLUSTER_SET_LABEL: &str = "cluster.open-cluster-management.io/clusterset";
+
+/// A ManagedCluster (`cluster.open-cluster-management.io/v1`) as selection
+/// reads it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ManagedCluster {
+    pub(crate) name: String,
+    pub(crate) labels: BTreeMap<String, String>,
+    /// `status.clusterClaims`, by name.
+    pub(crate) claims: BTreeMap<String, String>,
+    pub(crate) taints: Vec<Taint>,
+    pub(crate) deleting: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Taint {
+    #[serde(default)]
+    pub(crate) key: String,
+    #[serde(default)]
+    pub(crate) value: String,
+    #[serde(default)]
+    pub(crate) effect: String,
+    /// RFC 3339.
+    #[serde(default)]
+    pub(crate) time_added: Option<String>,
+}
+
+impl ManagedCluster {
+    pub(crate) fn parse(json: &[u8]) -> Result<ManagedCluster, serde_json::Error> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Meta {
+            name: String,
+            #[serde(default)]
+            labels: BTreeMap<String, String>,
+            #[serde(default)]
+            deletion_timestamp: Option<String>,
+        }
+        #[derive(Deserialize, Default)]
+        struct Spec {
+            #[serde(default)]
+            taints: Vec<Taint>,
+        }
+        #[derive(Deserialize)]
+        struct Claim {
+            name: String,
+            #[serde(default)]
+            value: String,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct Status {
+            #[serde(default)]
+            cluster_claims: Vec<Claim>,
+        }
+        #[derive(Deserialize)]
+        struct Object {
+            metadata: Meta,
+            #[serde(default)]
+            spec: Spec,
+            #[serde(default)]
+            status: Status,
+        }
+        let object: Object = serde_json::from_slice(json)?;
+        Ok(ManagedCluster {
+            name: object.metadata.name,
+            labels: object.metadata.labels,
+            claims: object
+                .status
+                .cluster_claims
+                .into_iter()
+                .map(|c| (c.name, c.value))
+                .collect(),
+            taints: object.spec.taints,
+            deleting: object.metadata.deletion_timestamp.is_some(),
+        })
+    }
+}
+
+/// A fingerprint of what selection and the policy read of a ManagedCluster:
+/// its labels, taints, claims, conditions' statuses and deletion (not its
+/// heartbeats, resources or version).
+pub(crate) fn cluster_fingerprint(raw: &Value) -> Value {
+    let conditions: Vec<Value> = raw
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|c| serde_json::json!([c.get("type"), c.get("status")]))
+        .collect();
+    serde_json::json!([
+        raw.pointer("/metadata/labels"),
+        raw.pointer("/spec/taints"),
+        raw.pointer("/status/clusterClaims"),
+        conditions,
+        raw.pointer("/metadata/deletionTimestamp").is_some(),
+    ])
+}
+
+/// How a ManagedClusterSet (`v1beta2`) selects its clusters.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum ClusterSet {
+    /// `ExclusiveClusterSetLabel`: the clusters labelled with its name.
+    Exclusive(String),
+    /// `LabelSelector` (the `global` set: every cluster).
+    Labels(Selector),
+    /// A selector that cannot be read: it selects nothing.
+    Invalid,
+}
+
+impl ClusterSet {
+    pub(crate) fn parse(json: &[u8]) -> Result<(String, ClusterSet), serde_json::Error> {
+        #[derive(Deserialize)]
+        struct Meta {
+            name: String,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct SetSelector {
+            #[serde(default)]
+            selector_type: Option<String>,
+            #[serde(default)]
+            label_selector: Option<LabelSelector>,
+        }
+        #[derive(Deserialize, Default)]
+        #[serde(rename_all = "camelCase")]
+        struct Spec {
+            #[serde(default)]
+            cluster_selector: SetSelector,
+        }
+        #[derive(Deserialize)]
+        struct Object {
+            metadata: Meta,
+            #[serde(default)]
+            spec: Spec,
+        }
+        let object: Object = serde_json::from_slice(json)?;
+        let name = object.metadata.name;
+        let selector = object.spec.cluster_selector;
+        let set = match selector.selector_type.as_deref() {
+            Some("LabelSelector") => selector
+                .label_selector
+                .unwrap_or_default()
+                .try_into()
+                .map_or(ClusterSet::Invalid, ClusterSet::Labels),
+            _ => ClusterSet::Exclusive(name.clone()),
+        };
+        Ok((name, set))
+    }
+
+    fn contains(&self, cluster: &ManagedCluster) -> bool {
+        match self {
+            ClusterSet::Exclusive(name) => {
+                cluster.labels.get(CLUSTER_SET_LABEL).map(String::as_str) == Some(name.as_str())
+            }
+            ClusterSet::Labels(selector) => selector.matches(&cluster.labels),
+            ClusterSet::Invalid => false,
+        }
+    }
+}
+
+/// What the hub has that selection reads: the ManagedClusters, the
+/// ManagedClusterSets by name, and the sets bound to the Placement's
+/// namespace (its ManagedClusterSetBindings' names).
+#[derive(Debug, Default)]
+pub(crate) struct Inventory {
+    pub(crate) clusters: Vec<ManagedCluster>,
+    pub(crate) sets: BTreeMap<String, ClusterSet>,
+    pub(crate) bound: BTreeSet<String>,
+}
+
+/// Why no cluster can be selected, as OCM's `PlacementSatisfied` condition
+/// says it (reason, message).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unsatisfied {
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+}
+
+/// The Placement's configuration cannot be honoured (`PlacementMisconfigured`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Misconfigured(pub(crate) String);
+
+/// The clusters a Placement may be decided onto.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Candidates {
+    /// By name, matching its predicates and tolerated.
+    Clusters(BTreeMap<String, ManagedCluster>),
+    Unsatisfied(Unsatisfied),
+}
+
+/// A compiled `requiredClusterSelector`: labels AND claims.
+#[derive(Debug, Clone)]
+pub(crate) struct CompiledSelector {
+    labels: Selector,
+    claims: Selector,
+}
+
+impl CompiledSelector {
+    /// `what` names the selector in an error (`spec.predicates[0]`).
+    pub(crate) fn new(selector: &ClusterSelector, what: &str) -> Result<Self, Misconfigured> {
+        if selector
+            .cel_selector
+            .as_ref()
+            .is_some_and(|c| !c.cel_expressions.is_empty())
+        {
+            return Err(Misconfigured(format!(
+                "{what}.requiredClusterSelector.celSelector is not supported by placement-policy: select with labelSelector and claimSelector (or let the policy decide)"
+            )));
+        }
+        let labels = selector
+            .label_selector
+            .clone()
+            .unwrap_or_default()
+            .try_into()
+            .map_err(|e| Misconfigured(format!("{what} labelSelector: {e}")))?;
+        let claims = LabelSelector {
+            match_expressions: selector
+                .claim_selector
+                .as_ref()
+                .and_then(|c| c.match_expressions.clone()),
+            match_labels: None,
+        }
+        .try_into()
+        .map_err(|e| Misconfigured(format!("{what} claimSelector: {e}")))?;
+        Ok(CompiledSelector { labels, claims })
+    }
+
+    pub(crate) fn matches(&self, cluster: &ManagedCluster) -> bool {
+        self.labels.matches(&cluster.labels) && self.claims.matches(&cluster.claims)
+    }
+}
+
+/// The clusters `placement` may be decided onto, of `inventory`; `decided`
+/// are the clusters it has (a `NoSelectIfNew` taint keeps only new ones
+/// off); `now` is the current time (RFC 3339, UTC), against which a
+/// toleration's `tolerationSeconds` runs out. Also the earliest time a
+/// toleration runs out, when one will (the Placement is decided again then).
+pub(crate) fn candidates(
+    placement: &Placement,
+    inventory: &Inventory,
+    decided: &BTreeSet<String>,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Result<(Candidates, Option<k8s_openapi::jiff::Timestamp>), Misconfigured> {
+    validate_tolerations(&placement.spec.tolerations)?;
+    let predicates: Vec<CompiledSelector> = placement
+        .spec
+        .predicates
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            CompiledSelector::new(
+                &p.required_cluster_selector,
+                &format!("spec.predicates[{i}]"),
+            )
+        })
+        .collect::<Result<_, _>>()?;
+    // Bindings to a set that does not exist are not valid (OCM ignores them).
+    let bound: BTreeSet<&String> = inventory
+        .bound
+        .iter()
+        .filter(|name| inventory.sets.contains_key(*name))
+        .collect();
+    if bound.is_empty() {
+        return Ok((
+            Candidates::Unsatisfied(Unsatisfied {
+                reason: "NoManagedClusterSetBindings",
+                message: "No valid ManagedClusterSetBindings found in placement namespace"
+                    .to_owned(),
+            }),
+            None,
+        ));
+    }
+    let wanted = &placement.spec.cluster_sets;
+    let eligible: Vec<&String> = bound
+        .into_iter()
+        .filter(|name| wanted.is_empty() || wanted.contains(name))
+        .collect();
+    if eligible.is_empty() {
+        return Ok((
+            Candidates::Unsatisfied(Unsatisfied {
+                reason: "NoIntersection",
+                message: format!(
+                    "None of ManagedClusterSets [{}] is bound to placement namespace",
+                    wanted.join(",")
+                ),
+            }),
+            None,
+        ));
+    }
+    let available: Vec<&ManagedCluster> = inventory
+        .clusters
+        .iter()
+        .filter(|c| !c.deleting)
+        .filter(|c| eligible.iter().any(|set| inventory.sets[*set].contains(c)))
+        .collect();
+    if available.is_empty() {
+        return Ok((
+            Candidates::Unsatisfied(Unsatisfied {
+                reason: "AllManagedClusterSetsEmpty",
+                message: format!(
+                    "All ManagedClusterSets [{}] have no member ManagedCluster",
+                    eligible
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(",")
+                ),
+            }),
+            None,
+        ));
+    }
+    let mut recheck: Option<k8s_openapi::jiff::Timestamp> = None;
+    let mut selected = BTreeMap::new();
+    for cluster in available {
+        if !predicates.is_empty() && !predicates.iter().any(|p| p.matches(cluster)) {
+            continue;
+        }
+        match tolerated(
+            cluster,
+            &placement.spec.tolerations,
+            decided.contains(&cluster.name),
+            now,
+        ) {
+            Tolerated::No => continue,
+            Tolerated::Until(at) => {
+                recheck = Some(recheck.map_or(at, |r| r.min(at)));
+            }
+            Tolerated::Yes => {}
+        }
+        selected.insert(cluster.name.clone(), cluster.clone());
+    }
+    Ok((Candidates::Clusters(selected), recheck))
+}
+
+/// OCM's checks of a toleration (the `tainttoleration` plugin).
+fn validate_tolerations(tolerations: &[Toleration]) -> Result<(), Misconfigured> {
+    for (i, t) in tolerations.iter().enumerate() {
+        if t.key.is_empty() && t.operator != "Exists" {
+            return Err(Misconfigured(format!(
+                "spec.tolerations[{i}]: If the key is empty, operator must be Exists."
+            )));
+        }
+        if t.operator == "Exists" && !t.value.is_empty() {
+            return Err(Misconfigured(format!(
+                "spec.tolerations[{i}]: If the operator is Exists, the value should be empty."
+            )));
+        }
+    }
+    Ok(())
+}
+
+enum Tolerated {
+    Yes,
+    /// Tolerated until then (a `tolerationSeconds` running).
+    Until(k8s_openapi::jiff::Timestamp),
+    No,
+}
+
+/// Whether every taint of `cluster` is tolerated: `PreferNoSelect` always,
+/// `NoSelectIfNew` when the cluster is decided already, the others by a
+/// matching toleration whose `tolerationSeconds` (from the taint's
+/// `timeAdded`) has not run out.
+fn tolerated(
+    cluster: &ManagedCluster,
+    tolerations: &[Toleration],
+    in_decision: bool,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Tolerated {
+    let mut until: Option<k8s_openapi::jiff::Timestamp> = None;
+    for taint in &cluster.taints {
+        if taint.effect == "PreferNoSelect" || (taint.effect == "NoSelectIfNew" && in_decision) {
+            continue;
+        }
+        let mut ok = false;
+        for t in tolerations {
+            if !t.effect.is_empty() && t.effect != taint.effect {
+                continue;
+            }
+            if !t.key.is_empty() && t.key != taint.key {
+                continue;
+            }
+            let matched = match t.operator.as_str() {
+                "Exists" => true,
+                // Empty means Equal.
+                _ => t.value == taint.value,
+            };
+            if !matched {
+                continue;
+            }
+            match (t.toleration_seconds, taint.time_added.as_deref()) {
+                (Some(seconds), Some(added)) => {
+                    let Ok(added) = added.parse::<k8s_openapi::jiff::Timestamp>() else {
+                        continue;
+                    };
+                    let Ok(expires) =
+                        added.checked_add(k8s_openapi::jiff::SignedDuration::from_secs(seconds))
+                    else {
+                        continue;
+                    };
+                    if now < expires {
+                        until = Some(until.map_or(expires, |u| u.min(expires)));
+                        ok = true;
+                        break;
+                    }
+                }
+                _ => {
+                    ok = true;
+                    break;
+                }
+            }
+        }
+        if !ok {
+            return Tolerated::No;
+        }
+    }
+    match until {
+        Some(at) => Tolerated::Until(at),
+        None => Tolerated::Yes,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::reconcile::ocm::placement::tests::placement;
+    use serde_json::json;
+
+    pub(crate) fn cluster(name: &str, labels: &[(&str, &str)]) -> ManagedCluster {
+        let mut labels: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        labels.insert(CLUSTER_SET_LABEL.to_owned(), "testbed".to_owned());
+        ManagedCluster {
+            name: name.to_owned(),
+            labels,
+            claims: [(
+                "region.open-cluster-management.io".to_owned(),
+                format!("{name}-region"),
+            )]
+            .into(),
+            ..ManagedCluster::default()
+        }
+    }
+
+    /// The bed's three clusters in the set `testbed`, bound to the namespace.
+    pub(crate) fn inventory() -> Inventory {
+        Inventory {
+            clusters: vec![
+                cluster("ocm-eu-1", &[("placement-policy.io/jurisdiction", "eu")]),
+                cluster("ocm-eu-2", &[("placement-policy.io/jurisdiction", "eu")]),
+                cluster(
+                    "ocm-us-1",
+                    &[("placement-policy.io/jurisdiction", "non-eu")],
+                ),
+            ],
+            sets: [(
+                "testbed".to_owned(),
+                ClusterSet::Exclusive("testbed".to_owned()),
+            )]
+            .into(),
+            bound: ["testbed".to_owned()].into(),
+        }
+    }
+
+    fn now() -> k8s_openapi::jiff::Timestamp {
+        "2026-11-26T10:00:00Z".parse().unwrap()
+    }
+
+    fn names(candidates: &Candidates) -> Vec<&str> {
+        match candidates {
+            Candidates::Clusters(c) => c.keys().map(String::as_str).collect(),
+            Candidates::Unsatisfied(u) => panic!("unsatisfied: {u:?}"),
+        }
+    }
+
+    fn select(spec: Value, inventory: &Inventory) -> Candidates {
+        let (_, p) = placement(spec);
+        candidates(&p, inventory, &BTreeSet::new(), now())
+            .unwrap()
+            .0
+    }
+
+    #[test]
+    fn predicates_are_ored_and_each_is_labels_and_claims() {
+        let inv = inventory();
+        assert_eq!(
+            names(&select(json!({}), &inv)),
+            ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]
+        );
+        let eu = json!({"predicates": [{"requiredClusterSelector": {"labelSelector": {
+            "matchLabels": {"placement-policy.io/jurisdiction": "eu"}}}}]});
+        assert_eq!(names(&select(eu, &inv)), ["ocm-eu-1", "ocm-eu-2"]);
+        let either = json!({"predicates": [
+            {"requiredClusterSelector": {"claimSelector": {"matchExpressions": [
+                {"key": "region.open-cluster-management.io", "operator": "In", "values": ["ocm-us-1-region"]}]}}},
+            {"requiredClusterSelector": {
+                "labelSelector": {"matchExpressions": [{"key": "placement-policy.io/jurisdiction", "operator": "In", "values": ["eu"]}]},
+                "claimSelector": {"matchExpressions": [
+                    {"key": "region.open-cluster-management.io", "operator": "NotIn", "values": ["ocm-eu-2-region"]}]}}}
+        ]});
+        assert_eq!(names(&select(either, &inv)), ["ocm-eu-1", "ocm-us-1"]);
+    }
+
+    #[test]
+    fn only_sets_bound_to_the_namespace_and_named_count() {
+        let mut inv = inventory();
+        inv.sets
+            .insert("global".to_owned(), ClusterSet::Labels(Selector::default()));
+        inv.clusters.push(ManagedCluster {
+            name: "unset".to_owned(),
+            ..ManagedCluster::default()
+        });
+        assert_eq!(
+            names(&select(json!({}), &inv)),
+            ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]
+        );
+        inv.bound.insert("global".to_owned());
+        assert_eq!(
+            names(&select(json!({}), &inv)),
+            ["ocm-eu-1", "ocm-eu-2", "ocm-us-1", "unset"]
+        );
+        assert_eq!(
+            names(&select(json!({"clusterSets": ["testbed"]}), &inv)),
+            ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]
+        );
+        let Candidates::Unsatisfied(none) = select(json!({"clusterSets": ["other"]}), &inv) else {
+            panic!("no intersection")
+        };
+        assert_eq!(none.reason, "NoIntersection");
+        inv.bound.clear();
+        inv.bound.insert("missing".to_owned());
+        let Candidates::Unsatisfied(none) = select(json!({}), &inv) else {
+            panic!("no valid binding")
+        };
+        assert_eq!(none.reason, "NoManagedClusterSetBindings");
+    }
+
+    #[test]
+    fn clusters_being_deleted_are_no_candidates() {
+        let mut inv = inventory();
+        inv.clusters[2].deleting = true;
+        assert_eq!(names(&select(json!({}), &inv)), ["ocm-eu-1", "ocm-eu-2"]);
+    }
+
+    #[test]
+    fn taints_keep_clusters_off_unless_tolerated() {
+        let mut inv = inventory();
+        inv.clusters[0].taints.push(Taint {
+            key: "cluster.open-cluster-management.io/unreachable".into(),
+            effect: "NoSelect".into(),
+            time_added: Some("2026-11-26T09:59:00Z".into()),
+            ..Taint::default()
+        });
+        inv.clusters[1].taints.push(Taint {
+            key: "maintenance".into(),
+            effect: "PreferNoSelect".into(),
+            ..Taint::default()
+        });
+        assert_eq!(names(&select(json!({}), &inv)), ["ocm-eu-2", "ocm-us-1"]);
+        let tolerating = json!({"tolerations": [
+            {"key": "cluster.open-cluster-management.io/unreachable", "operator": "Exists"}]});
+        assert_eq!(
+            names(&select(tolerating, &inv)),
+            ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]
+        );
+        // For 120 s from the taint's time: one minute left, then decided again.
+        let (_, p) = placement(json!({"tolerations": [
+            {"key": "cluster.open-cluster-management.io/unreachable", "operator": "Exists",
+             "tolerationSeconds": 120}]}));
+        let (found, recheck) = candidates(&p, &inv, &BTreeSet::new(), now()).unwrap();
+        assert_eq!(names(&found), ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]);
+        assert_eq!(recheck, Some("2026-11-26T10:01:00Z".parse().unwrap()));
+        let (_, p) = placement(json!({"tolerations": [
+            {"key": "cluster.open-cluster-management.io/unreachable", "operator": "Exists",
+             "tolerationSeconds": 30}]}));
+        let (found, _) = candidates(&p, &inv, &BTreeSet::new(), now()).unwrap();
+        assert_eq!(names(&found), ["ocm-eu-2", "ocm-us-1"]);
+    }
+
+    #[test]
+    fn no_select_if_new_keeps_only_new_placements_off() {
+        let mut inv = inventory();
+        inv.clusters[2].taints.push(Taint {
+            key: "draining".into(),
+            effect: "NoSelectIfNew".into(),
+            ..Taint::default()
+        });
+        let (_, p) = placement(json!({}));
+        let (fresh, _) = candidates(&p, &inv, &BTreeSet::new(), now()).unwrap();
+        assert_eq!(names(&fresh), ["ocm-eu-1", "ocm-eu-2"]);
+        let decided: BTreeSet<String> = ["ocm-us-1".to_owned()].into();
+        let (kept, _) = candidates(&p, &inv, &decided, now()).unwrap();
+        assert_eq!(names(&kept), ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]);
+    }
+
+    #[test]
+    fn what_cannot_be_honoured_is_misconfigured() {
+        let inv = inventory();
+        for (spec, says) in [
+            (
+                json!({"predicates": [{"requiredClusterSelector": {"celSelector": {"celExpressions": ["true"]}}}]}),
+                "celSelector is not supported",
+            ),
+            (
+                json!({"predicates": [{"requiredClusterSelector": {"labelSelector": {"matchExpressions": [
+                    {"key": "a", "operator": "Near"}]}}}]}),
+                "spec.predicates[0] labelSelector",
+            ),
+            (
+                json!({"tolerations": [{"operator": "Equal", "value": "x"}]}),
+                "If the key is empty, operator must be Exists.",
+            ),
+        ] {
+            let (_, p) = placement(spec);
+            let Err(Misconfigured(message)) = candidates(&p, &inv, &BTreeSet::new(), now()) else {
+                panic!("misconfigured: {says}")
+            };
+            assert!(message.contains(says), "{message}");
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_heartbeats_and_sees_labels_and_availability() {
+        let raw = json!({"metadata": {"name": "a", "labels": {"x": "1"}},
+                         "status": {"conditions": [{"type": "ManagedClusterConditionAvailable", "status": "True",
+                                                    "lastTransitionTime": "t1"}],
+                                    "allocatable": {"cpu": "8"}}});
+        let mut beat = raw.clone();
+        beat["status"]["allocatable"]["cpu"] = json!("7");
+        beat["status"]["conditions"][0]["lastTransitionTime"] = json!("t2");
+        assert_eq!(cluster_fingerprint(&raw), cluster_fingerprint(&beat));
+        let mut lost = raw.clone();
+        lost["status"]["conditions"][0]["status"] = json!("Unknown");
+        assert_ne!(cluster_fingerprint(&raw), cluster_fingerprint(&lost));
+        let mut relabelled = raw.clone();
+        relabelled["metadata"]["labels"]["x"] = json!("2");
+        assert_ne!(cluster_fingerprint(&raw), cluster_fingerprint(&relabelled));
+    }
+
+    #[test]
+    fn sets_parse_as_ocm_reads_them() {
+        let exclusive = json!({"metadata": {"name": "testbed"},
+            "spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel"}}});
+        let (name, set) = ClusterSet::parse(exclusive.to_string().as_bytes()).unwrap();
+        assert_eq!(
+            (name.as_str(), set),
+            ("testbed", ClusterSet::Exclusive("testbed".into()))
+        );
+        let global = json!({"metadata": {"name": "global"},
+            "spec": {"clusterSelector": {"selectorType": "LabelSelector", "labelSelector": {}}}});
+        let (_, set) = ClusterSet::parse(global.to_string().as_bytes()).unwrap();
+        assert!(set.contains(&ManagedCluster::default()));
+    }
+}

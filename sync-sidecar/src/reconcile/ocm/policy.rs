@@ -1,0 +1,378 @@
+//! What the policy allows a Placement: the answers of the decision for each
+//! of its subjects (the workloads its ManifestWorkReplicaSets deliver, and
+//! the Placement itself), each the webhook's answer for that object, read
+//! together. A cluster is allowed when every answer that names clusters
+//! allows it; an answer that names none (a ConfigMap, a Namespace) does not
+//! restrict; an answer with errors fails the whole Placement.
+
+use std::collections::BTreeMap;
+
+use policy_client::placement::desired_annotations;
+use policy_client::{Decision, OwnershipKeys, QueryOutcome};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The placement the policy decides: Federation v1's replica-set preferences.
+pub(crate) const PREFERENCES_ANNOTATION: &str = "federation.kubernetes.io/replica-set-preferences";
+/// Why each cluster is allowed, in the policy's words (`{name: reason}`),
+/// when asked with `input._placement`.
+pub(crate) const REASONS_ANNOTATION: &str = "placement-policy.io/cluster-reasons";
+
+/// One object the policy was asked about for a Placement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Subject {
+    /// `Deployment shop/web`, `Placement shop/web`.
+    pub(crate) name: String,
+}
+
+/// What one answer allows.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Read {
+    /// The engine has no decision yet (not in sync): nothing is decided.
+    Undefined,
+    /// The object gets no placement: it restricts nothing.
+    Unrestricted,
+    /// These clusters, with the policy's weight and reason of each.
+    Clusters(BTreeMap<String, Allowance>),
+    /// The policy reports errors, or its answer cannot be read.
+    Errors(Vec<String>),
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Allowance {
+    pub(crate) weight: u64,
+    pub(crate) reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Preferences {
+    clusters: BTreeMap<String, ClusterPreference>,
+}
+
+#[derive(Deserialize)]
+struct ClusterPreference {
+    #[serde(default)]
+    weight: Option<i64>,
+}
+
+/// Read the answer `outcome` for `object` (as the webhook would write it:
+/// the policy's annotations over the developer's).
+pub(crate) fn read(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKeys) -> Read {
+    let result = match outcome {
+        QueryOutcome::Undefined => return Read::Undefined,
+        QueryOutcome::Defined(result) => result,
+    };
+    let decision = match Decision::from_result(result) {
+        Ok(decision) => decision,
+        Err(e) => return Read::Errors(vec![e.to_string()]),
+    };
+    if decision.is_denied() {
+        return Read::Errors(decision.errors);
+    }
+    let annotations = match desired_annotations(object, &decision, keys) {
+        Ok(a) => a,
+        Err(e) => return Read::Errors(vec![e.to_string()]),
+    };
+    let Some(preferences) = annotations.get(PREFERENCES_ANNOTATION) else {
+        return Read::Unrestricted;
+    };
+    let preferences = match serde_json::from_str::<Preferences>(preferences) {
+        Ok(p) => p.clusters,
+        Err(e) => {
+            return Read::Errors(vec![format!(
+                "the policy's {PREFERENCES_ANNOTATION} cannot be read: {e}"
+            )]);
+        }
+    };
+    // Federation's "*": every cluster.
+    if preferences.contains_key("*") {
+        return Read::Unrestricted;
+    }
+    let reasons: BTreeMap<String, String> = decision
+        .annotations
+        .get(REASONS_ANNOTATION)
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    let mut clusters = BTreeMap::new();
+    for (name, preference) in preferences {
+        let weight = match preference.weight {
+            Some(w) if w < 0 => {
+                return Read::Errors(vec![format!(
+                    "the policy's {PREFERENCES_ANNOTATION} gives cluster {name} a negative weight ({w})"
+                )]);
+            }
+            Some(w) => w as u64,
+            None => 1,
+        };
+        let reason = reasons.get(&name).cloned();
+        clusters.insert(name, Allowance { weight, reason });
+    }
+    Read::Clusters(clusters)
+}
+
+/// The answers for a Placement's subjects read together.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Allowed {
+    /// Some answer is undefined: decide nothing now.
+    Undefined,
+    /// Every error, each with its subject.
+    Denied(Vec<String>),
+    /// `None`: no answer restricts; else the clusters every restricting
+    /// answer allows, with the summed weight and each subject's reason.
+    Clusters(Option<BTreeMap<String, Combined>>),
+}
+
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Combined {
+    pub(crate) weight: u64,
+    /// (subject, the policy's reason), in the order of the subjects.
+    pub(crate) reasons: Vec<(String, String)>,
+}
+
+pub(crate) fn combine(answers: &[(Subject, Read)]) -> Allowed {
+    if answers.iter().any(|(_, r)| *r == Read::Undefined) {
+        return Allowed::Undefined;
+    }
+    let errors: Vec<String> = answers
+        .iter()
+        .flat_map(|(subject, read)| match read {
+            Read::Errors(errors) => errors
+                .iter()
+                .map(|e| format!("{}: {e}", subject.name))
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    if !errors.is_empty() {
+        return Allowed::Denied(errors);
+    }
+    let mut allowed: Option<BTreeMap<String, Combined>> = None;
+    for (subject, read) in answers {
+        let Read::Clusters(clusters) = read else {
+            continue;
+        };
+        let mut next = BTreeMap::new();
+        for (name, allowance) in clusters {
+            let mut combined = match &allowed {
+                None => Combined::default(),
+                Some(so_far) => match so_far.get(name) {
+                    Some(c) => c.clone(),
+                    None => continue,
+                },
+            };
+            combined.weight = combined.weight.saturating_add(allowance.weight);
+            if let Some(reason) = &allowance.reason {
+                combined
+                    .reasons
+                    .push((subject.name.clone(), reason.clone()));
+            }
+            next.insert(name.clone(), combined);
+        }
+        allowed = Some(next);
+    }
+    Allowed::Clusters(allowed)
+}
+
+/// Longest reason of one ClusterDecision.
+const REASON_LIMIT: usize = 1000;
+
+/// The reason of one decided cluster: the policy's reasons, each followed
+/// by the subjects it was given for.
+pub(crate) fn reason(combined: Option<&Combined>) -> String {
+    let reasons = combined.map(|c| c.reasons.as_slice()).unwrap_or_default();
+    if reasons.is_empty() {
+        return "selected by the Placement; the placement policy restricts none of its workloads"
+            .to_owned();
+    }
+    let mut grouped: Vec<(&str, Vec<&str>)> = Vec::new();
+    for (subject, reason) in reasons {
+        match grouped.iter_mut().find(|(r, _)| *r == reason.as_str()) {
+            Some((_, subjects)) => subjects.push(subject),
+            None => grouped.push((reason, vec![subject])),
+        }
+    }
+    let text = grouped
+        .iter()
+        .map(|(reason, subjects)| format!("{reason} ({})", subjects.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ");
+    policy_client::text::truncate(&format!("placement policy: {text}"), REASON_LIMIT).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn keys() -> &'static OwnershipKeys {
+        static KEYS: std::sync::OnceLock<OwnershipKeys> = std::sync::OnceLock::new();
+        KEYS.get_or_init(|| OwnershipKeys::ephemeral().unwrap())
+    }
+
+    fn deployment() -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "web", "namespace": "shop"}})
+    }
+
+    fn answer(clusters: &[(&str, i64)], reasons: &[(&str, &str)], errors: &[&str]) -> QueryOutcome {
+        let prefs: serde_json::Map<String, Value> = clusters
+            .iter()
+            .map(|(n, w)| ((*n).to_owned(), json!({"weight": w})))
+            .collect();
+        let reasons: serde_json::Map<String, Value> = reasons
+            .iter()
+            .map(|(n, r)| ((*n).to_owned(), json!(r)))
+            .collect();
+        QueryOutcome::Defined(json!({
+            "annotations": {PREFERENCES_ANNOTATION: {"clusters": prefs, "rebalance": true},
+                            REASONS_ANNOTATION: reasons},
+            "errors": errors,
+        }))
+    }
+
+    fn subject(name: &str) -> Subject {
+        Subject {
+            name: name.to_owned(),
+        }
+    }
+
+    #[test]
+    fn an_answer_names_the_allowed_clusters_with_weights_and_reasons() {
+        let read = read(
+            &deployment(),
+            &answer(&[("a", 1), ("b", 3)], &[("a", "running")], &[]),
+            keys(),
+        );
+        let Read::Clusters(clusters) = read else {
+            panic!("{read:?}")
+        };
+        assert_eq!(clusters["a"].weight, 1);
+        assert_eq!(clusters["a"].reason.as_deref(), Some("running"));
+        assert_eq!(clusters["b"].weight, 3);
+        assert_eq!(clusters["b"].reason, None);
+    }
+
+    #[test]
+    fn no_placement_restricts_nothing_and_undefined_decides_nothing() {
+        let none = QueryOutcome::Defined(json!({"annotations": {}, "errors": []}));
+        assert_eq!(read(&deployment(), &none, keys()), Read::Unrestricted);
+        let star = answer(&[("*", 1)], &[], &[]);
+        assert_eq!(read(&deployment(), &star, keys()), Read::Unrestricted);
+        assert_eq!(
+            read(&deployment(), &QueryOutcome::Undefined, keys()),
+            Read::Undefined
+        );
+        let incomplete = QueryOutcome::Defined(json!({"annotations": {}}));
+        assert!(matches!(
+            read(&deployment(), &incomplete, keys()),
+            Read::Errors(_)
+        ));
+        let bad = QueryOutcome::Defined(
+            json!({"annotations": {PREFERENCES_ANNOTATION: "not json"}, "errors": []}),
+        );
+        assert!(matches!(read(&deployment(), &bad, keys()), Read::Errors(_)));
+    }
+
+    #[test]
+    fn every_restricting_answer_must_allow_a_cluster() {
+        let answers = [
+            (
+                subject("Deployment shop/web"),
+                Read::Clusters(
+                    [
+                        (
+                            "a".to_owned(),
+                            Allowance {
+                                weight: 1,
+                                reason: Some("in the EU".into()),
+                            },
+                        ),
+                        (
+                            "b".to_owned(),
+                            Allowance {
+                                weight: 1,
+                                reason: Some("in the EU".into()),
+                            },
+                        ),
+                    ]
+                    .into(),
+                ),
+            ),
+            (subject("ConfigMap shop/conf"), Read::Unrestricted),
+            (
+                subject("Placement shop/web"),
+                Read::Clusters(
+                    [
+                        (
+                            "b".to_owned(),
+                            Allowance {
+                                weight: 2,
+                                reason: Some("running".into()),
+                            },
+                        ),
+                        (
+                            "c".to_owned(),
+                            Allowance {
+                                weight: 1,
+                                reason: Some("running".into()),
+                            },
+                        ),
+                    ]
+                    .into(),
+                ),
+            ),
+        ];
+        let Allowed::Clusters(Some(allowed)) = combine(&answers) else {
+            panic!()
+        };
+        assert_eq!(allowed.keys().collect::<Vec<_>>(), ["b"]);
+        assert_eq!(allowed["b"].weight, 3);
+        assert_eq!(
+            reason(allowed.get("b")),
+            "placement policy: in the EU (Deployment shop/web); running (Placement shop/web)"
+        );
+        assert_eq!(
+            combine(&[(subject("ConfigMap shop/conf"), Read::Unrestricted)]),
+            Allowed::Clusters(None)
+        );
+    }
+
+    #[test]
+    fn errors_of_any_subject_deny_and_name_it() {
+        let answers = [
+            (
+                subject("Deployment shop/web"),
+                Read::Errors(vec!["no cluster satisfies".into()]),
+            ),
+            (subject("Placement shop/web"), Read::Unrestricted),
+        ];
+        assert_eq!(
+            combine(&answers),
+            Allowed::Denied(vec!["Deployment shop/web: no cluster satisfies".into()])
+        );
+        let undefined = [
+            (
+                subject("Deployment shop/web"),
+                Read::Errors(vec!["x".into()]),
+            ),
+            (subject("Placement shop/web"), Read::Undefined),
+        ];
+        assert_eq!(combine(&undefined), Allowed::Undefined);
+    }
+
+    #[test]
+    fn identical_reasons_are_said_once() {
+        let combined = Combined {
+            weight: 2,
+            reasons: vec![
+                ("Deployment shop/a".into(), "running".into()),
+                ("Deployment shop/b".into(), "running".into()),
+            ],
+        };
+        assert_eq!(
+            reason(Some(&combined)),
+            "placement policy: running (Deployment shop/a, Deployment shop/b)"
+        );
+        assert!(reason(None).contains("restricts none"));
+    }
+}
