@@ -839,8 +839,10 @@ fn ocm_a_forbidden_workload_gets_no_decision_and_the_placement_says_why() {
 
 /// A cluster whose agent stops (its lease runs out: the hub sets
 /// `ManagedClusterConditionAvailable` Unknown) is left: with
-/// `numberOfClusters: 1` on `ocm-eu-2`, the decision moves to `ocm-eu-1`;
-/// the agent started again brings the cluster back.
+/// `numberOfClusters: 1` on `ocm-eu-2`, the decision moves to `ocm-eu-1`,
+/// although the Placement tolerates the taints the hub puts on an
+/// unavailable cluster (the policy takes only running clusters); the agent
+/// started again brings the cluster back.
 #[test]
 fn ocm_a_cluster_whose_agent_stops_is_left_and_its_share_moves() {
     let _serial = serial();
@@ -851,7 +853,10 @@ fn ocm_a_cluster_whose_agent_stops_is_left_and_its_share_moves() {
     // it by a predicate the test then widens.
     let only_eu2 = json!({"numberOfClusters": 1, "predicates": [{"requiredClusterSelector": {
         "labelSelector": {"matchExpressions": [{"key": REGION_LABEL, "operator": "In",
-                                                "values": ["europe-west2"]}]}}}]});
+                                                "values": ["europe-west2"]}]}}}],
+        "tolerations": [
+            {"key": "cluster.open-cluster-management.io/unreachable", "operator": "Exists"},
+            {"key": "cluster.open-cluster-management.io/unavailable", "operator": "Exists"}]});
     let one = placement(&namespace, "web-one", Some(&decider), only_eu2);
     create(ocm, &[&one, &eu_pci2_web(&namespace, "web-one")]);
     wait_decided(ocm, &decider, &namespace, "web-one", &names(&["ocm-eu-2"]));

@@ -150,7 +150,7 @@ pub(crate) fn choose(
                 .then(a.cmp(b))
         });
         feasible.truncate(wanted);
-        unscheduled = wanted - feasible.len();
+        unscheduled = wanted.saturating_sub(feasible.len());
     }
     let mut chosen: Vec<ClusterDecision> = feasible
         .into_iter()
