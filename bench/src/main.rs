@@ -13,7 +13,9 @@
 //! 7. churn: 10,000 remediated ReplicaSets under status updates no policy
 //!    reads, then one Cluster offline;
 //! 8. scheduling 1,000 Deployments through a real Karmada federation,
-//!    placement-policy beside karmada-scheduler, and failover.
+//!    placement-policy beside karmada-scheduler, and failover;
+//! 9. deciding 500 Placements on a real Open Cluster Management hub,
+//!    placement-policy beside OCM's placement controller.
 
 mod admission;
 mod apiserver;
@@ -23,6 +25,7 @@ mod hostile;
 mod karmada;
 mod kube_mgmt;
 mod load;
+mod ocm;
 mod opa_probe;
 mod remediation;
 mod replication;
@@ -41,11 +44,11 @@ use crate::report::Report;
 #[derive(Debug, Parser)]
 #[command(about = "Benchmarks of placement-policy (issues 5, 11, 12); run through scripts/bench")]
 struct Args {
-    /// Scenarios to run (comma-separated numbers 1-8).
+    /// Scenarios to run (comma-separated numbers 1-9).
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
-        default_value = "1,2,3,4,5,6,7,8",
+        default_value = "1,2,3,4,5,6,7,8,9",
         value_delimiter = ','
     )]
     scenarios: Vec<u8>,
@@ -93,6 +96,13 @@ struct Args {
     /// Karmada's source is absent).
     #[arg(long, env = "BENCH_KARMADA_SKIPPED")]
     karmada_skipped: Option<String>,
+    /// Placements decided on the OCM hub in scenario 9, by each decider.
+    #[arg(long, env = "BENCH_OCM_PLACEMENTS", default_value_t = 500)]
+    ocm_placements: usize,
+    /// Why scenario 9 is skipped (scripts/bench passes the reason when OCM's
+    /// source is absent).
+    #[arg(long, env = "BENCH_OCM_SKIPPED")]
+    ocm_skipped: Option<String>,
     /// kube-mgmt for scenarios 3 and 5: the binary or its folder (scripts/bench
     /// passes what `scripts/testbed kube-mgmt-assets` built); without it and
     /// without --kube-mgmt-skipped, that command is run.
@@ -218,6 +228,18 @@ fn main() -> Result<()> {
                     &mut report,
                 )?,
             },
+            9 => match args.ocm_skipped.as_deref().filter(|r| !r.is_empty()) {
+                Some(reason) => ocm::skipped(reason, &mut report),
+                None => ocm::run(
+                    &bins,
+                    &dir,
+                    &ocm::Settings {
+                        placements: args.ocm_placements,
+                        runs: args.runs.max(1),
+                    },
+                    &mut report,
+                )?,
+            },
             other => anyhow::bail!("no scenario {other}"),
         }
         eprintln!(
@@ -309,7 +331,7 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     report.header(format!("Command: `{}`", args.command));
     report.header(format!(
-        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads, churn of {} workloads at {} status updates/s for {} s, {} Deployments through Karmada.",
+        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads, churn of {} workloads at {} status updates/s for {} s, {} Deployments through Karmada, {} Placements on an OCM hub.",
         args.scenarios,
         args.runs,
         args.duration,
@@ -325,6 +347,7 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
         args.churn_rate,
         args.churn_seconds,
         args.karmada_deployments,
+        args.ocm_placements,
     ));
     report.header(format!(
         "Machine: {cores} cores ({cpu}), {mem} memory; load average at start: {}. Everything (servers, peers, load generator) shares these cores.",

@@ -123,10 +123,15 @@ pub(super) fn start_components(
             &["--feature-gates=ClusterProfile=true", "--v=2"],
         ),
     );
+    // Its client unthrottled as Karmada's components are
+    // ([`crate::karmada::COMPONENT_QPS`]), so that placement-policy and it
+    // are compared deciding, not waiting for a client throttle.
+    let qps = format!("--kube-api-qps={}", crate::karmada::COMPONENT_QPS);
+    let burst = format!("--kube-api-burst={}", 2 * crate::karmada::COMPONENT_QPS);
     spawn(
         "ocm-placement-controller",
         &assets.join("ocm-placement"),
-        ocm(&["controller"], &["--v=2"]),
+        ocm(&["controller"], &[&qps, &burst, "--v=2"]),
     );
     spawn(
         "ocm-work-manager",
