@@ -78,6 +78,10 @@ pub(crate) struct Metrics {
     /// `scheduled` (placed), `failed` (`Scheduled=False` written), `bounded`
     /// (a guarded binding admitted again with a new bound), `error`.
     pub binding_schedules: Family<ResultLabels, Counter>,
+    /// `placement_sync_placement_decisions_total{result}`: writes of OCM
+    /// Placements' decisions: `decided`, `failed` (`PolicyDenied` or
+    /// `Misconfigured` written), `error`.
+    pub placement_decisions: Family<ResultLabels, Counter>,
     /// `placement_sync_leader`: 1 while this replica holds the remediation Lease.
     pub leader: Gauge,
     /// `placement_sync_connections_*`: the HTTP listener's connections.
@@ -118,6 +122,7 @@ impl Metrics {
             remediation_passes: Counter::default(),
             remediation_queries: Counter::default(),
             binding_schedules: Family::default(),
+            placement_decisions: Family::default(),
             leader: Gauge::default(),
             listeners: ListenerMetrics::default(),
         };
@@ -207,6 +212,11 @@ impl Metrics {
             m.binding_schedules.clone(),
         );
         registry.register(
+            "placement_decisions",
+            "OCM Placement decision writes by result (decided, failed, error)",
+            m.placement_decisions.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the remediation Lease",
             m.leader.clone(),
@@ -268,6 +278,14 @@ impl Metrics {
 
     pub(crate) fn binding_schedule(&self, result: &str) {
         self.binding_schedules
+            .get_or_create(&ResultLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn placement_decision(&self, result: &str) {
+        self.placement_decisions
             .get_or_create(&ResultLabels {
                 result: result.to_owned(),
             })

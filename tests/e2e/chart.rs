@@ -131,6 +131,7 @@ fn every_pod_is_hardened_in_every_mode() {
             "karmada.guardrail=false",
             "karmada.webhookKeys=true",
         ][..],
+        &["ocm.enabled=true", "ocm.sigPlacementDecisions=true"][..],
     ] {
         let docs = render(values);
         let deployments = of_kind(&docs, "Deployment");
@@ -340,6 +341,70 @@ fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
         "karmada.enabled=true,karmada.webhookKeys=true",
         "karmada.webhookKeys is for a webhook registered with Karmada's API server by hand",
     );
+}
+
+/// `ocm.enabled` adds placement-policy deciding OCM Placements: OPA and
+/// placement-sync working on the hub through the kubeconfig Secret,
+/// replicating the ManagedClusters and deciding the Placements that name
+/// `ocm.schedulerName`, with no token of this cluster; with
+/// `ocm.sigPlacementDecisions` it also publishes SIG-Multicluster decisions
+/// and installs their CRD; nothing of it by default.
+#[test]
+fn values_run_a_decider_on_the_ocm_hub() {
+    let name = "placement-policy-ocm-decider";
+    let sig_crd = "placementdecisions.multicluster.x-k8s.io";
+    let defaults = render(&[]);
+    assert!(
+        !defaults.iter().any(
+            |d| (d["kind"] == "Deployment" && d["metadata"]["name"] == name)
+                || d["metadata"]["name"] == sig_crd
+        ),
+        "no OCM decider by default"
+    );
+    let docs = render(&[
+        "ocm.enabled=true",
+        "ocm.schedulerName=rego",
+        "ocm.kubeconfigSecret=hub-config",
+    ]);
+    let deployment = named(&docs, "Deployment", name);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false, "{pod}");
+    let volume = pod["volumes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|v| v["name"] == "ocm-kubeconfig")
+        .expect("the kubeconfig volume");
+    assert_eq!(volume["secret"]["secretName"], "hub-config", "{volume}");
+    let sync = containers(deployment)
+        .into_iter()
+        .find(|c| c["name"] == "placement-sync")
+        .expect("placement-sync container");
+    let flags = args(sync);
+    for flag in [
+        "--kubeconfig=/etc/ocm/kubeconfig",
+        "--decide-ocm-placements",
+        "--scheduler-name=rego",
+        "--replicate-cluster=cluster.open-cluster-management.io/v1/managedclusters",
+        "--lease-namespace=open-cluster-management-hub",
+        "--remediation=off",
+    ] {
+        assert!(flags.contains(&flag.to_owned()), "{flag} in {flags:?}");
+    }
+    assert!(
+        !flags.contains(&"--sig-placement-decisions".to_owned()),
+        "{flags:?}"
+    );
+    assert!(!docs.iter().any(|d| d["metadata"]["name"] == sig_crd));
+    let sig = render(&["ocm.enabled=true", "ocm.sigPlacementDecisions=true"]);
+    let sync = containers(named(&sig, "Deployment", name))
+        .into_iter()
+        .find(|c| c["name"] == "placement-sync")
+        .cloned()
+        .expect("placement-sync container");
+    assert!(args(&sync).contains(&"--sig-placement-decisions".to_owned()));
+    let crd = named(&sig, "CustomResourceDefinition", sig_crd);
+    assert_eq!(crd["spec"]["versions"][0]["name"], "v1alpha1", "{crd}");
 }
 
 /// `policy.weighting` fills the shipped policy's settings module; anything
@@ -853,6 +918,7 @@ fn only_the_containers_that_call_the_api_get_a_token() {
             "webhook.clientCA.configMap=apiserver-client-ca",
         ][..],
         &["karmada.enabled=true"][..],
+        &["ocm.enabled=true"][..],
     ] {
         let docs = render(values);
         for account in of_kind(&docs, "ServiceAccount") {
@@ -877,6 +943,8 @@ fn only_the_containers_that_call_the_api_get_a_token() {
                     (_, "opa") => false,
                     // Karmada's API server, through the kubeconfig Secret.
                     ("placement-policy-karmada-scheduler", _) => false,
+                    // The OCM hub, through the kubeconfig Secret.
+                    ("placement-policy-ocm-decider", _) => false,
                     (_, "webhook" | "placement-sync") => true,
                     other => panic!("unexpected container {other:?}"),
                 };

@@ -315,7 +315,13 @@ struct Decider {
 
 impl Decider {
     fn start(ocm: &Ocm, extra: &[&str]) -> Decider {
-        let name = unique_name("pp-decider");
+        Decider::named(ocm, &unique_name("pp-decider"), extra)
+    }
+
+    /// Deciding the Placements that name `name` (the examples' name the
+    /// default, `placement-policy`; the tests run one at a time).
+    fn named(ocm: &Ocm, name: &str, extra: &[&str]) -> Decider {
+        let name = name.to_owned();
         let policy_namespace = unique_name("ocm-policy");
         ocm.create_policy_namespace(&policy_namespace);
         placement_tests::kubectl::create_shipped_policy_configmap(
@@ -1046,5 +1052,71 @@ fn ocm_publishes_sig_multicluster_placement_decisions_with_a_flag() {
     // The ClusterProfiles it references exist in the Placement's namespace.
     for cluster in &clusters {
         ocm.kubectl_ok(&["get", "clusterprofile", cluster, "-n", &namespace]);
+    }
+}
+
+/// The tour of docs/ocm.md, with its files: `examples/ocm/web-eu-pci.yaml`
+/// is decided onto the EU clusters and its Deployment runs in `ocm-eu-1`;
+/// `examples/ocm/vault-forbidden.yaml` gets no decision, and its
+/// Placement's condition says why.
+#[test]
+fn ocm_the_tours_examples_are_decided_as_docs_ocm_md_says() {
+    let _serial = serial();
+    let ocm = Ocm::shared();
+    let decider = Decider::named(ocm, "placement-policy", &[]);
+    let examples = placement_tests::repo_root().join("examples/ocm");
+    let files: Vec<String> = ["web-eu-pci.yaml", "vault-forbidden.yaml"]
+        .iter()
+        .map(|f| examples.join(f).display().to_string())
+        .collect();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        ocm.kubectl_ok(&["apply", "-f", &files[0]]);
+        wait_decided(
+            ocm,
+            &decider,
+            "default",
+            "web-eu",
+            &names(&["ocm-eu-1", "ocm-eu-2"]),
+        );
+        let eu1 = ocm.cluster("ocm-eu-1");
+        wait_or_explain(
+            "the tour's Deployment to run in ocm-eu-1",
+            Duration::from_secs(180),
+            || {
+                let text =
+                    eu1.kubectl_ok(&["get", "pods", "-n", "shop", "-l", "app=web", "-o", "json"]);
+                let pods: Value = serde_json::from_str(&text).expect("pod list JSON");
+                pods["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|pod| pod["status"]["phase"] == "Running")
+                    .then_some(())
+            },
+            || eu1.cluster().expect("ocm-eu-1 has a node").diagnostics(),
+        );
+        ocm.kubectl_ok(&["apply", "-f", &files[1]]);
+        let condition = wait_or_explain(
+            "the forbidden example's condition to say why",
+            Duration::from_secs(120),
+            || {
+                placement_condition(ocm, "default", "vault", "PlacementSatisfied")
+                    .filter(|c| c["reason"] == "PolicyDenied")
+            },
+            || decider.log_tail(),
+        );
+        assert!(
+            condition["message"].as_str().is_some_and(|m| m.contains(
+                "no cluster satisfies the placement requirements (eu-jurisdiction-required=true, pci-compliance-level>=4)"
+            )),
+            "{condition}"
+        );
+        assert!(decided(ocm, "default", "vault").is_empty());
+    }));
+    for file in files.iter().rev() {
+        let _ = ocm.kubectl(&["delete", "--ignore-not-found", "-f", file]);
+    }
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
     }
 }

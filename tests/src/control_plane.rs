@@ -14,6 +14,9 @@ use crate::{peer, scratch_dir};
 
 /// Namespace the project's components run in (see `deploy/`).
 pub const SYSTEM_NAMESPACE: &str = "placement-system";
+/// The service account of the sync sidecar (the remediator's), in
+/// [`SYSTEM_NAMESPACE`].
+pub const SIDECAR_ACCOUNT: &str = "placement-policy-remediator";
 /// Namespace whose ConfigMaps are policies: the components' default.
 pub const POLICY_NAMESPACE: &str = policy_client::configmaps::DEFAULT_POLICY_NAMESPACE;
 
@@ -49,7 +52,7 @@ impl Identity {
             Identity::Webhook | Identity::Sidecar => {
                 let sa = match self {
                     Identity::Webhook => "placement-policy-webhook",
-                    _ => "placement-policy-remediator",
+                    _ => SIDECAR_ACCOUNT,
                 };
                 format!(
                     "{token},system:serviceaccount:{SYSTEM_NAMESPACE}:{sa},{sa}-uid,\"system:serviceaccounts,system:serviceaccounts:{SYSTEM_NAMESPACE}\""

@@ -36,7 +36,7 @@ use crate::reconcile::ocm::clusters::{
     Candidates, ClusterSet, Inventory, ManagedCluster, candidates, cluster_fingerprint,
 };
 use crate::reconcile::ocm::decisions::{
-    Existing, PLACEMENT_LABEL, PlacementWrite, choose, decided, plan,
+    Existing, Outcome, PLACEMENT_LABEL, PlacementWrite, choose, decided, plan,
 };
 use crate::reconcile::ocm::placement::Placement;
 use crate::reconcile::ocm::policy::{Allowed, Subject, combine, read};
@@ -140,7 +140,7 @@ pub(crate) struct OcmState {
 /// What decides a Placement's placement, as a fingerprint (`None` when it is
 /// not ours): its spec, labels, annotations and deletion, not its status.
 pub(crate) fn placement_fingerprint(object: &Value, scheduler_name: &str) -> Option<u64> {
-    let placement = Placement::parse(object.to_string().as_bytes()).ok()?;
+    let placement = <Placement as serde::Deserialize>::deserialize(object).ok()?;
     if placement.skip(scheduler_name).is_some() {
         return None;
     }
@@ -417,8 +417,9 @@ enum Verdict {
 struct Planned {
     write: PlacementWrite,
     sig: SliceWrite,
-    /// The policy reports errors.
-    denied: bool,
+    /// The policy reports errors, or the Placement is misconfigured: its
+    /// decisions stay as they are.
+    failed: bool,
     /// When a toleration runs out.
     recheck: Option<Timestamp>,
 }
@@ -501,20 +502,23 @@ impl OcmState {
                 }
             }
         }
-        let clusters: Vec<ManagedCluster> = self
-            .clusters
-            .objects
-            .snapshot(|_| true)
-            .into_iter()
-            .filter_map(|(_, json)| ManagedCluster::parse(&json).ok())
-            .collect();
-        let sets: BTreeMap<String, ClusterSet> = self
-            .sets
-            .objects
-            .snapshot(|_| true)
-            .into_iter()
-            .filter_map(|(_, json)| ClusterSet::parse(&json).ok())
-            .collect();
+        let clusters: Arc<BTreeMap<String, ManagedCluster>> = Arc::new(
+            self.clusters
+                .objects
+                .snapshot(|_| true)
+                .into_iter()
+                .filter_map(|(_, json)| ManagedCluster::parse(&json).ok())
+                .map(|c| (c.name.clone(), c))
+                .collect(),
+        );
+        let sets: Arc<BTreeMap<String, ClusterSet>> = Arc::new(
+            self.sets
+                .objects
+                .snapshot(|_| true)
+                .into_iter()
+                .filter_map(|(_, json)| ClusterSet::parse(&json).ok())
+                .collect(),
+        );
         let mut bound: HashMap<String, BTreeSet<String>> = HashMap::new();
         for (key, _) in self.bindings.objects.snapshot(admitted) {
             if let Some(ns) = key.namespace {
@@ -645,19 +649,13 @@ impl Reconciler {
         if allowed == Allowed::Undefined {
             return Verdict::Nothing;
         }
-        let denied = matches!(allowed, Allowed::Denied(_));
-        let by_name: BTreeMap<String, ManagedCluster> = item
-            .inventory
-            .clusters
-            .iter()
-            .map(|c| (c.name.clone(), c.clone()))
-            .collect();
         let outcome = choose(placement, found, &allowed, &current);
+        let failed = matches!(outcome, Outcome::Denied(_) | Outcome::Misconfigured(_));
         let write = plan(
             placement,
             &outcome,
             &item.existing,
-            &by_name,
+            &item.inventory.clusters,
             &now_rfc3339(),
         );
         let sig = match (&self.ocm, &write.decided) {
@@ -669,7 +667,7 @@ impl Reconciler {
         Verdict::Planned(Box::new(Planned {
             write,
             sig,
-            denied,
+            failed,
             recheck,
         }))
     }
@@ -749,7 +747,7 @@ impl Reconciler {
         let Planned {
             write,
             sig,
-            denied,
+            failed,
             recheck,
         } = match verdict {
             Verdict::Failed => return Step::Failed,
@@ -761,7 +759,7 @@ impl Reconciler {
             self.recheck(key.clone(), at);
         }
         if write.is_empty() && sig.is_empty() {
-            return if denied {
+            return if failed {
                 Step::Unplaceable
             } else {
                 Step::Placed
@@ -779,7 +777,7 @@ impl Reconciler {
             Ok(()) => {
                 self.ctx
                     .metrics
-                    .binding_schedule(if denied { "failed" } else { "scheduled" });
+                    .placement_decision(if failed { "failed" } else { "decided" });
                 tracing::info!(placement = %name, clusters = ?write.clusters, interim = write.interim, "decided placement");
                 if let Some((normal, reason, note)) = &write.event {
                     let type_ = if *normal {
@@ -795,7 +793,7 @@ impl Reconciler {
                         note.clone(),
                     );
                 }
-                if denied {
+                if failed {
                     Step::Unplaceable
                 } else {
                     Step::Stale {
@@ -805,7 +803,7 @@ impl Reconciler {
                 }
             }
             Err(e) => {
-                self.ctx.metrics.binding_schedule("error");
+                self.ctx.metrics.placement_decision("error");
                 tracing::warn!(placement = %name, error = %e, "writing the Placement's decisions failed; will retry");
                 Step::Stale {
                     patched: false,

@@ -206,9 +206,34 @@ impl Ocm {
             cluster.start_work_agent();
         }
         ocm.configure_clusters();
+        ocm.grant_decider();
         ocm.wait_clusters_available();
         ocm.bind_cluster_set("default");
         ocm
+    }
+
+    /// The permissions the chart's docs have an OCM hub grant placement-sync
+    /// (`charts/placement-policy/files/ocm-hub-clusterrole.yaml`), bound to
+    /// the sidecar's identity, which has the chart's own RBAC besides.
+    fn grant_decider(&self) {
+        let path = repo_root().join("charts/placement-policy/files/ocm-hub-clusterrole.yaml");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
+        let mut documents = crate::kubectl::yaml_documents(&text);
+        let role = documents
+            .first()
+            .and_then(|d| d["metadata"]["name"].as_str())
+            .expect("a ClusterRole")
+            .to_owned();
+        documents.push(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": role},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": crate::control_plane::SIDECAR_ACCOUNT,
+                          "namespace": crate::SYSTEM_NAMESPACE}],
+        }));
+        crate::kubectl::apply_documents(&self.kubeconfig(Identity::Admin), documents);
     }
 
     /// Label every ManagedCluster (region, jurisdiction, PCI level, the
@@ -352,10 +377,9 @@ impl Ocm {
 
     /// placement-sync against the hub and `opa`, loading policies from
     /// `policy_namespace`, replicating the ManagedClusters and deciding the
-    /// Placements that opt in, with `extra` flags. The one start the OCM
-    /// tests and `testbed up --ocm` share.
-    // It runs as the administrator: the chart's OCM permissions are granted
-    // on the hub by `ocm.hubRBAC` (docs/ocm.md), not by deploy/.
+    /// Placements that opt in, with `extra` flags; as the sidecar's identity,
+    /// with the chart's RBAC and the hub permissions docs/ocm.md names. The
+    /// one start the OCM tests and `testbed up --ocm` share.
     pub fn start_placement_sync(
         &self,
         opa: &OpaServer,
@@ -365,7 +389,7 @@ impl Ocm {
         let mut args = decider_args(policy_namespace);
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        SidecarProcess::start_as(&self.hub, Identity::Admin, opa, &args)
+        SidecarProcess::start_as(&self.hub, Identity::Sidecar, opa, &args)
     }
 
     /// Where the logs are, and the state of the ManagedClusters, for a

@@ -6,6 +6,7 @@
 //! helpers.go` and the `predicate` and `tainttoleration` plugins).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
@@ -177,13 +178,14 @@ impl ClusterSet {
     }
 }
 
-/// What the hub has that selection reads: the ManagedClusters, the
-/// ManagedClusterSets by name, and the sets bound to the Placement's
-/// namespace (its ManagedClusterSetBindings' names).
+/// What the hub has that selection reads: the ManagedClusters and the
+/// ManagedClusterSets by name (shared by the Placements of every namespace),
+/// and the sets bound to the Placement's namespace (its
+/// ManagedClusterSetBindings' names).
 #[derive(Debug, Default)]
 pub(crate) struct Inventory {
-    pub(crate) clusters: Vec<ManagedCluster>,
-    pub(crate) sets: BTreeMap<String, ClusterSet>,
+    pub(crate) clusters: Arc<BTreeMap<String, ManagedCluster>>,
+    pub(crate) sets: Arc<BTreeMap<String, ClusterSet>>,
     pub(crate) bound: BTreeSet<String>,
 }
 
@@ -308,7 +310,7 @@ pub(crate) fn candidates(
     }
     let available: Vec<&ManagedCluster> = inventory
         .clusters
-        .iter()
+        .values()
         .filter(|c| !c.deleting)
         .filter(|c| eligible.iter().any(|set| inventory.sets[*set].contains(c)))
         .collect();
@@ -464,22 +466,32 @@ pub(crate) mod tests {
 
     /// The bed's three clusters in the set `testbed`, bound to the namespace.
     pub(crate) fn inventory() -> Inventory {
+        let clusters = [
+            cluster("ocm-eu-1", &[("placement-policy.io/jurisdiction", "eu")]),
+            cluster("ocm-eu-2", &[("placement-policy.io/jurisdiction", "eu")]),
+            cluster(
+                "ocm-us-1",
+                &[("placement-policy.io/jurisdiction", "non-eu")],
+            ),
+        ];
         Inventory {
-            clusters: vec![
-                cluster("ocm-eu-1", &[("placement-policy.io/jurisdiction", "eu")]),
-                cluster("ocm-eu-2", &[("placement-policy.io/jurisdiction", "eu")]),
-                cluster(
-                    "ocm-us-1",
-                    &[("placement-policy.io/jurisdiction", "non-eu")],
-                ),
-            ],
-            sets: [(
-                "testbed".to_owned(),
-                ClusterSet::Exclusive("testbed".to_owned()),
-            )]
-            .into(),
+            clusters: Arc::new(clusters.into_iter().map(|c| (c.name.clone(), c)).collect()),
+            sets: Arc::new(
+                [(
+                    "testbed".to_owned(),
+                    ClusterSet::Exclusive("testbed".to_owned()),
+                )]
+                .into(),
+            ),
             bound: ["testbed".to_owned()].into(),
         }
+    }
+
+    /// The cluster `name` of `inventory`, to change.
+    fn edit<'a>(inventory: &'a mut Inventory, name: &str) -> &'a mut ManagedCluster {
+        Arc::make_mut(&mut inventory.clusters)
+            .get_mut(name)
+            .expect("a cluster of the inventory")
     }
 
     fn now() -> k8s_openapi::jiff::Timestamp {
@@ -524,12 +536,15 @@ pub(crate) mod tests {
     #[test]
     fn only_sets_bound_to_the_namespace_and_named_count() {
         let mut inv = inventory();
-        inv.sets
+        Arc::make_mut(&mut inv.sets)
             .insert("global".to_owned(), ClusterSet::Labels(Selector::default()));
-        inv.clusters.push(ManagedCluster {
-            name: "unset".to_owned(),
-            ..ManagedCluster::default()
-        });
+        Arc::make_mut(&mut inv.clusters).insert(
+            "unset".to_owned(),
+            ManagedCluster {
+                name: "unset".to_owned(),
+                ..ManagedCluster::default()
+            },
+        );
         assert_eq!(
             names(&select(json!({}), &inv)),
             ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]
@@ -558,20 +573,20 @@ pub(crate) mod tests {
     #[test]
     fn clusters_being_deleted_are_no_candidates() {
         let mut inv = inventory();
-        inv.clusters[2].deleting = true;
+        edit(&mut inv, "ocm-us-1").deleting = true;
         assert_eq!(names(&select(json!({}), &inv)), ["ocm-eu-1", "ocm-eu-2"]);
     }
 
     #[test]
     fn taints_keep_clusters_off_unless_tolerated() {
         let mut inv = inventory();
-        inv.clusters[0].taints.push(Taint {
+        edit(&mut inv, "ocm-eu-1").taints.push(Taint {
             key: "cluster.open-cluster-management.io/unreachable".into(),
             effect: "NoSelect".into(),
             time_added: Some("2026-11-26T09:59:00Z".into()),
             ..Taint::default()
         });
-        inv.clusters[1].taints.push(Taint {
+        edit(&mut inv, "ocm-eu-2").taints.push(Taint {
             key: "maintenance".into(),
             effect: "PreferNoSelect".into(),
             ..Taint::default()
@@ -600,7 +615,7 @@ pub(crate) mod tests {
     #[test]
     fn no_select_if_new_keeps_only_new_placements_off() {
         let mut inv = inventory();
-        inv.clusters[2].taints.push(Taint {
+        edit(&mut inv, "ocm-us-1").taints.push(Taint {
             key: "draining".into(),
             effect: "NoSelectIfNew".into(),
             ..Taint::default()

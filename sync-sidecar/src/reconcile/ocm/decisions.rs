@@ -721,11 +721,7 @@ mod tests {
     }
 
     fn by_name() -> BTreeMap<String, ManagedCluster> {
-        inventory()
-            .clusters
-            .into_iter()
-            .map(|c| (c.name.clone(), c))
-            .collect()
+        (*inventory().clusters).clone()
     }
 
     fn stored(name: &str, group: &str, index: &str, clusters: &[&str]) -> Existing {
