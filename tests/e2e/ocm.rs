@@ -1120,3 +1120,39 @@ fn ocm_the_tours_examples_are_decided_as_docs_ocm_md_says() {
         std::panic::resume_unwind(panic);
     }
 }
+
+/// Someone else's change of a Placement's decisions is undone: a decision
+/// deleted, or rewritten to name `ocm-us-1`, is written again as the policy
+/// decides (the decider follows the PlacementDecisions, as OCM's scheduler
+/// does).
+#[test]
+fn ocm_decisions_changed_by_someone_else_are_written_again() {
+    let _serial = serial();
+    let ocm = Ocm::shared();
+    let decider = Decider::start(ocm, &[]);
+    let namespace = namespace(ocm, "ocm-tamper");
+    let web_eu = placement(&namespace, "web-eu", Some(&decider), json!({}));
+    create(ocm, &[&eu_pci2_web(&namespace, "web-eu"), &web_eu]);
+    let eu = names(&["ocm-eu-1", "ocm-eu-2"]);
+    wait_decided(ocm, &decider, &namespace, "web-eu", &eu);
+    ocm.kubectl_ok(&[
+        "patch",
+        "placementdecision",
+        "web-eu-decision-1",
+        "-n",
+        &namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"decisions":[{"clusterName":"ocm-us-1","reason":"someone else"}]}}"#,
+    ]);
+    wait_decided(ocm, &decider, &namespace, "web-eu", &eu);
+    ocm.kubectl_ok(&[
+        "delete",
+        "placementdecision",
+        "web-eu-decision-1",
+        "-n",
+        &namespace,
+    ]);
+    wait_decided(ocm, &decider, &namespace, "web-eu", &eu);
+}

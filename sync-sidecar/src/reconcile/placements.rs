@@ -238,14 +238,19 @@ pub(crate) async fn start(
     // Someone else's change of a decision: its Placement is due.
     {
         let (changes, written) = (changes.clone(), written.clone());
+        // The Placement of each decision, for its deletion.
+        let owners: Mutex<HashMap<ObjectKey, ObjectKey>> = Mutex::default();
         tasks.push(follow(
             decisions,
             cancel.clone(),
             move |key, object, announce| {
+                let mut owners = owners.lock().unwrap_or_else(|e| e.into_inner());
                 let Some(object) = object else {
-                    // Deleted: by the garbage collector with its Placement, or by
-                    // the decider; by someone else it is written again at the
-                    // next pass over everything.
+                    // Deleted (by the garbage collector with its Placement,
+                    // by the decider, or by someone): decided again.
+                    if let Some(placement) = owners.remove(key) {
+                        changes.due((placements, placement));
+                    }
                     return;
                 };
                 let print = decision_fingerprint(
@@ -268,10 +273,11 @@ pub(crate) async fn start(
                         None => false,
                     }
                 };
-                if announce
-                    && !ours
-                    && let Some(placement) = owner(key, object)
-                {
+                let Some(placement) = owner(key, object) else {
+                    return;
+                };
+                owners.insert(key.clone(), placement.clone());
+                if announce && !ours {
                     changes.due((placements, placement));
                 }
             },
