@@ -1184,7 +1184,7 @@ mod tests {
     }
 
     #[test]
-    fn the_ocm_decider_elects_a_leader_and_shares_the_scheduler_name() {
+    fn the_placement_decider_elects_a_leader_and_shares_the_scheduler_name() {
         let s = Settings::from_args(args(&[
             "--remediation=off",
             "--decide-ocm-placements",

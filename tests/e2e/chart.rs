@@ -350,7 +350,7 @@ fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
 /// `ocm.sigPlacementDecisions` it also publishes SIG-Multicluster decisions
 /// and installs their CRD; nothing of it by default.
 #[test]
-fn values_run_a_decider_on_the_ocm_hub() {
+fn values_run_a_decider_on_the_hub_of_open_cluster_management() {
     let name = "placement-policy-ocm-decider";
     let sig_crd = "placementdecisions.multicluster.x-k8s.io";
     let defaults = render(&[]);

@@ -309,7 +309,8 @@ const SCHEDULER: &str = "placement-policy.io/scheduler-name";
 /// shipped policy in a policy namespace of their own.
 struct Decider {
     name: String,
-    opa: OpaServer,
+    /// Kept running while the decider is.
+    _opa: OpaServer,
     sync: Option<SidecarProcess>,
 }
 
@@ -335,7 +336,7 @@ impl Decider {
         let sync = ocm.start_placement_sync(&opa, &policy_namespace, &args);
         Decider {
             name,
-            opa,
+            _opa: opa,
             sync: Some(sync),
         }
     }
@@ -353,7 +354,6 @@ impl Drop for Decider {
         if let Some(sync) = self.sync.take() {
             sync.stop();
         }
-        let _ = &self.opa;
     }
 }
 

@@ -247,7 +247,8 @@ pub(super) fn accept(hub: &ControlPlane, clusters: &[ManagedCluster]) {
             for cluster in clusters.iter().filter(pending) {
                 cluster.check_agents();
                 approve_csrs(hub, cluster.name());
-                let accepted = hub.kubectl(&[
+                // Fails until the agent has created it.
+                let _ = hub.kubectl(&[
                     "patch",
                     "managedcluster",
                     cluster.name(),
@@ -255,8 +256,6 @@ pub(super) fn accept(hub: &ControlPlane, clusters: &[ManagedCluster]) {
                     "-p",
                     r#"{"spec":{"hubAcceptsClient":true}}"#,
                 ]);
-                // Not there yet: the agent creates it.
-                let _ = accepted;
             }
             clusters.iter().all(|c| c.joined()).then_some(())
         },

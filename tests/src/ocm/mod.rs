@@ -268,8 +268,8 @@ impl Ocm {
     /// Bind [`CLUSTER_SET`] to `namespace` (created if missing) and wait until
     /// the binding is Bound: Placements there may select the bed's clusters.
     pub fn bind_cluster_set(&self, namespace: &str) {
-        let out = self.kubectl(&["create", "namespace", namespace]);
-        let _ = out; // it may exist (`default`, or a test's own)
+        // It may exist (`default`).
+        let _ = self.kubectl(&["create", "namespace", namespace]);
         let binding = json!({
             "apiVersion": "cluster.open-cluster-management.io/v1beta2",
             "kind": "ManagedClusterSetBinding",

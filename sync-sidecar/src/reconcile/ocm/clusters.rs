@@ -673,7 +673,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn sets_parse_as_ocm_reads_them() {
+    fn sets_parse_as_the_hub_reads_them() {
         let exclusive = json!({"metadata": {"name": "testbed"},
             "spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel"}}});
         let (name, set) = ClusterSet::parse(exclusive.to_string().as_bytes()).unwrap();

@@ -903,7 +903,7 @@ mod tests {
     }
 
     #[test]
-    fn nothing_selected_empties_the_decisions_as_ocm_does() {
+    fn nothing_selected_empties_the_decisions_as_upstream_does() {
         let (_, p) = placement(json!({"clusterSets": ["elsewhere"]}));
         let found =
             candidates(&p, &inventory(), &BTreeSet::new(), NOW.parse().unwrap()).map(|(c, _)| c);

@@ -271,7 +271,7 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn a_placement_is_ours_only_when_it_opts_out_of_ocm_and_names_us() {
+    fn a_placement_is_ours_only_when_it_opts_out_and_names_us() {
         let (raw, ours) = placement(json!({}));
         assert_eq!(ours.skip("placement-policy"), None);
         assert_eq!(ours.skip("other"), Some(Skip::OtherScheduler));
