@@ -543,7 +543,8 @@ struct KarmadaArgs {
     guard_karmada_bindings: bool,
 
     /// The scheduler name of the bindings this sidecar schedules (the
-    /// guardrail leaves them alone).
+    /// guardrail leaves them alone), and the
+    /// `placement-policy.io/scheduler-name` of the OCM Placements it decides.
     #[arg(long, env = "PLACEMENT_SYNC_SCHEDULER_NAME", default_value = DEFAULT_SCHEDULER_NAME)]
     scheduler_name: String,
 }
@@ -844,8 +845,7 @@ impl Settings {
         // Whoever writes placements elects one replica to do it: remediation,
         // the Karmada scheduler or guardrail, or the OCM decider (with
         // remediation off too).
-        let writes =
-            remediation != RemediationMode::Off || karmada.any() || ocm_decider.is_some();
+        let writes = remediation != RemediationMode::Off || karmada.any() || ocm_decider.is_some();
         let leader = args
             .leader
             .settings(writes, configmaps.policy_namespace.as_deref())?;

@@ -451,8 +451,10 @@ fn wait_decided(
 /// An EU, PCI level 2 Deployment in a ManifestWorkReplicaSet whose Placement
 /// opts in runs only on `ocm-eu-1` and `ocm-eu-2` (read from the clusters'
 /// own API servers; its pod runs in `ocm-eu-1`), although the Placement
-/// selects all three; the decisions are written as OCM writes them (name,
-/// labels, owner reference), and the Placement's status counts them.
+/// selects all three; not even the first decision names `ocm-us-1` (the
+/// ManifestWorkReplicaSet created first, as the tour does, is read with it);
+/// the decisions are written as OCM writes them (name, labels, owner
+/// reference), and the Placement's status counts them.
 #[test]
 fn ocm_decides_an_eu_pci2_deployment_onto_the_eu_clusters_only() {
     let _serial = serial();
@@ -460,10 +462,19 @@ fn ocm_decides_an_eu_pci2_deployment_onto_the_eu_clusters_only() {
     let decider = Decider::start(ocm, &[]);
     let namespace = namespace(ocm, "ocm-eu-pci");
     let web_eu = placement(&namespace, "web-eu", Some(&decider), json!({}));
-    create(ocm, &[&web_eu, &eu_pci2_web(&namespace, "web-eu")]);
+    // Every version of every decision of the namespace, from before the
+    // first.
+    let watch = DecisionWatch::start(ocm, &namespace, None);
+    create(ocm, &[&eu_pci2_web(&namespace, "web-eu"), &web_eu]);
 
     let eu = names(&["ocm-eu-1", "ocm-eu-2"]);
     wait_decided(ocm, &decider, &namespace, "web-eu", &eu);
+    let versions = watch.stop();
+    assert!(
+        versions.iter().all(|v| !v.contains("ocm-us-1")),
+        "the first decision already heeds the ManifestWorkReplicaSet created before the \
+         Placement: never ocm-us-1: {versions:?}"
+    );
     wait_or_explain(
         "the Deployment on exactly the EU clusters' API servers",
         Duration::from_secs(120),
@@ -543,7 +554,7 @@ fn ocm_decision_reasons_name_the_policys_rules() {
     let decider = Decider::start(ocm, &[]);
     let namespace = namespace(ocm, "ocm-reasons");
     let web_eu = placement(&namespace, "web-eu", Some(&decider), json!({}));
-    create(ocm, &[&web_eu, &eu_pci2_web(&namespace, "web-eu")]);
+    create(ocm, &[&eu_pci2_web(&namespace, "web-eu"), &web_eu]);
     wait_decided(
         ocm,
         &decider,
@@ -598,7 +609,7 @@ fn ocm_number_of_clusters_one_picks_one_eu_cluster() {
         Some(&decider),
         json!({"numberOfClusters": 1}),
     );
-    create(ocm, &[&one, &eu_pci2_web(&namespace, "web-one")]);
+    create(ocm, &[&eu_pci2_web(&namespace, "web-one"), &one]);
     let chosen = wait_or_explain(
         "one EU cluster decided",
         Duration::from_secs(120),
@@ -644,7 +655,7 @@ fn ocm_a_cluster_relabelled_non_eu_loses_the_workload_to_the_other_eu_cluster() 
         Some(&decider),
         json!({"numberOfClusters": 1}),
     );
-    create(ocm, &[&one, &eu_pci2_web(&namespace, "web-one")]);
+    create(ocm, &[&eu_pci2_web(&namespace, "web-one"), &one]);
     let chosen = wait_or_explain(
         "one EU cluster decided",
         Duration::from_secs(120),
@@ -670,7 +681,7 @@ fn ocm_a_cluster_relabelled_non_eu_loses_the_workload_to_the_other_eu_cluster() 
         ]);
     };
     // Every version of the decision, as a watch delivers them.
-    let watch = DecisionWatch::start(ocm, &namespace, "web-one-decision-1");
+    let watch = DecisionWatch::start(ocm, &namespace, Some("web-one-decision-1"));
     relabel("non-eu");
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         wait_or_explain(
@@ -725,28 +736,24 @@ fn ocm_a_cluster_relabelled_non_eu_loses_the_workload_to_the_other_eu_cluster() 
     );
 }
 
-/// A `kubectl get --watch` of one PlacementDecision: every version of its
-/// decided clusters, in order.
+/// A `kubectl get --watch` of one PlacementDecision (or, with no `name`, of
+/// every one in `namespace`): every version of its decided clusters, in order.
 struct DecisionWatch {
     child: std::process::Child,
     reader: std::thread::JoinHandle<Vec<BTreeSet<String>>>,
 }
 
 impl DecisionWatch {
-    fn start(ocm: &Ocm, namespace: &str, name: &str) -> DecisionWatch {
+    fn start(ocm: &Ocm, namespace: &str, name: Option<&str>) -> DecisionWatch {
         let mut child = std::process::Command::new("kubectl")
             .args([
                 "--kubeconfig",
                 &ocm.hub_kubeconfig().display().to_string(),
                 "get",
                 "placementdecision",
-                name,
-                "-n",
-                namespace,
-                "--watch",
-                "-o",
-                "json",
             ])
+            .args(name)
+            .args(["-n", namespace, "--watch", "-o", "json"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -864,7 +871,7 @@ fn ocm_a_cluster_whose_agent_stops_is_left_and_its_share_moves() {
             {"key": "cluster.open-cluster-management.io/unreachable", "operator": "Exists"},
             {"key": "cluster.open-cluster-management.io/unavailable", "operator": "Exists"}]});
     let one = placement(&namespace, "web-one", Some(&decider), only_eu2);
-    create(ocm, &[&one, &eu_pci2_web(&namespace, "web-one")]);
+    create(ocm, &[&eu_pci2_web(&namespace, "web-one"), &one]);
     wait_decided(ocm, &decider, &namespace, "web-one", &names(&["ocm-eu-2"]));
     ocm.kubectl_ok(&[
         "patch",
@@ -995,7 +1002,7 @@ fn ocm_publishes_sig_multicluster_placement_decisions_with_a_flag() {
     let decider = Decider::start(ocm, &["--sig-placement-decisions"]);
     let namespace = namespace(ocm, "ocm-sig");
     let web_eu = placement(&namespace, "web-eu", Some(&decider), json!({}));
-    create(ocm, &[&web_eu, &eu_pci2_web(&namespace, "web-eu")]);
+    create(ocm, &[&eu_pci2_web(&namespace, "web-eu"), &web_eu]);
     wait_decided(
         ocm,
         &decider,

@@ -474,20 +474,7 @@ impl OcmState {
                 continue;
             };
             let (refs, _) = replica_set_refs(&key, &object);
-            let manifests = object
-                .pointer("/spec/manifestWorkTemplate/workload/manifests")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            let delivered: Vec<Workload> = manifests
-                .into_iter()
-                .map(|manifest| Workload {
-                    subject: Subject {
-                        name: describe_manifest(&manifest),
-                    },
-                    manifest,
-                })
-                .collect();
+            let delivered = delivered(&object);
             for placement in refs {
                 workloads
                     .entry(placement)
@@ -549,6 +536,24 @@ impl OcmState {
             inventories,
         }
     }
+}
+
+/// The workloads a ManifestWorkReplicaSet delivers.
+fn delivered(replica_set: &Value) -> Vec<Workload> {
+    let manifests = replica_set
+        .pointer("/spec/manifestWorkTemplate/workload/manifests")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    manifests
+        .into_iter()
+        .map(|manifest| Workload {
+            subject: Subject {
+                name: describe_manifest(&manifest),
+            },
+            manifest,
+        })
+        .collect()
 }
 
 /// `Deployment shop/web`.
@@ -646,7 +651,7 @@ impl Reconciler {
         let found = found.map(|(c, _)| c);
         // The policy is asked only when there are clusters to decide.
         let allowed = match &found {
-            Ok(Candidates::Clusters(_)) => match self.allowed(i, item).await {
+            Ok(Candidates::Clusters(_)) => match self.allowed(i, item, &current).await {
                 Some(allowed) => allowed,
                 None => return Verdict::Failed,
             },
@@ -665,9 +670,12 @@ impl Reconciler {
             &now_rfc3339(),
         );
         let sig = match (&self.ocm, &write.decided) {
-            (Some(ocm), Some(decided)) if ocm.sig.is_some() => {
-                sig::plan(placement, decided, &self.ctx.karmada.scheduler_name, &item.sig)
-            }
+            (Some(ocm), Some(decided)) if ocm.sig.is_some() => sig::plan(
+                placement,
+                decided,
+                &self.ctx.karmada.scheduler_name,
+                &item.sig,
+            ),
             _ => SliceWrite::default(),
         };
         Verdict::Planned(Box::new(Planned {
@@ -678,9 +686,58 @@ impl Reconciler {
         }))
     }
 
+    /// The workloads the ManifestWorkReplicaSets of `placement` deliver, read
+    /// from the API server, not the watch: OCM delivers to a Placement's first
+    /// decisions at once, so they must not precede a ManifestWorkReplicaSet
+    /// created before or with the Placement whose watch event is still on the
+    /// way. `None` when the read failed.
+    async fn workloads_read(&self, placement: &ObjectKey) -> Option<Vec<Workload>> {
+        let ocm = self.ocm.as_ref()?;
+        let namespace = placement.namespace.as_deref()?;
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.ctx.client.clone(),
+            namespace,
+            &ocm.replica_sets.resource,
+        );
+        let list = match api.list(&Default::default()).await {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::warn!(placement = %placement, error = %e, "reading the ManifestWorkReplicaSets failed");
+                return None;
+            }
+        };
+        let mut workloads = Vec::new();
+        for replica_set in list.items {
+            let (Some(name), Ok(object)) = (
+                replica_set.metadata.name.as_deref(),
+                serde_json::to_value(&replica_set),
+            ) else {
+                continue;
+            };
+            let key = ObjectKey::new(Some(namespace), name);
+            if replica_set_refs(&key, &object).0.contains(placement) {
+                workloads.extend(delivered(&object));
+            }
+        }
+        Some(workloads)
+    }
+
     /// The policy's answers for the Placement's workloads and the Placement
-    /// itself, read together; `None` when a query failed.
-    async fn allowed(&self, i: usize, item: &PlacementItem) -> Option<Allowed> {
+    /// itself, read together; `None` when a query failed. Before its first
+    /// decision (`current` empty) the workloads are read from the API server.
+    async fn allowed(
+        &self,
+        i: usize,
+        item: &PlacementItem,
+        current: &BTreeSet<String>,
+    ) -> Option<Allowed> {
+        let read_now;
+        let workloads = if current.is_empty() {
+            read_now = self.workloads_read(&item.key).await?;
+            &read_now
+        } else {
+            &item.workloads
+        };
         let view = Placement::policy_view(&item.raw);
         let with_placement = |mut input: Value| {
             if let Value::Object(map) = &mut input {
@@ -689,8 +746,7 @@ impl Reconciler {
             input
         };
         let keys = self.keys.current();
-        let mut inputs: Vec<(Subject, &Value, Value)> = item
-            .workloads
+        let mut inputs: Vec<(Subject, &Value, Value)> = workloads
             .iter()
             .map(|w| {
                 let resource = manifest_type(&w.manifest);

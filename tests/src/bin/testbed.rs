@@ -326,7 +326,7 @@ fn up_ocm(bare: bool) {
     println!("  export KUBECONFIG={}", ocm.hub_kubeconfig().display());
     println!("  kubectl get managedclusters --show-labels");
     if product.is_some() {
-        println!("  kubectl apply -f examples/ocm/placement-eu-pci.yaml");
+        println!("  kubectl apply -f examples/ocm/web-eu-pci.yaml");
         println!(
             "  kubectl get placementdecisions -l cluster.open-cluster-management.io/placement=web-eu -o yaml"
         );
