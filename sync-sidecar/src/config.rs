@@ -1160,7 +1160,7 @@ mod tests {
     }
 
     #[test]
-    fn the_karmada_scheduler_elects_a_leader_with_remediation_off() {
+    fn a_binding_scheduler_elects_a_leader_with_remediation_off() {
         let s = Settings::from_args(args(&[
             "--remediation=off",
             "--schedule-karmada-bindings",

@@ -212,7 +212,7 @@ mod tests {
     }
 
     #[test]
-    fn karmada_schedulers_result_is_no_change_the_guardrail_sees() {
+    fn the_schedulers_own_result_is_no_change_the_guardrail_sees() {
         let raw = stored(&["member-eu-1"], "member-eu-1", &["member-eu-1"]);
         let mut rescheduled = raw.clone();
         rescheduled["spec"]["clusters"] = json!([{"name": "member-eu-1", "replicas": 4}]);
