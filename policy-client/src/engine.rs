@@ -199,6 +199,22 @@ impl EngineError {
         self.class() == ErrorClass::Transient
     }
 
+    /// Whether a write that failed with this error may still take effect in
+    /// the engine: no answer came (a timeout, a connection lost after the
+    /// request went out, an unreadable answer) or the engine failed
+    /// mid-way (5xx). A refusal the engine answered (a compile error, any
+    /// other 4xx) left its state as it was.
+    pub fn write_in_doubt(&self) -> bool {
+        match self {
+            EngineError::Unreachable { .. }
+            | EngineError::Timeout { .. }
+            | EngineError::InvalidResponse(_) => true,
+            EngineError::Http { status, .. } => *status >= 500,
+            EngineError::DeadlineExceeded { last, .. } => last.write_in_doubt(),
+            _ => false,
+        }
+    }
+
     /// The delay the engine asked for, if it asked.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

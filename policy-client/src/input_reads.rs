@@ -11,7 +11,11 @@
 //! is refused rather than cached on everything. `object.get(input.p, "k", d)`
 //! and `object.get(input.p, ["k1", "k2"], d)` read exactly `p.k` / `p.k1.k2`.
 //! Builtins whose answer is not a function of their arguments (time, random,
-//! network, printing) refuse the set too.
+//! network, printing, signing with a random nonce) refuse the set too, and so
+//! does replacing a function with `with` (`... with object.get as f`,
+//! `with g as http.send`, `with data.lib.f as ...`): the call it replaces
+//! would no longer read what its name says. Replacing `input` or data with
+//! `with` is followed like any other reference.
 //!
 //! A tokenizer, not a parser: comments and strings are read as what they are,
 //! so `"input"` in a string or `# input` in a comment is no read; a template
@@ -45,6 +49,8 @@ const IMPURE_CALLS: &[&str] = &[
     "net.lookup_ip_addr",
     "opa.runtime",
     "io.jwt.decode_verify",
+    "io.jwt.encode_sign",
+    "io.jwt.encode_sign_raw",
     "crypto.x509.parse_and_verify_certificates",
     "crypto.x509.parse_and_verify_certificates_with_options",
     "print",
@@ -68,9 +74,17 @@ impl InputReads {
         }
         // `object.get` is the builtin only when no module redefines `object`.
         let object_is_builtin = !tokenized.iter().any(|(_, t)| names_object(t));
+        let functions: BTreeSet<String> = tokenized
+            .iter()
+            .flat_map(|(_, t)| functions_defined(t))
+            .collect();
+        let context = Context {
+            object_is_builtin,
+            functions,
+        };
         let mut paths = BTreeSet::new();
         for (id, tokens) in &tokenized {
-            scan(tokens, object_is_builtin, &mut paths).map_err(|(line, reason)| Uncacheable {
+            scan(tokens, &context, &mut paths).map_err(|(line, reason)| Uncacheable {
                 module: (*id).clone(),
                 line,
                 reason,
@@ -284,6 +298,80 @@ fn names_object(tokens: &[Token]) -> bool {
     })
 }
 
+/// The functions `tokens` (one module) define, as `data.<package>.<name>`:
+/// a name (dotted or not) heading a line (or after `default`) and followed
+/// by `(`. Calls heading a line of a rule body count too, which only makes
+/// more names functions.
+fn functions_defined(tokens: &[Token]) -> Vec<String> {
+    let line_start = |i: usize| i == 0 || tokens[i - 1].line != tokens[i].line;
+    let package = tokens
+        .iter()
+        .position(|t| t.kind == Kind::Ident("package".to_owned()))
+        .map(|at| dotted(tokens, at + 1).0)
+        .unwrap_or_default();
+    let mut found = Vec::new();
+    for i in 0..tokens.len() {
+        let head = if ident(tokens, i) == Some("default") && line_start(i) {
+            i + 1
+        } else if line_start(i) {
+            i
+        } else {
+            continue;
+        };
+        if let Some((name, _)) = call_name(tokens, head) {
+            found.push(format!("data.{package}.{name}"));
+        }
+    }
+    found
+}
+
+/// The dotted name starting at `at` (`a.b.c`), and where it ends.
+fn dotted(tokens: &[Token], at: usize) -> (String, usize) {
+    let Some(first) = ident(tokens, at) else {
+        return (String::new(), at);
+    };
+    let mut name = first.to_owned();
+    let mut j = at + 1;
+    while punct(tokens, j, '.')
+        && let Some(next) = ident(tokens, j + 1)
+    {
+        name.push('.');
+        name.push_str(next);
+        j += 2;
+    }
+    (name, j)
+}
+
+/// Why `with <target> as ...` (the target's dotted name) refuses the set:
+/// it replaces a function (a builtin, a function named without `data.`, or
+/// a function the modules define), or anything this reader cannot name.
+fn with_replaces_a_function(target: &str, functions: &BTreeSet<String>) -> Option<String> {
+    let head = target.split('.').next().unwrap_or_default();
+    let replaces = match head {
+        "input" => false,
+        "data" => {
+            let prefix = format!("{target}.");
+            functions
+                .iter()
+                .any(|f| f == target || f.starts_with(&prefix))
+        }
+        _ => true,
+    };
+    replaces.then(|| {
+        format!(
+            "`with {target} as ...` replaces a function: the calls it replaces no longer read what their names say"
+        )
+    })
+}
+
+/// What every module's scan needs to know of the whole set.
+struct Context {
+    /// No module names something `object`: `object.get` is the builtin.
+    object_is_builtin: bool,
+    /// The functions the modules define (`data.<package>.<name>`).
+    functions: BTreeSet<String>,
+}
+
 /// The dotted name of a call starting at `at` (`time.now_ns(` -> `time.now_ns`).
 fn call_name(tokens: &[Token], at: usize) -> Option<(String, usize)> {
     let mut name = ident(tokens, at)?.to_owned();
@@ -300,7 +388,7 @@ type ScanError = (usize, String);
 
 fn scan(
     tokens: &[Token],
-    object_is_builtin: bool,
+    context: &Context,
     paths: &mut BTreeSet<Vec<String>>,
 ) -> Result<(), ScanError> {
     for (i, token) in tokens.iter().enumerate() {
@@ -319,11 +407,19 @@ fn scan(
                 format!("`{name}` does not answer the same for the same input"),
             ));
         }
+        if word == "with" {
+            let (target, _) = dotted(tokens, i + 1);
+            if let Some(reason) = with_replaces_a_function(&target, &context.functions) {
+                return Err((token.line, reason));
+            }
+            continue;
+        }
         if word != "input" {
             continue;
         }
         let (mut path, end) = constant_path(tokens, i + 1);
-        if object_is_builtin && is_object_get_argument(tokens, i) && punct(tokens, end, ',') {
+        if context.object_is_builtin && is_object_get_argument(tokens, i) && punct(tokens, end, ',')
+        {
             path.extend(object_get_key(tokens, end + 1));
         }
         if path.is_empty() {
@@ -511,6 +607,55 @@ b := input.kind
             ])
             .starts_with("m1.rego:2")
         );
+    }
+
+    /// `with` replacing a function makes the calls it replaces read something
+    /// else (`object.get` reading the whole input through `f`, a pure-looking
+    /// `g` calling out through `http.send`): refused. Replacing `input` or
+    /// data is followed like any reference.
+    #[test]
+    fn with_replacing_a_function_refuses_the_set() {
+        let replaced = refused(&[r#"package p
+f(x, _, _) := x
+a := object.get(input, ["metadata"], "") with object.get as f
+"#]);
+        assert!(replaced.contains("`with object.get as ...`"), "{replaced}");
+        assert!(
+            refused(&["package p
+g(x) := x
+b := g({\"url\": input.a}) with g as http.send\n"])
+            .contains("`with g as ...`")
+        );
+        // A function of another module, replaced through data.
+        assert!(
+            refused(&[
+                "package lib\n\nf(x) := x\n",
+                "package p\nimport data.lib\na := lib.f(input.a) with data.lib.f as time.now_ns\n",
+            ])
+            .contains("`with data.lib.f as ...`")
+        );
+        // Replacing input or data is no function.
+        assert_eq!(
+            paths(&[
+                "package p\nx := data.q.y with input.kind as \"Pod\" with data.clusters as input.spec\n"
+            ]),
+            ["kind", "spec"]
+        );
+        // `with` in a string or a comment is no replacement.
+        assert_eq!(
+            paths(&[
+                "package p\n# with object.get as f\nm := \"with g as http.send\"\na := input.a\n"
+            ]),
+            ["a"]
+        );
+    }
+
+    #[test]
+    fn signing_with_a_random_nonce_is_impure() {
+        for call in ["io.jwt.encode_sign", "io.jwt.encode_sign_raw"] {
+            let module = format!("package p\nt := {call}({{}}, {{\"a\": input.a}}, {{}})\n");
+            assert!(refused(&[&module]).contains(call), "{call}");
+        }
     }
 
     #[test]

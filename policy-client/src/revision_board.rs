@@ -8,7 +8,12 @@
 //! write of a burst makes the counter odd and waits until every reader that
 //! may still trust the previous revision has acknowledged the new one, or
 //! until its trust has run out ([`LEASE`] after the last answer it was sent);
-//! when the last write of the burst ends the counter is even again.
+//! when the last write of the burst ends the counter is even again, unless
+//! a write may still take effect in the engine although it failed (it timed
+//! out, or its connection was lost: the engine may commit it later, see
+//! [`EngineError::write_in_doubt`]): then the counter stays odd until a
+//! later write succeeds, so that no reader remembers answers of a state that
+//! may still change under it.
 //!
 //! Readers long-poll [`RevisionBoard::poll`], carrying the revision they act
 //! on as their acknowledgement; see `crate::revision_feed` for the reader.
@@ -130,7 +135,22 @@ struct Board {
     counter: u64,
     module_writes: u64,
     writers: usize,
+    /// A write failed without the engine saying it was not applied; until a
+    /// later write succeeds the engine is not at rest.
+    in_doubt: bool,
     readers: HashMap<String, Reader>,
+}
+
+/// How a write ended, as far as the engine's state goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ended {
+    /// The engine applied it.
+    Applied,
+    /// The engine refused it: its state is as it was.
+    Refused,
+    /// It failed without an answer, or was abandoned: the engine may apply
+    /// it still.
+    InDoubt,
 }
 
 /// See the module documentation.
@@ -158,6 +178,7 @@ impl RevisionBoard {
                 counter: 0,
                 module_writes: 0,
                 writers: 0,
+                in_doubt: false,
                 readers: HashMap::new(),
             }),
             changed: watch::channel(0).0,
@@ -256,6 +277,7 @@ impl RevisionBoard {
         };
         let ticket = WriteTicket {
             board: Arc::clone(self),
+            ended: Ended::InDoubt,
         };
         let mut acknowledged = self.acknowledged.subscribe();
         loop {
@@ -278,10 +300,15 @@ impl RevisionBoard {
         }
     }
 
-    fn end_write(&self) {
+    fn end_write(&self, ended: Ended) {
         let mut board = self.lock();
         board.writers -= 1;
-        if board.writers == 0 {
+        match ended {
+            Ended::Applied => board.in_doubt = false,
+            Ended::InDoubt => board.in_doubt = true,
+            Ended::Refused => {}
+        }
+        if board.writers == 0 && !board.in_doubt {
             board.counter += 1;
             self.changed.send_replace(board.counter);
         }
@@ -300,15 +327,30 @@ pub(crate) fn random_u64() -> u64 {
 }
 
 /// A write in progress (see [`RevisionBoard::begin_write`]); the engine is at
-/// rest again when the last ticket is dropped.
+/// rest again when the last ticket is dropped, unless a write may still take
+/// effect. A ticket dropped without [`WriteTicket::finish`] (the write was
+/// abandoned) counts as such a write.
 #[derive(Debug)]
 pub struct WriteTicket {
     board: Arc<RevisionBoard>,
+    ended: Ended,
+}
+
+impl WriteTicket {
+    /// End the write with the engine's answer (passed through).
+    pub fn finish<T>(mut self, result: Result<T, EngineError>) -> Result<T, EngineError> {
+        self.ended = match &result {
+            Ok(_) => Ended::Applied,
+            Err(e) if e.write_in_doubt() => Ended::InDoubt,
+            Err(_) => Ended::Refused,
+        };
+        result
+    }
 }
 
 impl Drop for WriteTicket {
     fn drop(&mut self) {
-        self.board.end_write();
+        self.board.end_write(self.ended);
     }
 }
 
@@ -341,33 +383,33 @@ impl PolicyEngine for AnnouncedWrites {
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
-        let _write = self.board.begin_write(WriteKind::Data).await;
-        self.inner.put_data(path, value).await
+        let write = self.board.begin_write(WriteKind::Data).await;
+        write.finish(self.inner.put_data(path, value).await)
     }
 
     async fn put_data_encoded(&self, path: &str, json: EncodedJson) -> Result<(), EngineError> {
-        let _write = self.board.begin_write(WriteKind::Data).await;
-        self.inner.put_data_encoded(path, json).await
+        let write = self.board.begin_write(WriteKind::Data).await;
+        write.finish(self.inner.put_data_encoded(path, json).await)
     }
 
     async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
-        let _write = self.board.begin_write(WriteKind::Data).await;
-        self.inner.patch_data(path, patch).await
+        let write = self.board.begin_write(WriteKind::Data).await;
+        write.finish(self.inner.patch_data(path, patch).await)
     }
 
     async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
-        let _write = self.board.begin_write(WriteKind::Data).await;
-        self.inner.delete_data(path).await
+        let write = self.board.begin_write(WriteKind::Data).await;
+        write.finish(self.inner.delete_data(path).await)
     }
 
     async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError> {
-        let _write = self.board.begin_write(WriteKind::Modules).await;
-        self.inner.put_policy(id, source).await
+        let write = self.board.begin_write(WriteKind::Modules).await;
+        write.finish(self.inner.put_policy(id, source).await)
     }
 
     async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
-        let _write = self.board.begin_write(WriteKind::Modules).await;
-        self.inner.delete_policy(id).await
+        let write = self.board.begin_write(WriteKind::Modules).await;
+        write.finish(self.inner.delete_policy(id).await)
     }
 
     async fn policies(&self) -> Result<std::collections::BTreeMap<String, String>, EngineError> {
@@ -390,6 +432,11 @@ impl PolicyEngine for AnnouncedWrites {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// End a write as the engine applied it.
+    fn applied(ticket: WriteTicket) {
+        ticket.finish(Ok(())).unwrap();
+    }
 
     async fn ask(
         board: &RevisionBoard,
@@ -421,8 +468,7 @@ mod tests {
         // Acknowledging is the next poll, carrying the announced revision.
         let board2 = Arc::clone(&board);
         let held = tokio::spawn(async move { ask(&board2, "a", Some(announced)).await });
-        let ticket = writing.await.unwrap();
-        drop(ticket);
+        applied(writing.await.unwrap());
         let after = held.await.unwrap().unwrap();
         assert_eq!(after.counter, rest.counter + 2);
         assert!(after.at_rest());
@@ -437,10 +483,10 @@ mod tests {
         let waited = start.elapsed();
         assert!(waited >= LEASE, "waited {waited:?}");
         assert!(waited <= LEASE + LEASE_MARGIN + Duration::from_millis(10));
-        drop(ticket);
+        applied(ticket);
         // Without readers a write does not wait at all.
         let start = Instant::now();
-        drop(board.begin_write(WriteKind::Data).await);
+        applied(board.begin_write(WriteKind::Data).await);
         assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
@@ -450,9 +496,9 @@ mod tests {
         let first = board.begin_write(WriteKind::Data).await;
         let second = board.begin_write(WriteKind::Data).await;
         assert_eq!(board.current().counter, 1);
-        drop(first);
+        applied(first);
         assert!(!board.current().at_rest(), "one write still runs");
-        drop(second);
+        applied(second);
         assert_eq!(board.current().counter, 2);
     }
 
@@ -463,14 +509,54 @@ mod tests {
             let answer = board.poll(Poll::new("a", None), HOLD).await.unwrap();
             answer.module_writes
         };
-        drop(board.begin_write(WriteKind::Data).await);
+        applied(board.begin_write(WriteKind::Data).await);
         assert_eq!(module_writes().await, 0);
         // A module write joining a burst of data writes counts too.
         let data = board.begin_write(WriteKind::Data).await;
         let modules = board.begin_write(WriteKind::Modules).await;
-        drop(modules);
-        drop(data);
+        applied(modules);
+        applied(data);
         assert_eq!(module_writes().await, 1);
+        assert!(board.current().at_rest());
+    }
+
+    /// A write that timed out (or lost its connection, or was abandoned) may
+    /// still be committed by the engine: the revision stays odd, so no reader
+    /// remembers answers, until a later write succeeds. A write the engine
+    /// refused changed nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_write_the_engine_may_still_apply_keeps_the_revision_odd() {
+        let board = Arc::new(RevisionBoard::new());
+        let timeout = || EngineError::Timeout {
+            endpoint: "http://127.0.0.1:8181/v1/data/x".into(),
+            timeout: Duration::from_secs(5),
+        };
+        let write = board.begin_write(WriteKind::Data).await;
+        assert!(write.finish(Err::<(), _>(timeout())).is_err());
+        let after = board.current();
+        assert!(!after.at_rest(), "in doubt after a timeout: {after}");
+        // A poll sees it odd, and the next write starts no new announcement.
+        assert_eq!(ask(&board, "a", None).await.unwrap(), after);
+        let refused = board.begin_write(WriteKind::Data).await;
+        assert_eq!(board.current(), after);
+        let bad_request = EngineError::Http {
+            endpoint: "x".into(),
+            status: 400,
+            message: "bad".into(),
+            retry_after: None,
+        };
+        assert!(refused.finish(Err::<(), _>(bad_request)).is_err());
+        assert!(!board.current().at_rest(), "a refusal settles nothing");
+        // Abandoned (dropped unfinished): in doubt as well.
+        drop(board.begin_write(WriteKind::Data).await);
+        assert!(!board.current().at_rest());
+        applied(board.begin_write(WriteKind::Data).await);
+        assert_eq!(board.current().counter, after.counter + 1);
+        assert!(board.current().at_rest());
+        // A refusal alone ends a burst at rest.
+        let write = board.begin_write(WriteKind::Modules).await;
+        let compile = EngineError::Compile(Vec::new());
+        assert!(write.finish(Err::<(), _>(compile)).is_err());
         assert!(board.current().at_rest());
     }
 
