@@ -1,22 +1,24 @@
 //! Serving one listening socket so that no client can hold it: connection
-//! slots shared fairly between peers (`slots.rs`), a clock on the TLS
-//! handshake, on request headers, on connections with no request in progress
-//! and on a connection's age, a cap on HTTP/2 streams, and accept errors (the
-//! open-files limit reached) survived, logged and counted.
+//! slots shared fairly between peers (`slots.rs`), a few more kept for
+//! probes, a clock on the TLS handshake, on request headers, on connections
+//! with no request in progress and on a connection's age, a cap on HTTP/2
+//! streams, and accept errors (the open-files limit reached) survived, logged
+//! and counted.
 //!
 //! Request bodies are timed and budgeted by the handlers, which know their
 //! limits.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
-use hyper::Request;
+use axum::response::IntoResponse as _;
 use hyper::body::Incoming;
-use hyper::header::{CONNECTION, HeaderValue};
+use hyper::header::{CONNECTION, HeaderValue, RETRY_AFTER};
+use hyper::{Method, Request, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use rustls::ServerConfig;
@@ -28,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use crate::metrics::ListenerMetrics;
-use crate::slots::{Activity, Slot, Slots};
+use crate::slots::{Activity, Slot, Slots, peer_key};
 use crate::throttle::Throttle;
 
 /// Largest HTTP/1 head (request line and headers) and HTTP/2 header list; an
@@ -49,6 +51,14 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// How often a repeated warning of a listener reaches the log.
 const WARN_EVERY: Duration = Duration::from_secs(10);
+
+/// Connections kept beyond the slots for probes, and how many of them one
+/// peer holds at most (the kubelet probes liveness and readiness at once).
+const PROBE_SLOTS: usize = 8;
+const PROBE_SLOTS_PER_PEER: usize = 2;
+
+/// A connection on a probe slot with no request for this long is closed.
+const PROBE_IDLE: Duration = Duration::from_secs(2);
 
 /// The limits of one listener.
 #[derive(Debug, Clone)]
@@ -121,6 +131,15 @@ pub struct Listener {
     pub limits: ConnectionLimits,
     /// How long open connections get to finish after `stop`.
     pub drain: Duration,
+    /// The paths probes `GET` (`/healthz`, `/readyz`): a connection that finds
+    /// every slot taken may still take one of a few slots kept for them, to
+    /// be answered one such request, so that probes are answered whatever
+    /// other clients hold. Empty: no slots kept.
+    pub probes: &'static [&'static str],
+    /// Callers from this host (`127.0.0.1`, `::1`: the pod's own containers)
+    /// are trusted: they count toward no peer's share and get in whenever
+    /// another peer has an idle connection to give.
+    pub trust_this_host: bool,
 }
 
 /// How the listeners stop.
@@ -152,9 +171,15 @@ pub async fn serve(
         app,
         limits,
         drain,
+        probes,
+        trust_this_host,
     } = listener;
     let socket = TcpListener::from_std(socket)?;
     let slots = Slots::new(limits.max_connections, limits.max_per_peer);
+    let probe_slots = Slots::reserve(PROBE_SLOTS, PROBE_SLOTS_PER_PEER);
+    // The connections on probe slots, apart in the metrics (once per
+    // listener: a name for the process's lifetime).
+    let probes_name: &'static str = Box::leak(format!("{name}_probes").into_boxed_str());
     let builder = Arc::new(http_builder(&limits));
     let refused = Throttle::new(WARN_EVERY);
     let failed = Throttle::new(WARN_EVERY);
@@ -170,10 +195,23 @@ pub async fn serve(
                 continue;
             }
         };
-        let slot = match slots.acquire(peer.ip()) {
-            Ok(slot) => slot,
+        let key = peer_key(peer.ip());
+        let this_host = trust_this_host && is_this_host(peer.ip());
+        let acquired = slots.acquire(key, this_host).map(|slot| (slot, false));
+        if let Err(refusal) = &acquired {
+            metrics.refused(name, refusal.reason());
+        }
+        // Every slot taken: one kept for probes, if the listener has any.
+        let acquired = match acquired {
+            Err(refusal) if !probes.is_empty() => probe_slots
+                .acquire(key, false)
+                .map(|slot| (slot, true))
+                .map_err(|_| refusal),
+            other => other,
+        };
+        let (slot, probes_only) = match acquired {
+            Ok(acquired) => acquired,
             Err(refusal) => {
-                metrics.refused(name, refusal.reason());
                 if let Some(held_back) = refused.admit() {
                     tracing::warn!(
                         listener = name,
@@ -182,7 +220,7 @@ pub async fn serve(
                         max_connections = limits.max_connections,
                         max_per_peer = limits.max_per_peer,
                         held_back,
-                        "connection refused: every slot of this listener is taken and no peer holds two more than this one, or this peer holds its share (the webhook's --max-connections, --max-connections-per-peer)"
+                        "connection refused: every slot of this listener is taken and no peer holds two more than this one, or this peer holds its share (the webhook's --max-connections, --max-connections-per-peer), and every slot kept for probes is busy"
                     );
                 }
                 drop(tcp);
@@ -190,7 +228,7 @@ pub async fn serve(
             }
         };
         let connection = Connection {
-            name,
+            name: if probes_only { probes_name } else { name },
             peer,
             tls: tls.as_ref().map(TlsSettings::acceptor),
             app: app.clone(),
@@ -199,6 +237,7 @@ pub async fn serve(
             metrics: metrics.clone(),
             stopping: stopping.clone(),
             slot,
+            probes: probes_only.then_some(probes),
         };
         tokio::spawn(connection.run(tcp));
     }
@@ -206,7 +245,7 @@ pub async fn serve(
     drop(socket);
     // Every connection holds a slot until it ends.
     let _ = tokio::time::timeout(drain, async {
-        while slots.held() > 0 {
+        while slots.held() + probe_slots.held() > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -274,6 +313,8 @@ struct Connection {
     stopping: Stopping,
     /// Held for as long as the connection is open.
     slot: Slot,
+    /// On a slot kept for probes: the paths it may ask for, once.
+    probes: Option<&'static [&'static str]>,
 }
 
 impl Connection {
@@ -309,6 +350,9 @@ impl Connection {
             .1
             .peer_certificates()
             .is_some_and(|chain| !chain.is_empty());
+        if verified {
+            self.slot.trust();
+        }
         self.serve(stream, ClientCertificate(verified)).await;
     }
 
@@ -321,8 +365,13 @@ impl Connection {
         let peer = self.peer;
         let app = self.app.clone();
         // Every response says `Connection: close` once this is cancelled:
-        // when the listener drains, or the connection reached its age.
+        // when the listener drains, or the connection reached its age; on a
+        // probe slot at once (one request).
         let closing = self.stopping.draining.child_token();
+        let probes = self.probes;
+        if probes.is_some() {
+            closing.cancel();
+        }
         // Cancelled once a response said `Connection: close`: that response
         // is the connection's last (a fast one may come and go between two
         // polls of the select below, so the service itself tells).
@@ -338,7 +387,10 @@ impl Connection {
                 let closing = closing.clone();
                 let retired = retired.clone();
                 async move {
-                    let mut response = app.oneshot(request).await;
+                    let mut response = match probes {
+                        Some(paths) if !is_probe(&request, paths) => Ok(beyond_the_slots()),
+                        _ => app.oneshot(request).await,
+                    };
                     if closing.is_cancelled() {
                         // Said in the response, so that an HTTP/1 client never
                         // reuses the connection we close next (HTTP/2 drops the
@@ -364,6 +416,10 @@ impl Connection {
                 "max_age"
             }
         };
+        let idle_timeout = match probes {
+            Some(_) => self.limits.idle_timeout.min(PROBE_IDLE),
+            None => self.limits.idle_timeout,
+        };
         let reason = tokio::select! {
             result = connection.as_mut() => {
                 if let Err(e) = result {
@@ -374,7 +430,7 @@ impl Connection {
                 }
                 return;
             }
-            () = idle_for(idle, self.limits.idle_timeout) => "idle",
+            () = idle_for(idle, idle_timeout) => "idle",
             () = self.slot.activity.evicted.cancelled() => "evicted",
             () = retired.cancelled() => closing_reason(),
             () = retire_after(&closing, self.limits.max_age) => unreachable!("retire_after never ends"),
@@ -392,6 +448,29 @@ impl Connection {
             let _ = connection.await;
         }
     }
+}
+
+/// Whether a caller is on this host (the pod's own containers).
+fn is_this_host(ip: IpAddr) -> bool {
+    ip == IpAddr::V4(Ipv4Addr::LOCALHOST) || ip == IpAddr::V6(Ipv6Addr::LOCALHOST)
+}
+
+/// A probe: `GET` of one of `paths`.
+fn is_probe(request: &Request<Incoming>, paths: &[&str]) -> bool {
+    request.method() == Method::GET && paths.contains(&request.uri().path())
+}
+
+/// The answer to anything but a probe on a slot kept for probes.
+fn beyond_the_slots() -> axum::response::Response {
+    let mut response = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        "every connection slot of this listener is taken; only probes are answered beyond them: retry\n",
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
 }
 
 /// A request in progress on a connection.
@@ -497,7 +576,9 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_only_counts_time_without_requests() {
-        let slot = Slots::new(1, 1).acquire([127, 0, 0, 1].into()).unwrap();
+        let slot = Slots::new(1, 1)
+            .acquire([127, 0, 0, 1].into(), false)
+            .unwrap();
         let busy = Busy::start(&slot.activity);
         let idle = tokio::spawn(idle_for(
             slot.activity.in_flight.subscribe(),

@@ -1,6 +1,8 @@
 //! Listeners that no client can hold: open connections are capped in total
-//! and per peer address, and shared fairly (a peer holding fewer connections
-//! takes an idle one of the largest holder when every slot is taken); the TLS
+//! and per peer (an address, an IPv6 /64), and shared fairly (a peer holding
+//! fewer connections takes an idle one of the largest holder when every slot
+//! is taken; verified clients and the pod's own keep to no share); a few
+//! more slots are kept so that probes are answered whatever others hold; the TLS
 //! handshake, request heads and idle time are clocked; connections are
 //! retired after a maximum age; HTTP/2 streams are capped; accept errors are
 //! survived, logged and counted. Both binaries serve every listener of
@@ -17,4 +19,5 @@ pub use connections::{
 };
 pub use metrics::ListenerMetrics;
 pub use signal::shutdown_signal;
+pub use slots::peer_key;
 pub use throttle::Throttle;

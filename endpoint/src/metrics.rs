@@ -37,8 +37,10 @@ impl ListenerMetrics {
         );
         registry.register(
             "connections_refused",
-            "Connections closed before serving a request: limit (every slot taken and no peer holds more than this one), \
-             peer_limit (the peer holds its share, --max-connections-per-peer), tls_handshake_timeout, tls_handshake_error",
+            "Connections refused a slot: limit (every slot taken and no peer holds more than this one), \
+             peer_limit (the peer holds its share, --max-connections-per-peer), or closed before serving a request: \
+             tls_handshake_timeout, tls_handshake_error. A connection refused a slot may still be answered one probe \
+             on a slot kept for probes (listener <name>_probes)",
             metrics.refused.clone(),
         );
         registry.register(

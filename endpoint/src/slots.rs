@@ -1,17 +1,46 @@
-//! Connection slots shared fairly between peers. A peer (an IP address) holds
-//! at most its share; when every slot is taken, a newcomer from a peer that
-//! holds at least two fewer connections than the largest holder takes one
-//! of that holder's idle connections (the oldest), which closes. So one peer,
-//! or several, holding every slot they can leaves any other peer (the API
-//! server comes from few addresses) a way in, and the holder cannot win its
-//! slots back by reconnecting.
+//! Connection slots shared fairly between peers. A peer (an IPv4 address, or
+//! an IPv6 /64: [`peer_key`]) holds at most its share; when every slot is
+//! taken, a newcomer from a peer that holds at least two fewer connections
+//! than the largest holder takes one of that holder's idle connections (the
+//! oldest), which closes. So one peer, or several, holding every slot they
+//! can leaves any other peer (the API server comes from few addresses) a way
+//! in, and the holder cannot win its slots back by reconnecting.
+//!
+//! Trusted connections (a client certificate the TLS layer verified, or a
+//! caller from this host on a listener that trusts it) are the API server's
+//! or the pod's own: they count toward no peer's share, a peer that holds one
+//! takes an idle untrusted connection whenever every slot is taken, and no
+//! untrusted newcomer ever takes theirs.
+//!
+//! Beyond the slots, a few are kept for probes ([`Slots::reserve`]): a
+//! connection that finds every slot taken may still take one of them, to be
+//! answered one probe request; a newcomer there takes the oldest idle one
+//! (its own peer's first), so that idle connections never keep the kubelet
+//! out.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// The peer a connection from `ip` counts for: the address itself (IPv4,
+/// also when written as IPv4-mapped IPv6), or its /64 (IPv6: one host gets a
+/// /64 and picks addresses in it at will, so per-address counting would let
+/// it count as many peers; rate limiters count IPv6 per /64 alike).
+pub fn peer_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
+                IpAddr::V6(Ipv6Addr::from(prefix))
+            }
+        },
+    }
+}
 
 /// What a connection shares with the slots: whether a request is in
 /// progress (only idle connections are taken), and the signal that it was.
@@ -53,10 +82,20 @@ impl Refused {
     }
 }
 
+/// How a pool of slots is shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sharing {
+    /// Fairly between peers (the module documentation).
+    Fair,
+    /// Kept for probes: a newcomer takes the oldest idle connection.
+    Probes,
+}
+
 #[derive(Debug)]
 pub(crate) struct Slots {
     max_total: usize,
     max_per_peer: usize,
+    sharing: Sharing,
     state: Mutex<State>,
 }
 
@@ -70,8 +109,55 @@ struct State {
 
 #[derive(Debug)]
 struct Held {
+    /// Increasing: the lower, the older.
     id: u64,
+    trusted: bool,
     activity: Arc<Activity>,
+}
+
+impl State {
+    /// Connections of `peer` that count toward its share.
+    fn untrusted(&self, peer: &IpAddr) -> usize {
+        self.peers
+            .get(peer)
+            .map_or(0, |held| held.iter().filter(|h| !h.trusted).count())
+    }
+
+    fn trusts(&self, peer: &IpAddr) -> bool {
+        self.peers
+            .get(peer)
+            .is_some_and(|held| held.iter().any(|h| h.trusted))
+    }
+
+    /// Take (close) the connection `id` of `peer`.
+    fn take(&mut self, peer: IpAddr, id: u64) {
+        let Some(held) = self.peers.get_mut(&peer) else {
+            return;
+        };
+        let Some(index) = held.iter().position(|h| h.id == id) else {
+            return;
+        };
+        let taken = held.remove(index);
+        if held.is_empty() {
+            self.peers.remove(&peer);
+        }
+        self.total -= 1;
+        taken.activity.evicted.cancel();
+    }
+
+    /// The oldest idle untrusted connection among `peers` (that `pick`
+    /// accepts, by their untrusted count): its peer and id.
+    fn oldest_idle(&self, pick: impl Fn(&IpAddr, usize) -> bool) -> Option<(IpAddr, u64)> {
+        self.peers
+            .iter()
+            .filter(|(peer, held)| pick(peer, held.iter().filter(|h| !h.trusted).count()))
+            .flat_map(|(peer, held)| {
+                held.iter()
+                    .filter(|h| !h.trusted && h.activity.idle())
+                    .map(move |h| (*peer, h.id))
+            })
+            .min_by_key(|(_, id)| *id)
+    }
 }
 
 /// A connection's slot, given back when dropped (unless it was taken).
@@ -85,39 +171,32 @@ pub(crate) struct Slot {
 
 impl Slots {
     pub(crate) fn new(max_total: usize, max_per_peer: usize) -> Arc<Slots> {
+        Slots::shared(max_total, max_per_peer, Sharing::Fair)
+    }
+
+    /// `capacity` slots kept for probes, at most `per_peer` of one peer.
+    pub(crate) fn reserve(capacity: usize, per_peer: usize) -> Arc<Slots> {
+        Slots::shared(capacity, per_peer, Sharing::Probes)
+    }
+
+    fn shared(max_total: usize, max_per_peer: usize, sharing: Sharing) -> Arc<Slots> {
         Arc::new(Slots {
             max_total: max_total.max(1),
             max_per_peer: max_per_peer.clamp(1, max_total.max(1)),
+            sharing,
             state: Mutex::new(State::default()),
         })
     }
 
-    /// A slot for a new connection from `peer`, taking an idle connection of
-    /// the largest holder when every slot is taken and that is fairer.
-    pub(crate) fn acquire(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refused> {
+    /// A slot for a new connection from `peer` ([`peer_key`]'s), `trusted`
+    /// already (a caller from this host on a listener that trusts it), taking
+    /// an idle connection of another peer when every slot is taken and that
+    /// is fairer.
+    pub(crate) fn acquire(self: &Arc<Self>, peer: IpAddr, trusted: bool) -> Result<Slot, Refused> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        let mine = state.peers.get(&peer).map_or(0, Vec::len);
-        if mine >= self.max_per_peer {
-            return Err(Refused::PeerLimit);
-        }
-        if state.total >= self.max_total {
-            let victim = state
-                .peers
-                .iter_mut()
-                .filter(|(_, held)| held.len() >= mine + 2)
-                .max_by_key(|(_, held)| held.len())
-                .and_then(|(address, held)| {
-                    let idle = held.iter().position(|h| h.activity.idle())?;
-                    Some((*address, held.remove(idle)))
-                });
-            let Some((address, taken)) = victim else {
-                return Err(Refused::Full);
-            };
-            if state.peers.get(&address).is_some_and(Vec::is_empty) {
-                state.peers.remove(&address);
-            }
-            state.total -= 1;
-            taken.activity.evicted.cancel();
+        match self.sharing {
+            Sharing::Fair => self.make_room_fairly(&mut state, peer, trusted)?,
+            Sharing::Probes => self.make_room_for_a_probe(&mut state, peer)?,
         }
         state.total += 1;
         state.next_id += 1;
@@ -125,6 +204,7 @@ impl Slots {
         let activity = Activity::new();
         state.peers.entry(peer).or_default().push(Held {
             id,
+            trusted,
             activity: Arc::clone(&activity),
         });
         Ok(Slot {
@@ -135,9 +215,81 @@ impl Slots {
         })
     }
 
+    fn make_room_fairly(
+        &self,
+        state: &mut State,
+        peer: IpAddr,
+        trusted: bool,
+    ) -> Result<(), Refused> {
+        let trusted = trusted || state.trusts(&peer);
+        let mine = state.untrusted(&peer);
+        if !trusted && mine >= self.max_per_peer {
+            return Err(Refused::PeerLimit);
+        }
+        if state.total < self.max_total {
+            return Ok(());
+        }
+        // The largest untrusted holder among the other peers gives way (to
+        // a trusted newcomer, whatever it holds), its oldest idle connection.
+        let largest = state
+            .peers
+            .keys()
+            .filter(|p| **p != peer)
+            .map(|p| state.untrusted(p))
+            .max()
+            .unwrap_or(0);
+        let floor = if trusted { 1 } else { mine + 2 };
+        if largest < floor {
+            return Err(Refused::Full);
+        }
+        let other = |p: &IpAddr| *p != peer;
+        let victim = state
+            .oldest_idle(|p, untrusted| other(p) && untrusted == largest)
+            .or_else(|| {
+                // The largest holder has nothing idle: the next largest that
+                // still qualifies.
+                state.oldest_idle(|p, untrusted| other(p) && untrusted >= floor)
+            });
+        let Some((holder, id)) = victim else {
+            return Err(Refused::Full);
+        };
+        state.take(holder, id);
+        Ok(())
+    }
+
+    fn make_room_for_a_probe(&self, state: &mut State, peer: IpAddr) -> Result<(), Refused> {
+        let victim = if state.untrusted(&peer) >= self.max_per_peer {
+            state.oldest_idle(|p, _| *p == peer)
+        } else if state.total >= self.max_total {
+            state.oldest_idle(|_, _| true)
+        } else {
+            return Ok(());
+        };
+        let Some((holder, id)) = victim else {
+            return Err(Refused::Full);
+        };
+        state.take(holder, id);
+        Ok(())
+    }
+
     /// Slots held.
     pub(crate) fn held(&self) -> usize {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).total
+    }
+}
+
+impl Slot {
+    /// The connection turned out trusted (its client certificate verified):
+    /// it no longer counts toward its peer's share, and is never taken.
+    pub(crate) fn trust(&self) {
+        let mut state = self.slots.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(held) = state
+            .peers
+            .get_mut(&self.peer)
+            .and_then(|held| held.iter_mut().find(|h| h.id == self.id))
+        {
+            held.trusted = true;
+        }
     }
 }
 
@@ -170,25 +322,34 @@ mod tests {
     #[test]
     fn a_peer_holds_at_most_its_share() {
         let slots = Slots::new(10, 3);
-        let held: Vec<Slot> = (0..3).map(|_| slots.acquire(ip(2)).unwrap()).collect();
-        assert_eq!(slots.acquire(ip(2)).unwrap_err(), Refused::PeerLimit);
+        let held: Vec<Slot> = (0..3)
+            .map(|_| slots.acquire(ip(2), false).unwrap())
+            .collect();
+        assert_eq!(slots.acquire(ip(2), false).unwrap_err(), Refused::PeerLimit);
         assert!(
-            slots.acquire(ip(1)).is_ok(),
+            slots.acquire(ip(1), false).is_ok(),
             "another peer still gets a slot"
         );
         drop(held);
         assert_eq!(slots.held(), 0);
-        assert!(slots.acquire(ip(2)).is_ok(), "slots come back when closed");
+        assert!(
+            slots.acquire(ip(2), false).is_ok(),
+            "slots come back when closed"
+        );
     }
 
     #[test]
     fn a_newcomer_takes_the_oldest_idle_connection_of_the_largest_holder() {
         let slots = Slots::new(6, 4);
-        let big: Vec<Slot> = (0..4).map(|_| slots.acquire(ip(2)).unwrap()).collect();
-        let small: Vec<Slot> = (0..2).map(|_| slots.acquire(ip(3)).unwrap()).collect();
+        let big: Vec<Slot> = (0..4)
+            .map(|_| slots.acquire(ip(2), false).unwrap())
+            .collect();
+        let small: Vec<Slot> = (0..2)
+            .map(|_| slots.acquire(ip(3), false).unwrap())
+            .collect();
         // The largest holder's oldest connection is busy: the next is taken.
         big[0].activity.in_flight.send_replace(1);
-        let newcomer = slots.acquire(ip(1)).unwrap();
+        let newcomer = slots.acquire(ip(1), false).unwrap();
         assert!(!big[0].activity.evicted.is_cancelled());
         assert!(big[1].activity.evicted.is_cancelled());
         assert!(small.iter().all(|s| !s.activity.evicted.is_cancelled()));
@@ -203,10 +364,14 @@ mod tests {
     #[test]
     fn when_full_and_fair_newcomers_are_refused() {
         let slots = Slots::new(4, 4);
-        let a: Vec<Slot> = (0..2).map(|_| slots.acquire(ip(2)).unwrap()).collect();
-        let b: Vec<Slot> = (0..2).map(|_| slots.acquire(ip(3)).unwrap()).collect();
+        let a: Vec<Slot> = (0..2)
+            .map(|_| slots.acquire(ip(2), false).unwrap())
+            .collect();
+        let b: Vec<Slot> = (0..2)
+            .map(|_| slots.acquire(ip(3), false).unwrap())
+            .collect();
         // Holders of two against a newcomer holding none: one is taken.
-        let c = slots.acquire(ip(4)).unwrap();
+        let c = slots.acquire(ip(4), false).unwrap();
         assert_eq!(
             a.iter()
                 .chain(&b)
@@ -215,14 +380,14 @@ mod tests {
             1
         );
         // Now the largest holds 2 and the newcomer's peer 1: not fairer.
-        assert_eq!(slots.acquire(ip(4)).unwrap_err(), Refused::Full);
+        assert_eq!(slots.acquire(ip(4), false).unwrap_err(), Refused::Full);
         // A holder reconnecting cannot win its slot back.
         let holder = if a.iter().any(|s| s.activity.evicted.is_cancelled()) {
             ip(2)
         } else {
             ip(3)
         };
-        assert_eq!(slots.acquire(holder).unwrap_err(), Refused::Full);
+        assert_eq!(slots.acquire(holder, false).unwrap_err(), Refused::Full);
         drop((a, b, c));
         assert_eq!(slots.held(), 0);
     }
@@ -230,13 +395,137 @@ mod tests {
     #[test]
     fn busy_connections_are_never_taken() {
         let slots = Slots::new(2, 2);
-        let held: Vec<Slot> = (0..2).map(|_| slots.acquire(ip(2)).unwrap()).collect();
+        let held: Vec<Slot> = (0..2)
+            .map(|_| slots.acquire(ip(2), false).unwrap())
+            .collect();
         for slot in &held {
             slot.activity.in_flight.send_replace(1);
         }
-        assert_eq!(slots.acquire(ip(1)).unwrap_err(), Refused::Full);
+        assert_eq!(slots.acquire(ip(1), false).unwrap_err(), Refused::Full);
         held[1].activity.in_flight.send_replace(0);
-        assert!(slots.acquire(ip(1)).is_ok());
+        assert!(slots.acquire(ip(1), false).is_ok());
         assert!(held[1].activity.evicted.is_cancelled());
+    }
+
+    /// IPv6 addresses of one /64 are one peer; IPv4, also written as
+    /// IPv4-mapped IPv6, is its own address.
+    #[test]
+    fn ipv6_peers_are_counted_per_64() {
+        let v6 = |s: &str| -> IpAddr { s.parse().unwrap() };
+        assert_eq!(peer_key(v6("2001:db8:1:2::1")), v6("2001:db8:1:2::"));
+        assert_eq!(
+            peer_key(v6("2001:db8:1:2:ffff:1:2:3")),
+            peer_key(v6("2001:db8:1:2::9"))
+        );
+        assert_ne!(
+            peer_key(v6("2001:db8:1:3::1")),
+            peer_key(v6("2001:db8:1:2::1"))
+        );
+        assert_eq!(peer_key(v6("::ffff:10.0.0.7")), v6("10.0.0.7"));
+        assert_eq!(peer_key(ip(9)), ip(9));
+        // Many addresses of one /64 hold one peer's share.
+        let slots = Slots::new(40, 3);
+        let held: Vec<Slot> = (1..=3)
+            .map(|n| {
+                let address = v6(&format!("2001:db8:1:2::{n}"));
+                slots.acquire(peer_key(address), false).unwrap()
+            })
+            .collect();
+        let more = peer_key(v6("2001:db8:1:2::77"));
+        assert_eq!(slots.acquire(more, false).unwrap_err(), Refused::PeerLimit);
+        drop(held);
+    }
+
+    /// A verified connection (the API server) counts toward no share: its
+    /// peer is never refused for its many connections, takes an idle
+    /// untrusted connection whenever the listener is full (of peers holding
+    /// one each, too), and an untrusted newcomer never takes a trusted one.
+    #[test]
+    fn trusted_connections_keep_to_no_share_and_are_never_taken() {
+        let slots = Slots::new(6, 2);
+        let api: Vec<Slot> = (0..4)
+            .map(|_| {
+                let slot = slots.acquire(ip(1), false).unwrap();
+                slot.trust();
+                slot
+            })
+            .collect();
+        // Two other peers, one idle connection each: full.
+        let others: Vec<Slot> = [2, 3]
+            .into_iter()
+            .map(|n| slots.acquire(ip(n), false).unwrap())
+            .collect();
+        // An untrusted newcomer holds 0, the others 1: refused; the trusted
+        // connections are never its victims.
+        assert_eq!(slots.acquire(ip(4), false).unwrap_err(), Refused::Full);
+        assert!(api.iter().all(|s| !s.activity.evicted.is_cancelled()));
+        // The API server's peer gets in, taking the oldest idle untrusted one.
+        let fifth = slots.acquire(ip(1), false).unwrap();
+        assert!(others[0].activity.evicted.is_cancelled());
+        assert!(!others[1].activity.evicted.is_cancelled());
+        // A caller trusted from the start (this host) alike.
+        let local = slots.acquire(ip(9), true).unwrap();
+        assert!(others[1].activity.evicted.is_cancelled());
+        assert_eq!(slots.held(), 6);
+        drop((api, others, fifth, local));
+        assert_eq!(slots.held(), 0);
+    }
+
+    /// A trusted peer's newcomers, before their own handshakes are done
+    /// (untrusted yet), take other peers' idle connections, never their own
+    /// peer's.
+    #[test]
+    fn a_trusted_peers_burst_takes_from_others_not_itself() {
+        let slots = Slots::new(40, 10);
+        let others: Vec<Slot> = (0..30)
+            .map(|n| slots.acquire(IpAddr::from([127, 0, 3, n]), false).unwrap())
+            .collect();
+        let first = slots.acquire(ip(1), false).unwrap();
+        first.trust();
+        let burst: Vec<Slot> = (0..29)
+            .map(|_| slots.acquire(ip(1), false).unwrap())
+            .collect();
+        assert!(burst.iter().all(|s| !s.activity.evicted.is_cancelled()));
+        let taken = others
+            .iter()
+            .filter(|s| s.activity.evicted.is_cancelled())
+            .count();
+        assert_eq!(taken, 20);
+        assert_eq!(slots.held(), 40);
+        drop((others, first, burst));
+    }
+
+    /// The probe reserve: a newcomer always gets in while a connection there
+    /// is idle, taking the oldest (its own peer's first, at its share); busy
+    /// ones stay.
+    #[test]
+    fn the_probe_reserve_lets_every_newcomer_in_while_one_is_idle() {
+        let reserve = Slots::reserve(3, 2);
+        let idle: Vec<Slot> = [2, 3, 4]
+            .into_iter()
+            .map(|n| reserve.acquire(ip(n), false).unwrap())
+            .collect();
+        let probe = reserve.acquire(ip(1), false).unwrap();
+        assert!(idle[0].activity.evicted.is_cancelled(), "the oldest");
+        probe.activity.in_flight.send_replace(1);
+        // Everything else busy: refused.
+        for slot in &idle[1..] {
+            slot.activity.in_flight.send_replace(1);
+        }
+        assert_eq!(reserve.acquire(ip(5), false).unwrap_err(), Refused::Full);
+        drop((idle, probe));
+        assert_eq!(reserve.held(), 0);
+        // A peer at its share takes its own oldest, not an older one of
+        // another peer.
+        let reserve = Slots::reserve(4, 2);
+        let other = reserve.acquire(ip(2), false).unwrap();
+        let own: Vec<Slot> = (0..2)
+            .map(|_| reserve.acquire(ip(3), false).unwrap())
+            .collect();
+        let again = reserve.acquire(ip(3), false).unwrap();
+        assert!(own[0].activity.evicted.is_cancelled());
+        assert!(!other.activity.evicted.is_cancelled());
+        drop((other, own, again));
+        assert_eq!(reserve.held(), 0);
     }
 }

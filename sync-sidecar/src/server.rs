@@ -2,7 +2,9 @@
 //! webhook beside the engine, `/engine/revisions` (see
 //! `policy_client::revision_board`), served with the same connection limits
 //! as the webhook's listeners (probes and the webhook's engine-ready checks
-//! come here; no client may hold the port).
+//! come here; no client may hold the port: probes are answered whatever
+//! other peers hold, and callers from this host, the pod's own, always get
+//! in).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -124,6 +126,10 @@ pub(crate) async fn serve(
             max_age: Duration::from_secs(600),
         },
         drain: Duration::from_secs(1),
+        probes: &["/healthz", "/health", "/readyz"],
+        // The webhook in the pod reads `/engine/revisions` from loopback: no
+        // other pod can keep it out.
+        trust_this_host: true,
     };
     let stopping = Stopping {
         draining: cancel.clone(),

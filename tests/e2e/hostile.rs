@@ -1,7 +1,11 @@
 //! A hostile client inside the cluster, against the real `placement-webhook`
 //! binary over real TLS: idle and slow connections are cut off, floods of
 //! stalled or expanding bodies and stalled HTTP/2 streams keep the process's
-//! memory within its budget while normal reviews still pass, and running out
+//! memory within its budget while normal reviews still pass, bodies declared
+//! and never sent hold nothing, no peer holds more than its share of the
+//! memory budget, probes are answered whatever other peers hold (on the
+//! webhook's ports and placement-sync's), an API server with a verified
+//! certificate is never refused for its many connections, and running out
 //! of file descriptors is survived and counted.
 //!
 //! Every bound asserted here is generous (a multiple of the configured
@@ -10,12 +14,16 @@
 
 use std::time::Duration;
 
-use placement_tests::WebhookProcess;
+use std::net::IpAddr;
+
 use placement_tests::cgroup::MemoryCgroup;
 use placement_tests::hostile::{
-    Outcome, RssSampler, Target, limit_open_files, open_fds, placement_review, proc_status_kib,
+    Outcome, RssSampler, Target, limit_open_files, open_fds, placement_review,
+    plain_idle_connections, probe, probes_answered, proc_status_kib,
 };
-use placement_tests::repo_root;
+use placement_tests::{
+    ControlPlane, OpaServer, SidecarProcess, WebhookProcess, repo_root, scratch_dir,
+};
 
 const MIB: usize = 1024 * 1024;
 
@@ -122,7 +130,9 @@ async fn floods_keep_memory_within_the_budget_and_normal_reviews_pass() {
         "--max-http2-streams=16",
     ]);
     let h2 = target(&webhook, &[b"h2"]);
-    let h1 = target(&webhook, &[b"http/1.1"]);
+    // The attacker is another peer than the normal client (the API server).
+    let h1 = target(&webhook, &[b"http/1.1"]).from_address(HOSTILE.into());
+    let hostile_h2 = h2.from_address(HOSTILE.into());
     review_passes(&h2, "warm-up").await;
     let pid = webhook.pid();
     let baseline = proc_status_kib(pid, "VmRSS");
@@ -134,7 +144,7 @@ async fn floods_keep_memory_within_the_budget_and_normal_reviews_pass() {
     // 40 bodies declaring 6 MiB that stop after 5 MiB, and one HTTP/2
     // connection with 100 streams declaring 6 MiB that stop after 1 MiB.
     let bodies = h1.stalled_bodies(40, 6 * MIB, 5 * MIB);
-    let streams = h2.stalled_streams(100, 6 * MIB, MIB).await;
+    let streams = hostile_h2.stalled_streams(100, 6 * MIB, MIB).await;
     // Let the flood land, then ask as a normal client would.
     for _ in 0..100 {
         if bodies.finished() >= 30 {
@@ -512,4 +522,286 @@ async fn the_worst_mix_stays_under_the_containers_memory_limit() {
     drop(attacks);
     end(idle);
     drop(webhook);
+}
+
+/// Waits (at most 20 s) until process `pid` holds at least `fds` open
+/// descriptors: the connections of an attack accepted (refused ones are
+/// closed at once).
+async fn descriptors_reach(pid: u32, fds: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while open_fds(pid) < fds {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} descriptors open, waiting for {fds}",
+            open_fds(pid)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `count` normal reviews from 127.0.0.1, one after another: how many were
+/// answered 200 and allowed, and the statuses of the others.
+async fn reviews_answered(target: &Target, prefix: &str, count: usize) -> (usize, Vec<u16>) {
+    let mut answered = 0;
+    let mut others = Vec::new();
+    for i in 0..count {
+        match target
+            .normal_review(&placement_review(&format!("{prefix}-{i}")))
+            .await
+        {
+            Some((200, true, _)) => answered += 1,
+            Some((status, _, _)) => others.push(status),
+            None => others.push(0),
+        }
+    }
+    (answered, others)
+}
+
+/// Bodies declared and never sent hold no memory (issue 30, part 1). With
+/// the chart's budget (96 MiB), one peer's 100 requests declaring 1 MiB each
+/// and sending nothing used to take it all before a byte arrived: every
+/// other review got 503 until the body timeout. Now only what arrives is
+/// charged, from one peer or from several.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_declared_and_never_sent_deny_no_review() {
+    let webhook = webhook(&[
+        "--memory-budget=96Mi",
+        "--body-timeout=60s",
+        "--idle-timeout=60s",
+    ]);
+    let ours = target(&webhook, &[b"h2"]);
+    let h1 = target(&webhook, &[b"http/1.1"]);
+    review_passes(&ours, "before").await;
+    for (label, peers) in [("one peer", 1u8), ("four peers", 4)] {
+        let per_peer = 100 / usize::from(peers);
+        let attacks: Vec<_> = (0..peers)
+            .map(|n| {
+                h1.from_address([127, 0, 0, 2 + n].into())
+                    .stalled_bodies(per_peer, MIB, 0)
+            })
+            .collect();
+        metric_reaches(
+            &webhook,
+            r#"placement_webhook_connections_open{listener="admission"}"#,
+            100.0,
+        )
+        .await;
+        // The heads follow the handshakes at once; give them a moment to land.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let (answered, others) = reviews_answered(&ours, label, 10).await;
+        let used = webhook
+            .metric("placement_webhook_memory_budget_used_bytes")
+            .await;
+        assert_eq!(
+            answered, 10,
+            "{label}: 100 bodies declaring 1 MiB, none sent: other statuses {others:?}, budget in use {used}"
+        );
+        drop(attacks);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// No peer holds more than its share of the memory budget (issue 30, part
+/// 1): one peer sending most of 100 bodies of 1 MiB (90 MiB that arrive, more
+/// than the 64 MiB budget) holds three quarters of it at most, and another
+/// peer's reviews pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_peer_holds_at_most_its_share_of_the_memory_budget() {
+    const BUDGET: f64 = 64.0 * MIB as f64;
+    let webhook = webhook(&[
+        "--memory-budget=64Mi",
+        "--max-request-memory=48Mi",
+        "--body-timeout=60s",
+        "--idle-timeout=60s",
+    ]);
+    let ours = target(&webhook, &[b"h2"]);
+    let hostile = target(&webhook, &[b"http/1.1"]).from_address(HOSTILE.into());
+    review_passes(&ours, "before").await;
+    let flood = hostile.stalled_bodies(100, MIB, 900 * 1024);
+    // The flood lands: its charges stop growing at the peer's share.
+    let mut used = 0.0;
+    for _ in 0..100 {
+        used = webhook
+            .metric("placement_webhook_memory_budget_used_bytes")
+            .await;
+        if flood.finished() >= 30 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (answered, others) = reviews_answered(&ours, "beside-a-flood", 10).await;
+    assert_eq!(
+        answered, 10,
+        "beside one peer's 90 MiB: other statuses {others:?}, budget in use {used}"
+    );
+    let page = webhook.metrics().await;
+    let used =
+        placement_tests::webhook::metric_value(&page, "placement_webhook_memory_budget_used_bytes");
+    assert!(
+        used <= BUDGET * 0.75,
+        "one peer holds {used} of {BUDGET} bytes:\n{page}"
+    );
+    assert!(
+        placement_tests::webhook::metric_value(
+            &page,
+            r#"placement_webhook_requests_rejected_total{reason="peer_memory_share"}"#
+        ) >= 1.0,
+        "{page}"
+    );
+    drop(flood);
+}
+
+/// Where probes come from in these tests: another address than the attackers'
+/// and the well-behaved review client's, as the kubelet is.
+const KUBELET: [u8; 4] = [127, 0, 2, 1];
+
+/// `peers` addresses (127.0.1.10 and up) each holding one idle connection to
+/// `addr`.
+fn one_idle_connection_each(
+    addr: std::net::SocketAddr,
+    peers: u8,
+) -> Vec<tokio::task::JoinHandle<Outcome>> {
+    (0..peers)
+        .flat_map(|n| {
+            plain_idle_connections(
+                addr,
+                [127, 0, 1, 10 + n].into(),
+                1,
+                Duration::from_secs(120),
+            )
+        })
+        .collect()
+}
+
+/// Probes are answered whatever other peers hold (issue 30, part 2): 70
+/// addresses each holding one idle keep-alive connection take every slot of
+/// the metrics listener (64), where the liveness probe goes; a newcomer used
+/// to be reset, since no peer held two more than it. The kubelet's probe is
+/// answered now, and so is the readiness probe on the admission port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_are_answered_whatever_other_peers_hold() {
+    let webhook = webhook(&["--idle-timeout=120s"]);
+    let pid = webhook.pid();
+    let baseline = open_fds(pid);
+    let held = one_idle_connection_each(webhook.metrics_addr, 70);
+    descriptors_reach(pid, baseline + 64).await;
+    let kubelet = IpAddr::from(KUBELET);
+    let answered = probes_answered(webhook.metrics_addr, kubelet, "/healthz", 5).await;
+    assert_eq!(answered, 5, "liveness probes answered beside 70 idle peers");
+    // Only probes are answered beyond the slots: a scrape waits for one.
+    let scrape = probe(webhook.metrics_addr, kubelet, "/metrics").await;
+    assert_ne!(scrape, Some(200), "a scrape beyond the slots");
+    end(held);
+}
+
+/// The same on placement-sync's port (its probes, and in OPA pods the
+/// webhook's `/engine/revisions` from loopback): 70 peers holding one idle
+/// connection each lock out neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probes_and_the_revisions_reader_get_through_to_placement_sync() {
+    placement_tests::install_crypto();
+    let plane = ControlPlane::shared();
+    let opa = OpaServer::start();
+    let sidecar = SidecarProcess::start(plane, &opa, &["--remediation=off"]);
+    sidecar.wait_ready(Duration::from_secs(60)).await;
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], sidecar.port).into();
+    let pid = sidecar.pid();
+    let baseline = open_fds(pid);
+    let held = one_idle_connection_each(addr, 70);
+    descriptors_reach(pid, baseline + 64).await;
+    let kubelet = IpAddr::from(KUBELET);
+    for path in ["/healthz", "/readyz"] {
+        let answered = probes_answered(addr, kubelet, path, 5).await;
+        assert_eq!(answered, 5, "{path} probes answered beside 70 idle peers");
+    }
+    // The webhook in the pod reads the revisions from loopback.
+    let reader = probe(
+        addr,
+        IpAddr::from([127, 0, 0, 1]),
+        "/engine/revisions?reader=webhook-1",
+    )
+    .await;
+    assert_eq!(
+        reader,
+        Some(200),
+        "the revisions reader beside 70 idle peers"
+    );
+    end(held);
+}
+
+/// An API server that presents a verified client certificate is never
+/// refused for being one peer with many connections (issue 30, part 2):
+/// beyond the share of one peer (10 of 40) and past a listener that other
+/// peers have filled with one connection each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_verified_api_server_is_never_refused_for_its_many_connections() {
+    let dir = scratch_dir("verified-peer");
+    placement_tests::pki::client_pki(&dir, "apiserver", "kube-apiserver");
+    let webhook = webhook(&[
+        &format!(
+            "--client-ca-file={}",
+            dir.join("apiserver-ca.crt").display()
+        ),
+        "--max-connections=40",
+        "--max-connections-per-peer=10",
+        "--idle-timeout=120s",
+    ]);
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let apiserver = Target::with_client_certificate(
+        webhook.admission_addr,
+        &webhook.ca_pem,
+        &[b"h2"],
+        &read("apiserver.crt"),
+        &read("apiserver.key"),
+    );
+    let unverified = target(&webhook, &[b"h2"]);
+    // 30 other peers, one idle connection each.
+    let mut others = Vec::new();
+    for n in 0..30u8 {
+        others.extend(
+            unverified
+                .from_address([127, 0, 3, 10 + n].into())
+                .idle_connections(1, Duration::from_secs(120)),
+        );
+    }
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_open{listener="admission"}"#,
+        30.0,
+    )
+    .await;
+    // The API server: a connection that has shown its certificate (a
+    // review), then 29 more at once, held.
+    let (status, first) = apiserver
+        .review_and_hold(&placement_review("first"))
+        .await
+        .expect("the API server's first review");
+    assert_eq!(status, 200);
+    let many = apiserver.idle_connections(29, Duration::from_secs(10));
+    let answer = apiserver
+        .normal_review(&placement_review("many-connections"))
+        .await;
+    assert!(
+        matches!(answer, Some((200, true, _))),
+        "a review beside them: {answer:?}\n{}",
+        webhook.metrics().await
+    );
+    let outcomes = outcomes(many).await;
+    let cut = outcomes.iter().filter(|o| o.closed_after.is_some()).count();
+    assert_eq!(
+        cut,
+        0,
+        "API server connections refused or cut: {outcomes:?}\n{}",
+        webhook.log()
+    );
+    let page = webhook.metrics().await;
+    assert!(
+        placement_tests::webhook::metric_value(
+            &page,
+            r#"placement_webhook_connections_closed_total{listener="admission",reason="evicted"}"#
+        ) >= 19.0,
+        "the other peers' idle connections made room:\n{page}"
+    );
+    drop(first);
+    end(others);
 }

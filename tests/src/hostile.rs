@@ -1,8 +1,10 @@
 //! Hostile clients of the webhook over real TLS, shared by the regression test
 //! (`tests/e2e/hostile.rs`) and the measurement (`placement-bench` scenario 6):
 //! idle connections, slow headers and bodies, floods of stalled large bodies
-//! and stalled HTTP/2 streams, bodies that expand when parsed, and the memory
-//! of the process under attack.
+//! and stalled HTTP/2 streams, bodies that expand when parsed, bodies that are
+//! declared and never sent, peers holding the plain-HTTP ports, and the memory
+//! of the process under attack; and the well-behaved clients beside them (a
+//! review, a kubelet-style probe).
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -55,14 +57,46 @@ impl Target {
     /// `ca_pem` is the webhook's serving CA; `alpn` the protocols to offer
     /// (`h2`, `http/1.1`).
     pub fn new(addr: SocketAddr, ca_pem: &str, alpn: &[&[u8]]) -> Target {
+        Self::build(addr, ca_pem, alpn, None)
+    }
+
+    /// As [`Target::new`], presenting the client certificate `cert_pem`
+    /// (with its key `key_pem`), as an API server configured to present one does.
+    pub fn with_client_certificate(
+        addr: SocketAddr,
+        ca_pem: &str,
+        alpn: &[&[u8]],
+        cert_pem: &str,
+        key_pem: &str,
+    ) -> Target {
+        Self::build(addr, ca_pem, alpn, Some((cert_pem, key_pem)))
+    }
+
+    fn build(
+        addr: SocketAddr,
+        ca_pem: &str,
+        alpn: &[&[u8]],
+        client: Option<(&str, &str)>,
+    ) -> Target {
         crate::install_crypto();
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
             roots.add(cert.expect("CA PEM")).expect("CA certificate");
         }
-        let mut config = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let mut config = match client {
+            None => builder.with_no_client_auth(),
+            Some((cert_pem, key_pem)) => {
+                let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .expect("client certificate PEM");
+                let key = rustls::pki_types::PrivateKeyDer::from_pem_slice(key_pem.as_bytes())
+                    .expect("client key PEM");
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .expect("client certificate and key")
+            }
+        };
         config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Target {
             addr,
@@ -81,15 +115,7 @@ impl Target {
     }
 
     async fn tcp(&self) -> std::io::Result<TcpStream> {
-        let Some(source) = self.source else {
-            return TcpStream::connect(self.addr).await;
-        };
-        let socket = match source {
-            IpAddr::V4(_) => TcpSocket::new_v4()?,
-            IpAddr::V6(_) => TcpSocket::new_v6()?,
-        };
-        socket.bind(SocketAddr::new(source, 0))?;
-        socket.connect(self.addr).await
+        tcp_from(self.addr, self.source).await
     }
 
     /// A TLS connection, handshake done.
@@ -190,7 +216,7 @@ impl Target {
     }
 
     /// `count` HTTP/1.1 requests, each declaring `declared` bytes and sending
-    /// `sent` of them, then stalling. The connections stay open (as far as the
+    /// `sent` of them (none at all when `sent` is 0), then stalling. The connections stay open (as far as the
     /// server allows) until the returned attack is dropped.
     pub fn stalled_bodies(&self, count: usize, declared: usize, sent: usize) -> Attack {
         let body = filler(sent);
@@ -351,6 +377,47 @@ impl Target {
         Some((status, answer["response"]["allowed"] == true, elapsed))
     }
 
+    /// A normal review over a fresh HTTP/2 connection that stays open, idle,
+    /// until the returned attack is dropped: the status.
+    pub async fn review_and_hold(&self, review: &serde_json::Value) -> Option<(u16, Attack)> {
+        let stream = self.connect().await.ok()?;
+        let (mut sender, connection) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                .await
+                .ok()?;
+        let driver = tokio::spawn(async move {
+            let started = Instant::now();
+            let _ = connection.await;
+            Outcome {
+                closed_after: Some(started.elapsed()),
+                status: None,
+            }
+        });
+        let body = Bytes::from(serde_json::to_vec(review).expect("review JSON"));
+        let request = hyper::Request::post("/mutate")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(body))
+            .expect("request");
+        let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
+            .await
+            .ok()?
+            .ok()?;
+        let status = response.status().as_u16();
+        let _ = response.into_body().collect().await;
+        // The connection lives while its driver runs and a sender is kept
+        // (HTTP/2 closes a connection whose senders are all gone).
+        let keeper = tokio::spawn(async move {
+            let _sender = sender;
+            std::future::pending::<Outcome>().await
+        });
+        Some((
+            status,
+            Attack {
+                tasks: vec![driver, keeper],
+            },
+        ))
+    }
+
     /// Up to `count` reviews on one HTTP/1.1 connection, one per `interval`,
     /// until the server closes it: each answer's status and whether it said
     /// `Connection: close`. Ends early when the connection cannot be opened or
@@ -457,6 +524,9 @@ impl Drop for Attack {
 }
 
 fn filler(bytes: usize) -> Bytes {
+    if bytes == 0 {
+        return Bytes::new();
+    }
     let mut body = Vec::with_capacity(bytes);
     body.extend_from_slice(REVIEW_PREFIX.as_bytes());
     body.resize(bytes.max(REVIEW_PREFIX.len()), b'x');
@@ -499,6 +569,104 @@ async fn read_until_closed(
         closed_after: closed.then(|| started.elapsed()),
         status,
     }
+}
+
+/// A TCP connection to `addr` from `source` (any local address when `None`).
+async fn tcp_from(addr: SocketAddr, source: Option<IpAddr>) -> std::io::Result<TcpStream> {
+    let Some(source) = source else {
+        return TcpStream::connect(addr).await;
+    };
+    let socket = match source {
+        IpAddr::V4(_) => TcpSocket::new_v4()?,
+        IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(source, 0))?;
+    socket.connect(addr).await
+}
+
+/// `count` plain-HTTP connections to `addr` (a metrics or probe port) from
+/// `source`, each sending nothing after it is accepted: an idle keep-alive
+/// client. Each task reports when the server closed it (waiting at most
+/// `give_up`).
+pub fn plain_idle_connections(
+    addr: SocketAddr,
+    source: IpAddr,
+    count: usize,
+    give_up: Duration,
+) -> Vec<JoinHandle<Outcome>> {
+    (0..count)
+        .map(|_| {
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let connected =
+                    tokio::time::timeout(Duration::from_secs(5), tcp_from(addr, Some(source)))
+                        .await;
+                match connected {
+                    Ok(Ok(tcp)) => read_until_closed(tcp, started, give_up).await,
+                    _ => Outcome {
+                        closed_after: Some(started.elapsed()),
+                        status: None,
+                    },
+                }
+            })
+        })
+        .collect()
+}
+
+/// `count` connections to `addr` from `source` held open as
+/// [`plain_idle_connections`] holds them, each opened again whenever the
+/// server closes it, until the attack is dropped.
+pub fn held_plain_connections(addr: SocketAddr, source: IpAddr, count: usize) -> Attack {
+    let tasks = (0..count)
+        .map(|_| {
+            tokio::spawn(async move {
+                let started = Instant::now();
+                loop {
+                    if let Ok(Ok(tcp)) =
+                        tokio::time::timeout(Duration::from_secs(5), tcp_from(addr, Some(source)))
+                            .await
+                    {
+                        read_until_closed(tcp, started, Duration::from_secs(3600)).await;
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+        })
+        .collect();
+    Attack { tasks }
+}
+
+/// A kubelet-style HTTP probe: `GET path` over a new plain-HTTP connection
+/// from `source`, `Connection: close` (the kubelet's probes keep no
+/// connection alive), answered within 5 s: the status, `None` when the
+/// connection was refused, reset or not answered.
+pub async fn probe(addr: SocketAddr, source: IpAddr, path: &str) -> Option<u16> {
+    let exchange = async {
+        let mut tcp = tcp_from(addr, Some(source)).await.ok()?;
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-probe/1.34\r\nConnection: close\r\n\r\n"
+        );
+        tcp.write_all(request.as_bytes()).await.ok()?;
+        read_until_closed(tcp, Instant::now(), Duration::from_secs(5))
+            .await
+            .status
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// `tries` kubelet-style probes of `path`, one after another: how many were
+/// answered 200.
+pub async fn probes_answered(addr: SocketAddr, source: IpAddr, path: &str, tries: usize) -> usize {
+    let mut answered = 0;
+    for _ in 0..tries {
+        if probe(addr, source, path).await == Some(200) {
+            answered += 1;
+        }
+    }
+    answered
 }
 
 /// A field of `/proc/<pid>/status` in KiB (`VmRSS`, `VmHWM`).

@@ -141,6 +141,11 @@ impl SidecarProcess {
         }
     }
 
+    /// The process id (for `/proc/<pid>`).
+    pub fn pid(&self) -> u32 {
+        self.process.pid().expect("placement-sync is running")
+    }
+
     pub fn log_path(&self) -> &std::path::Path {
         self.process.log_path()
     }

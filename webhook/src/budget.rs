@@ -1,11 +1,17 @@
-//! The memory requests may hold: charged before a body is read (for its
-//! declared length), then for what parsing and converting it will take, so a
-//! flood of large or stalled bodies, or bodies that expand a lot when parsed,
-//! is refused instead of growing the process.
+//! The memory requests may hold: charged for what a body holds as it
+//! arrives (never for what it only declares), then for what parsing and
+//! converting it will take, so a flood of large or stalled bodies, or bodies
+//! that expand a lot when parsed, is refused instead of growing the process.
+//!
+//! No one peer (an address, an IPv6 /64) may hold more than its share,
+//! three quarters of the budget, so that one pod can never deny another's
+//! admission; callers with a verified client certificate (the API server)
+//! have no share to keep to.
 
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
@@ -34,31 +40,82 @@ pub(crate) const STRING_COPIES: usize = 4;
 pub(crate) struct MemoryBudget {
     total: usize,
     reserve: usize,
-    used: AtomicUsize,
+    held: Mutex<Held>,
     metrics: Arc<Metrics>,
+}
+
+/// What is held, in all and by each peer that keeps to a share.
+#[derive(Debug, Default)]
+struct Held {
+    used: usize,
+    peers: HashMap<IpAddr, usize>,
 }
 
 impl fmt::Debug for MemoryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryBudget")
             .field("total", &self.total)
-            .field("used", &self.used.load(Ordering::Relaxed))
+            .field("used", &self.lock().used)
             .finish()
     }
 }
 
-/// A charge was refused: the budget is taken by requests in progress.
+/// A charge was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Exhausted {
-    pub(crate) wanted: usize,
-    pub(crate) used: usize,
-    pub(crate) total: usize,
+pub(crate) enum Refusal {
+    /// The budget is taken by requests in progress.
+    Exhausted {
+        wanted: usize,
+        used: usize,
+        total: usize,
+    },
+    /// The caller's peer holds its share of the budget already.
+    PeerShare {
+        wanted: usize,
+        held: usize,
+        share: usize,
+    },
+}
+
+impl Refusal {
+    /// The reason counted and logged.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            Refusal::Exhausted { .. } => "memory_budget",
+            Refusal::PeerShare { .. } => "peer_memory_share",
+        }
+    }
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Exhausted {
+                wanted,
+                used,
+                total,
+            } => write!(
+                f,
+                "the webhook is at its memory budget ({used} of {total} bytes held by reviews in progress; this one needs {wanted}): retry (--memory-budget)"
+            ),
+            Refusal::PeerShare {
+                wanted,
+                held,
+                share,
+            } => write!(
+                f,
+                "this client's reviews in progress hold {held} bytes, its share of the webhook's memory budget is {share} (this one needs {wanted}): retry when they are answered (--memory-budget)"
+            ),
+        }
+    }
 }
 
 /// Bytes held against the budget; given back when dropped.
 #[derive(Debug)]
 pub(crate) struct Charge {
     budget: Arc<MemoryBudget>,
+    /// The peer whose share it counts toward (`None`: a verified caller).
+    peer: Option<IpAddr>,
     bytes: usize,
 }
 
@@ -68,36 +125,52 @@ impl MemoryBudget {
         Arc::new(MemoryBudget {
             total,
             reserve: total / 4,
-            used: AtomicUsize::new(0),
+            held: Mutex::new(Held::default()),
             metrics,
         })
     }
 
-    /// Hold `bytes`, or refuse at once: waiting would let stalled requests
-    /// queue up everyone else.
-    pub(crate) fn charge(self: &Arc<Self>, bytes: usize) -> Result<Charge, Exhausted> {
-        let mut charge = Charge {
-            budget: Arc::clone(self),
-            bytes: 0,
-        };
-        charge.resize(bytes)?;
-        Ok(charge)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn publish(&self, used: usize) {
-        self.metrics.memory_budget(used, self.total);
+    /// The share of one peer: everything but the reserve.
+    fn share(&self) -> usize {
+        self.total - self.reserve
+    }
+
+    /// A charge of nothing yet for a request from `peer` (`None`: a caller
+    /// with a verified certificate, which keeps to no share); it grows with
+    /// [`Charge::resize`], refused at once when the budget does not allow it
+    /// (waiting would let stalled requests queue up everyone else).
+    pub(crate) fn charge_for(self: &Arc<Self>, peer: Option<IpAddr>) -> Charge {
+        Charge {
+            budget: Arc::clone(self),
+            peer,
+            bytes: 0,
+        }
     }
 }
 
 impl Charge {
     /// Grow (if the budget allows) or shrink to `bytes`.
-    pub(crate) fn resize(&mut self, bytes: usize) -> Result<(), Exhausted> {
+    pub(crate) fn resize(&mut self, bytes: usize) -> Result<(), Refusal> {
         let budget = &self.budget;
+        let mut held = budget.lock();
         if bytes <= self.bytes {
             let freed = self.bytes - bytes;
-            let used = budget.used.fetch_sub(freed, Ordering::AcqRel) - freed;
+            held.used -= freed;
+            if let Some(peer) = self.peer {
+                let emptied = held.peers.get_mut(&peer).is_some_and(|mine| {
+                    *mine -= freed;
+                    *mine == 0
+                });
+                if emptied {
+                    held.peers.remove(&peer);
+                }
+            }
             self.bytes = bytes;
-            budget.publish(used);
+            budget.metrics.memory_budget(held.used, budget.total);
             return Ok(());
         }
         let extra = bytes - self.bytes;
@@ -107,23 +180,28 @@ impl Charge {
         } else {
             budget.total - budget.reserve
         };
-        let result = budget
-            .used
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
-                used.checked_add(extra).filter(|after| *after <= ceiling)
-            });
-        match result {
-            Ok(before) => {
-                self.bytes = bytes;
-                budget.publish(before + extra);
-                Ok(())
-            }
-            Err(used) => Err(Exhausted {
+        if held.used + extra > ceiling {
+            return Err(Refusal::Exhausted {
                 wanted: bytes,
-                used,
+                used: held.used,
                 total: budget.total,
-            }),
+            });
         }
+        if let Some(peer) = self.peer {
+            let mine = held.peers.get(&peer).copied().unwrap_or(0);
+            if mine + extra > budget.share() {
+                return Err(Refusal::PeerShare {
+                    wanted: bytes,
+                    held: mine,
+                    share: budget.share(),
+                });
+            }
+            *held.peers.entry(peer).or_default() += extra;
+        }
+        held.used += extra;
+        self.bytes = bytes;
+        budget.metrics.memory_budget(held.used, budget.total);
+        Ok(())
     }
 }
 
@@ -235,30 +313,77 @@ mod tests {
         MemoryBudget::new(total, Arc::new(Metrics::new()))
     }
 
+    fn charge(
+        budget: &Arc<MemoryBudget>,
+        peer: Option<IpAddr>,
+        bytes: usize,
+    ) -> Result<Charge, Refusal> {
+        let mut charge = budget.charge_for(peer);
+        charge.resize(bytes)?;
+        Ok(charge)
+    }
+
+    fn peer(last: u8) -> Option<IpAddr> {
+        Some(IpAddr::from([10, 0, 0, last]))
+    }
+
     #[test]
     fn charges_are_held_until_dropped() {
         let budget = budget(64 << 20);
-        let a = budget.charge(20 << 20).unwrap();
-        let b = budget.charge(20 << 20).unwrap();
+        let a = charge(&budget, None, 20 << 20).unwrap();
+        let b = charge(&budget, None, 20 << 20).unwrap();
         // Large charges cannot take the reserve (16 MiB of 64).
-        let refused = budget.charge(20 << 20).unwrap_err();
-        assert_eq!(refused.used, 40 << 20);
+        let refused = charge(&budget, None, 20 << 20).unwrap_err();
+        assert!(
+            matches!(refused, Refusal::Exhausted { used, .. } if used == 40 << 20),
+            "{refused:?}"
+        );
         // A small one can.
-        let small = budget.charge(1 << 20).unwrap();
+        let small = charge(&budget, None, 1 << 20).unwrap();
         drop(a);
-        let mut c = budget.charge(20 << 20).unwrap();
+        let mut c = charge(&budget, None, 20 << 20).unwrap();
         c.resize(4 << 20).unwrap();
         drop((b, small, c));
-        assert_eq!(budget.used.load(Ordering::Relaxed), 0);
+        assert_eq!(budget.lock().used, 0);
     }
 
     #[test]
     fn growing_a_charge_can_fail_and_keeps_what_it_had() {
         let budget = budget(16 << 20);
-        let mut charge = budget.charge(1 << 20).unwrap();
+        let mut charge = charge(&budget, None, 1 << 20).unwrap();
         assert!(charge.resize(15 << 20).is_err());
         assert_eq!(charge.bytes, 1 << 20);
-        assert_eq!(budget.used.load(Ordering::Relaxed), 1 << 20);
+        assert_eq!(budget.lock().used, 1 << 20);
+    }
+
+    /// One peer holds three quarters at most, however small its charges
+    /// (the reserve of small charges included): the last quarter is always
+    /// another's. A verified caller keeps to no share.
+    #[test]
+    fn one_peer_holds_at_most_its_share() {
+        let budget = budget(64 << 20);
+        let held: Vec<Charge> = (0..48)
+            .map(|_| charge(&budget, peer(2), 1 << 20).unwrap())
+            .collect();
+        let refused = charge(&budget, peer(2), 1 << 20).unwrap_err();
+        assert_eq!(
+            refused,
+            Refusal::PeerShare {
+                wanted: 1 << 20,
+                held: 48 << 20,
+                share: 48 << 20
+            }
+        );
+        assert_eq!(refused.reason(), "peer_memory_share");
+        let others: Vec<Charge> = (0..16)
+            .map(|_| charge(&budget, peer(3), 1 << 20).unwrap())
+            .collect();
+        drop(held);
+        assert!(!budget.lock().peers.contains_key(&peer(2).unwrap()));
+        let verified = charge(&budget, None, 1 << 20).unwrap();
+        drop((others, verified));
+        assert_eq!(budget.lock().used, 0);
+        assert!(budget.lock().peers.is_empty());
     }
 
     #[test]

@@ -146,7 +146,7 @@ impl Metrics {
         let requests_rejected = Family::<ReasonLabels, Counter>::default();
         registry.register(
             "requests_rejected",
-            "Requests refused before evaluation: memory_budget, too_large, too_complex, body_timeout, body_error, unauthenticated",
+            "Requests refused before evaluation: memory_budget, peer_memory_share, too_large, too_complex, body_timeout, body_error, unauthenticated",
             requests_rejected.clone(),
         );
         let memory_budget_used = Gauge::default();

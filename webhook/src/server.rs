@@ -1,7 +1,8 @@
 //! HTTP surface: the TLS admission server and the plain-HTTP metrics server.
 //!
-//! Connections are limited and timed in `connections.rs`; here each review's
-//! body is budgeted (memory) and timed before anything is built from it.
+//! Connections are limited and timed in `placement_endpoint`; here each
+//! review's body is budgeted (memory: for what arrives, as it arrives) and
+//! timed before anything is built from it.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -17,7 +18,7 @@ use axum::routing::{get, post};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
 use placement_endpoint::{
-    ClientCertificate, ConnectionLimits, Listener, Stopping, Throttle, TlsSettings,
+    ClientCertificate, ConnectionLimits, Listener, Stopping, Throttle, TlsSettings, peer_key,
 };
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
@@ -26,7 +27,7 @@ use rustls_pki_types::pem::PemObject;
 use serde_json::json;
 
 use crate::admission::{Admission, Mode};
-use crate::budget::{Exhausted, JsonShape, MemoryBudget};
+use crate::budget::{Charge, JsonShape, MemoryBudget, Refusal};
 use crate::readiness::{Readiness, ReadyState};
 use crate::review::ReviewError;
 
@@ -143,10 +144,13 @@ fn refuse(
     response
 }
 
-fn budget_message(e: Exhausted) -> String {
-    format!(
-        "the webhook is at its memory budget ({} of {} bytes held by reviews in progress; this one needs {}): retry (--memory-budget)",
-        e.used, e.total, e.wanted
+fn over_budget(state: &AppState, peer: Option<SocketAddr>, refusal: Refusal) -> Response {
+    refuse(
+        state,
+        peer,
+        refusal.reason(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        refusal.to_string(),
     )
 }
 
@@ -156,9 +160,9 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(peer)| *peer);
-    if limits.require_client_certificate
-        && request.extensions().get::<ClientCertificate>() != Some(&ClientCertificate(true))
-    {
+    let verified =
+        request.extensions().get::<ClientCertificate>() == Some(&ClientCertificate(true));
+    if limits.require_client_certificate && !verified {
         return refuse(
             &state,
             peer,
@@ -172,30 +176,27 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
     if declared.is_some_and(|n| n > limits.max_body) {
         return too_large(&state, peer, limits.max_body);
     }
-    // Held before the body is read, for as much as it may be.
-    let mut charge = match state.budget.charge(declared.unwrap_or(limits.max_body)) {
-        Ok(charge) => charge,
-        Err(e) => {
-            return refuse(
-                &state,
-                peer,
-                "memory_budget",
-                StatusCode::SERVICE_UNAVAILABLE,
-                budget_message(e),
-            );
-        }
-    };
+    // Charged as the body arrives: what is only declared holds nothing. A
+    // caller with a verified certificate (the API server) keeps to no peer's
+    // share of the budget.
+    let mut charge = state.budget.charge_for(
+        (!verified)
+            .then(|| peer.map(|p| peer_key(p.ip())))
+            .flatten(),
+    );
     let read = tokio::time::timeout(
         limits.body_timeout,
         read_body(
             request.into_parts().1,
             limits.max_body,
-            declared.unwrap_or(0),
+            declared,
+            &mut charge,
         ),
     );
     let body = match read.await {
         Ok(Ok(body)) => body,
         Ok(Err(BodyError::TooLarge)) => return too_large(&state, peer, limits.max_body),
+        Ok(Err(BodyError::Budget(refusal))) => return over_budget(&state, peer, refusal),
         Ok(Err(BodyError::Read(e))) => {
             return refuse(
                 &state,
@@ -247,14 +248,8 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
             ),
         );
     }
-    if let Err(e) = charge.resize(cost) {
-        return refuse(
-            &state,
-            peer,
-            "memory_budget",
-            StatusCode::SERVICE_UNAVAILABLE,
-            budget_message(e),
-        );
+    if let Err(refusal) = charge.resize(cost) {
+        return over_budget(&state, peer, refusal);
     }
     let answer = state.admission.review_body(&body, mode).await;
     drop(body);
@@ -289,18 +284,41 @@ fn content_length(headers: &HeaderMap) -> Option<usize> {
 
 enum BodyError {
     TooLarge,
+    Budget(Refusal),
     Read(axum::Error),
 }
 
-/// The whole body, into one buffer sized from the declared length (no
-/// copy on completion, unlike collecting chunks).
-async fn read_body(mut body: Body, max: usize, declared: usize) -> Result<Bytes, BodyError> {
-    let mut buffer = BytesMut::with_capacity(declared.min(max));
+/// The first buffer of a body, unless the body declared less.
+const FIRST_BUFFER: usize = 16 * 1024;
+
+/// The whole body, into one buffer that grows as data arrives (doubling, up
+/// to the declared length: no copy on completion when the length was
+/// declared), charged before it grows: nothing is held for bytes that have
+/// not arrived.
+async fn read_body(
+    mut body: Body,
+    max: usize,
+    declared: Option<usize>,
+    charge: &mut Charge,
+) -> Result<Bytes, BodyError> {
+    let mut buffer = BytesMut::new();
     while let Some(frame) = body.frame().await {
         let frame = frame.map_err(BodyError::Read)?;
         if let Ok(data) = frame.into_data() {
-            if buffer.len() + data.len() > max {
+            let needed = buffer.len() + data.len();
+            if needed > max {
                 return Err(BodyError::TooLarge);
+            }
+            if needed > buffer.capacity() {
+                let capacity = (buffer.capacity() * 2)
+                    .max(FIRST_BUFFER)
+                    .min(declared.unwrap_or(max))
+                    .min(max)
+                    .max(needed);
+                charge.resize(capacity).map_err(BodyError::Budget)?;
+                let mut grown = BytesMut::with_capacity(capacity);
+                grown.extend_from_slice(&buffer);
+                buffer = grown;
             }
             buffer.extend_from_slice(&data);
         }
@@ -423,6 +441,9 @@ pub(crate) async fn serve(
         app: admission_router(state),
         limits: settings.admission,
         drain: Duration::from_secs(10),
+        // The readiness probe (HTTPS), and a liveness probe pointed here.
+        probes: &["/healthz", "/readyz"],
+        trust_this_host: false,
     };
     let metrics_listener = Listener {
         name: "metrics",
@@ -431,6 +452,9 @@ pub(crate) async fn serve(
         app: metrics_router(admission),
         limits: settings.metrics,
         drain: Duration::from_secs(1),
+        // The chart's liveness probe.
+        probes: &["/healthz"],
+        trust_this_host: false,
     };
     let (admission_result, metrics_result) = tokio::join!(
         placement_endpoint::serve(
