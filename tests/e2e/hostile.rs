@@ -5,8 +5,9 @@
 //! and never sent hold nothing, no peer holds more than its share of the
 //! memory budget, probes are answered whatever other peers hold (on the
 //! webhook's ports and placement-sync's), an API server with a verified
-//! certificate is never refused for its many connections, and running out
-//! of file descriptors is survived and counted.
+//! certificate is never refused for its many connections, one caller's
+//! Events leave the others' alone, and running out of file descriptors is
+//! survived and counted.
 //!
 //! Every bound asserted here is generous (a multiple of the configured
 //! timeout, the configured memory budget plus slack): these tests check that
@@ -22,7 +23,8 @@ use placement_tests::hostile::{
     plain_idle_connections, probe, probes_answered, proc_status_kib,
 };
 use placement_tests::{
-    ControlPlane, OpaServer, SidecarProcess, WebhookProcess, repo_root, scratch_dir,
+    ControlPlane, Identity, OpaServer, SidecarProcess, WebhookProcess, repo_root, scratch_dir,
+    unique_name, wait_for,
 };
 
 const MIB: usize = 1024 * 1024;
@@ -804,4 +806,93 @@ async fn a_verified_api_server_is_never_refused_for_its_many_connections() {
     );
     drop(first);
     end(others);
+}
+
+/// A denied review as the API server sends it (not a dry run): an invalid PCI
+/// level.
+fn denied_review(namespace: &str, name: &str) -> Vec<u8> {
+    let mut review = placement_review(name);
+    review["request"]["dryRun"] = false.into();
+    review["request"]["namespace"] = namespace.into();
+    review["request"]["object"]["metadata"]["namespace"] = namespace.into();
+    review["request"]["object"]["metadata"]["annotations"]["policy.federation.alpha.kubernetes.io/pci-compliance-level"] =
+        "high".into();
+    serde_json::to_vec(&review).unwrap()
+}
+
+/// One caller's Events leave the others' budget alone (issue 30, part 7):
+/// without a client CA any caller of /mutate could spend the Event budget
+/// the API server's Events share. A caller flooding denied reviews gets its
+/// own budget's worth; the API server's denial still gets its Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_callers_events_leave_the_others_alone() {
+    let plane = ControlPlane::shared();
+    let ns = unique_name("event-callers");
+    plane.create_namespace(&ns);
+    let webhook = webhook(&[
+        &format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Webhook).display()
+        ),
+        "--event-rate=1",
+        "--event-burst=3",
+        "--event-dedupe-window=1h",
+    ]);
+    let apiserver = target(&webhook, &[b"http/1.1"]);
+    let hostile = apiserver.from_address(HOSTILE.into());
+    let started = std::time::Instant::now();
+    // The flood goes on while the API server's review comes.
+    let flood = tokio::spawn({
+        let (hostile, ns) = (hostile.clone(), ns.clone());
+        async move {
+            for i in 0.. {
+                hostile
+                    .post_http1(&denied_review(&ns, &format!("spam-{i}")))
+                    .await;
+            }
+        }
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        apiserver.post_http1(&denied_review(&ns, "real")).await,
+        Some(200)
+    );
+    let events = || -> Vec<serde_json::Value> {
+        let list: serde_json::Value = serde_json::from_str(&plane.kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            &ns,
+            "-o",
+            "json",
+        ]))
+        .unwrap();
+        list["items"].as_array().cloned().unwrap_or_default()
+    };
+    let about = |events: &[serde_json::Value], name: &str| {
+        events
+            .iter()
+            .filter(|e| e["regarding"]["name"] == name)
+            .count()
+    };
+    wait_for(
+        "the API server's denial to get its Event",
+        Duration::from_secs(20),
+        || (about(&events(), "real") == 1).then_some(()),
+    );
+    flood.abort();
+    let elapsed = started.elapsed().as_secs_f64();
+    let spam = events()
+        .iter()
+        .filter(|e| {
+            e["regarding"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("spam-"))
+        })
+        .count();
+    // Its own burst of 3 and one more per second.
+    assert!(
+        (spam as f64) <= 3.0 + elapsed.ceil() + 1.0,
+        "the flooding caller got {spam} Events in {elapsed:.1} s"
+    );
 }

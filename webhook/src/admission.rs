@@ -15,7 +15,7 @@ use policy_client::{
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::events::EventSink;
+use crate::events::{Caller, EventSink};
 use crate::guardrail::{self, Guardrail, TemplateFailure};
 use crate::metrics::{Metrics, Outcome};
 use crate::presence::PolicyPresence;
@@ -160,12 +160,14 @@ impl Admission {
         &self.metrics
     }
 
-    /// Answer a raw review body. Errors are reviews we cannot answer with a review
-    /// (no uid to echo); the caller turns them into an HTTP 400.
+    /// Answer a raw review body that `caller` sent. Errors are reviews we
+    /// cannot answer with a review (no uid to echo); the caller turns them
+    /// into an HTTP 400.
     pub(crate) async fn review_body(
         &self,
         body: &[u8],
         mode: Mode,
+        caller: Caller,
     ) -> Result<AdmissionReviewResponse, ReviewError> {
         let started = std::time::Instant::now();
         let parsed = match parse(body) {
@@ -177,7 +179,10 @@ impl Admission {
             }
         };
         let response = match parsed {
-            Parsed::Request(request) => self.review(&request, mode).await,
+            Parsed::Request(mut request) => {
+                request.caller = caller;
+                self.review(&request, mode).await
+            }
             Parsed::Malformed { uid, message } => {
                 self.metrics
                     .observe("UNKNOWN", Outcome::Malformed, started.elapsed());

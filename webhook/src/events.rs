@@ -2,12 +2,21 @@
 //!
 //! Any client that reaches the webhook chooses the object, namespace and much of
 //! the text of these Events, so publication is bounded: one Event per object and
-//! reason within a dedupe window, a token bucket over all of them, a bounded
-//! queue and a bounded number of publications in flight. What does not fit is
-//! dropped and counted (`placement_webhook_events_dropped_total`).
+//! reason within a dedupe window, token buckets, a bounded queue and a bounded
+//! number of publications in flight. What does not fit is dropped and counted
+//! (`placement_webhook_events_dropped_total`).
+//!
+//! The buckets are per caller, so that no caller spends another's: the
+//! callers with a verified client certificate (the API server, with
+//! `--client-ca-file`) share the configured one; every other caller (an
+//! address, an IPv6 /64: without a client CA, the API server too) has one of
+//! its own, of the same size, and all of those together at most
+//! [`CALLERS_CEILING`] times it.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -24,13 +33,26 @@ use placement_endpoint::Throttle;
 
 /// The Events API caps notes at 1 kB.
 const MAX_NOTE_BYTES: usize = 1000;
-/// Longest name, namespace or reason kept in a dedupe key (Kubernetes names are
-/// at most 253 bytes; a hostile client's need not be).
-const MAX_KEY_PART_BYTES: usize = 256;
 /// Events waiting for publication.
 const QUEUE: usize = 256;
 /// Publications in flight at once.
 const IN_FLIGHT: usize = 4;
+/// Callers without a verified certificate gated apart at once; beyond, the
+/// quietest is forgotten (a fresh bucket is no more than it had).
+const MAX_CALLERS: usize = 16;
+/// All callers without a verified certificate together: this many callers'
+/// budgets at most.
+pub(crate) const CALLERS_CEILING: u32 = 4;
+
+/// Who sent a review, as far as its Events go.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Caller {
+    /// Its peer (`placement_endpoint::peer_key`); `None`: not over the
+    /// network (the offline `review`).
+    pub(crate) peer: Option<IpAddr>,
+    /// It presented a client certificate the TLS layer verified.
+    pub(crate) verified: bool,
+}
 
 /// How many Events may be published, and how often the same one.
 #[derive(Debug, Clone, Copy)]
@@ -62,26 +84,45 @@ pub(crate) struct EventSink {
 
 struct Inner {
     queue: mpsc::Sender<(Event, ObjectReference)>,
-    gate: Mutex<Gate>,
+    keys: RandomState,
+    gates: Mutex<Gates>,
     metrics: Arc<Metrics>,
     drops: Throttle,
 }
 
-/// Dedupe and rate limit, decided together under one lock.
+/// Every caller's gate, decided under one lock.
+struct Gates {
+    limits: EventLimits,
+    /// Callers with a verified certificate (and the offline review).
+    verified: Gate,
+    /// Each other caller's own.
+    callers: HashMap<IpAddr, Gate>,
+    /// All other callers together.
+    ceiling: Bucket,
+}
+
+/// Dedupe and rate limit of one caller.
 struct Gate {
     limits: EventLimits,
     seen: HashMap<Key, Instant>,
+    bucket: Bucket,
+}
+
+/// A token bucket.
+struct Bucket {
+    rate: f64,
+    burst: f64,
     tokens: f64,
     refilled: Instant,
 }
 
-/// The object and reason an Event is about.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Key {
-    namespace: String,
-    kind: String,
-    name: String,
-    reason: String,
+/// The object and reason an Event is about, hashed with a key random per
+/// process (no caller can make two collide on purpose): what a caller sends
+/// costs the memory of remembered Events nothing.
+type Key = u64;
+
+fn key(hasher: &impl BuildHasher, namespace: &str, kind: &str, name: &str, reason: &str) -> Key {
+    hasher.hash_one((namespace, kind, name, reason))
 }
 
 impl fmt::Debug for EventSink {
@@ -92,13 +133,74 @@ impl fmt::Debug for EventSink {
     }
 }
 
+impl Bucket {
+    fn new(rate: f64, burst: u32) -> Self {
+        Bucket {
+            rate,
+            burst: f64::from(burst),
+            tokens: f64::from(burst),
+            refilled: Instant::now(),
+        }
+    }
+
+    /// The tokens there are `now`.
+    fn available(&mut self, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.refilled).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.refilled = now;
+        self.tokens
+    }
+}
+
+impl Gates {
+    fn new(limits: EventLimits) -> Self {
+        Gates {
+            limits,
+            verified: Gate::new(limits),
+            callers: HashMap::new(),
+            ceiling: Bucket::new(
+                limits.rate * f64::from(CALLERS_CEILING),
+                limits.burst.saturating_mul(CALLERS_CEILING),
+            ),
+        }
+    }
+
+    /// Whether an Event `caller`'s review causes may go now; `Err` names why
+    /// not.
+    fn admit(&mut self, caller: Caller, key: Key, now: Instant) -> Result<(), &'static str> {
+        let Some(peer) = caller.peer.filter(|_| !caller.verified) else {
+            return self.verified.admit(key, now);
+        };
+        if self.ceiling.available(now) < 1.0 {
+            return Err("rate_limited");
+        }
+        if !self.callers.contains_key(&peer) && self.callers.len() >= MAX_CALLERS {
+            let quietest = self
+                .callers
+                .iter_mut()
+                .map(|(peer, gate)| (*peer, gate.bucket.available(now)))
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|(peer, _)| peer);
+            if let Some(quietest) = quietest {
+                self.callers.remove(&quietest);
+            }
+        }
+        let limits = self.limits;
+        self.callers
+            .entry(peer)
+            .or_insert_with(|| Gate::new(limits))
+            .admit(key, now)?;
+        self.ceiling.tokens -= 1.0;
+        Ok(())
+    }
+}
+
 impl Gate {
     fn new(limits: EventLimits) -> Self {
         Gate {
             limits,
             seen: HashMap::new(),
-            tokens: f64::from(limits.burst),
-            refilled: Instant::now(),
+            bucket: Bucket::new(limits.rate, limits.burst),
         }
     }
 
@@ -112,13 +214,10 @@ impl Gate {
         {
             return Err("duplicate");
         }
-        let elapsed = now.duration_since(self.refilled).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.limits.rate).min(f64::from(self.limits.burst));
-        self.refilled = now;
-        if self.tokens < 1.0 {
+        if self.bucket.available(now) < 1.0 {
             return Err("rate_limited");
         }
-        self.tokens -= 1.0;
+        self.bucket.tokens -= 1.0;
         // Only admitted Events are remembered, so the map holds at most what
         // the rate lets through in one window (plus the burst).
         if self.seen.len() >= self.capacity() {
@@ -154,15 +253,17 @@ impl EventSink {
         EventSink {
             inner: Some(Arc::new(Inner {
                 queue,
-                gate: Mutex::new(Gate::new(limits)),
+                keys: RandomState::new(),
+                gates: Mutex::new(Gates::new(limits)),
                 metrics,
                 drops: Throttle::new(Duration::from_secs(30)),
             })),
         }
     }
 
-    /// Emit a Warning Event about the object of `request`. Skipped for dry-run
-    /// requests, which must have no side effects.
+    /// Emit a Warning Event about the object of `request`, within the budget
+    /// of the caller that sent it. Skipped for dry-run requests, which must
+    /// have no side effects.
     pub(crate) fn emit(&self, request: &AdmissionRequest, reason: &str, message: &str) {
         if request.dry_run.unwrap_or(false) {
             return;
@@ -171,19 +272,18 @@ impl EventSink {
             return;
         };
         let reference = object_reference(request);
-        let part =
-            |s: Option<&str>| truncate(s.unwrap_or_default(), MAX_KEY_PART_BYTES).into_owned();
-        let key = Key {
-            namespace: part(reference.namespace.as_deref()),
-            kind: part(reference.kind.as_deref()),
-            name: part(reference.name.as_deref()),
-            reason: part(Some(reason)),
-        };
-        let admitted = inner
-            .gate
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .admit(key, Instant::now());
+        let key = key(
+            &inner.keys,
+            reference.namespace.as_deref().unwrap_or_default(),
+            reference.kind.as_deref().unwrap_or_default(),
+            reference.name.as_deref().unwrap_or_default(),
+            reason,
+        );
+        let admitted = inner.gates.lock().unwrap_or_else(|p| p.into_inner()).admit(
+            request.caller,
+            key,
+            Instant::now(),
+        );
         let dropped = match admitted {
             Err(why) => why,
             Ok(()) => {
@@ -306,16 +406,13 @@ mod tests {
             object: Some(object),
             old_object: None,
             dry_run: None,
+            caller: Caller::default(),
         }
     }
 
     fn key(name: &str, reason: &str) -> Key {
-        Key {
-            namespace: "team-a".into(),
-            kind: "ReplicaSet".into(),
-            name: name.into(),
-            reason: reason.into(),
-        }
+        let hasher = std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default();
+        super::key(&hasher, "team-a", "ReplicaSet", name, reason)
     }
 
     #[test]
@@ -348,6 +445,62 @@ mod tests {
             gate.admit(key("web", "PlacementDenied"), much_later),
             Ok(())
         );
+    }
+
+    /// One caller without a verified certificate spends its own budget, not
+    /// another's; all of them together at most the ceiling's; callers with a
+    /// verified certificate share the configured one.
+    #[test]
+    fn each_caller_spends_its_own_budget() {
+        let limits = EventLimits {
+            rate: 1.0,
+            burst: 3,
+            dedupe_window: Duration::from_secs(60),
+        };
+        let mut gates = Gates::new(limits);
+        let now = Instant::now();
+        let caller = |last: u8| Caller {
+            peer: Some(IpAddr::from([10, 0, 0, last])),
+            verified: false,
+        };
+        for n in 0..3 {
+            assert_eq!(
+                gates.admit(caller(2), key(&format!("spam-{n}"), "r"), now),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            gates.admit(caller(2), key("spam-9", "r"), now),
+            Err("rate_limited")
+        );
+        // Another caller's budget is whole.
+        assert_eq!(gates.admit(caller(3), key("real", "r"), now), Ok(()));
+        // A verified caller shares the configured one, apart from the others.
+        let verified = Caller {
+            verified: true,
+            ..caller(2)
+        };
+        for n in 0..3 {
+            assert_eq!(
+                gates.admit(verified, key(&format!("api-{n}"), "r"), now),
+                Ok(())
+            );
+        }
+        assert_eq!(
+            gates.admit(verified, key("api-9", "r"), now),
+            Err("rate_limited")
+        );
+        // Unverified callers together: the ceiling (4 x 3 = 12 at once).
+        let mut admitted = 4; // caller 2's three and caller 3's one
+        for last in 4..40 {
+            for n in 0..3 {
+                if gates.admit(caller(last), key(&format!("{last}-{n}"), "r"), now) == Ok(()) {
+                    admitted += 1;
+                }
+            }
+        }
+        assert_eq!(admitted, 12);
+        assert!(gates.callers.len() <= MAX_CALLERS);
     }
 
     #[test]

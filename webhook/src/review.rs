@@ -71,6 +71,9 @@ pub(crate) struct AdmissionRequest {
     pub old_object: Option<Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dry_run: Option<bool>,
+    /// Who sent it (not part of the review: set by whoever received it).
+    #[serde(skip)]
+    pub caller: crate::events::Caller,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]

@@ -17,7 +17,7 @@ use crate::admission::{Admission, AdmissionSettings, Mode};
 use crate::config::{
     CertsArgs, ConfigError, EngineKind, OutputFormat, ResolvedEngine, ReviewArgs, ServeArgs,
 };
-use crate::events::{EventLimits, EventSink};
+use crate::events::{Caller, EventLimits, EventSink};
 use crate::guardrail::Guardrail;
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
@@ -444,7 +444,7 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
             message: e.to_string(),
         })?;
         let answer = admission
-            .review_body(&bytes, Mode::Mutate)
+            .review_body(&bytes, Mode::Mutate, Caller::default())
             .await
             .map_err(|e| RunError::Review {
                 path: args.file.clone(),

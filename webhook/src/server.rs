@@ -28,6 +28,7 @@ use serde_json::json;
 
 use crate::admission::{Admission, Mode};
 use crate::budget::{Charge, JsonShape, MemoryBudget, Refusal};
+use crate::events::Caller;
 use crate::readiness::{Readiness, ReadyState};
 use crate::review::ReviewError;
 
@@ -251,7 +252,11 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
     if let Err(refusal) = charge.resize(cost) {
         return over_budget(&state, peer, refusal);
     }
-    let answer = state.admission.review_body(&body, mode).await;
+    let caller = Caller {
+        peer: peer.map(|p| peer_key(p.ip())),
+        verified,
+    };
+    let answer = state.admission.review_body(&body, mode, caller).await;
     drop(body);
     let response = match answer {
         Ok(review) => Json(review).into_response(),
