@@ -97,6 +97,18 @@ fn kept_annotations(
     Ok(kept)
 }
 
+/// The patch that puts `stored`'s annotations back onto `object`, `None`
+/// when they are the same: what an update through the `status`
+/// subresource, which the API server lets change metadata, may not change
+/// (neither a placement the policy wrote nor the developer's request, which
+/// only an update of the object itself may change, through the webhook).
+pub fn keep_stored_annotations(
+    object: &Value,
+    stored: &Value,
+) -> Result<Option<Patch>, MergeError> {
+    patch_annotations_to(object, &annotations(stored)?.unwrap_or_default())
+}
+
 /// Annotation prefixes that kubectl and Kubernetes' own controllers maintain
 /// (`kubectl apply`'s last-applied configuration, the Deployment controller's
 /// revision and replica counts): bookkeeping, not a developer's request, so a
@@ -245,6 +257,28 @@ mod tests {
                 errors: errors.errors.clone()
             }
         );
+    }
+
+    /// Through `status`, the annotations stay as stored: the placement, its
+    /// record and the developer's request alike.
+    #[test]
+    fn the_stored_annotations_are_kept() {
+        let stored = placed();
+        assert_eq!(keep_stored_annotations(&stored, &stored).unwrap(), None);
+        let mut forged = stored.clone();
+        let annotations = forged["metadata"]["annotations"].as_object_mut().unwrap();
+        annotations.insert(PREFS.into(), json!(r#"{"clusters":{"us-1":{}}}"#));
+        annotations.remove(OWNERSHIP_ANNOTATION);
+        annotations.insert("team".into(), json!("payments"));
+        let patch = keep_stored_annotations(&forged, &stored).unwrap().unwrap();
+        assert_eq!(
+            apply(&forged, &patch)["metadata"]["annotations"],
+            stored["metadata"]["annotations"]
+        );
+        // A stored object without annotations: the added ones go.
+        let bare = json!({"metadata": {"name": "rs"}});
+        let patch = keep_stored_annotations(&forged, &bare).unwrap().unwrap();
+        assert_eq!(apply(&forged, &patch)["metadata"]["annotations"], json!({}));
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The ownership record cannot be forged, through a real API server: a record
 //! a client wrote neither hides an annotation from the policy nor makes the
 //! webhook remove it; a copy of a placed object (`kubectl get -o json`,
-//! renamed, `kubectl create`) is placed like any object.
+//! renamed, `kubectl create`) is placed like any object; a placement cannot
+//! be changed through the status subresource.
 
 use std::time::Duration;
 
@@ -274,4 +275,74 @@ fn the_ownership_keys_outlive_their_secret() {
         "the developer's request survived: {}",
         updated["metadata"]["annotations"]
     );
+}
+
+/// A placement cannot be changed past the webhook (issue 30, part 3): a
+/// status update keeps metadata changes, so `kubectl patch
+/// --subresource=status` of an annotation used to change a placement (or
+/// the developer's request) with no admission call, and the remediator then
+/// took the new value for the developer's. The webhook sees `*/status` and
+/// keeps the annotations as stored, of ReplicaSets and Deployments alike;
+/// status itself still changes.
+#[test]
+fn a_placement_cannot_be_changed_through_the_status_subresource() {
+    let plane = ControlPlane::shared();
+    let ns = unique_name("status-sub");
+    plane.create_namespace(&ns);
+    let dir = scratch_dir("status-subresource-policy");
+    std::fs::write(dir.join("placement.rego"), POLICY).unwrap();
+    let webhook = WebhookProcess::start(&[
+        format!("--policy-dir={}", dir.display()),
+        format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Webhook).display()
+        ),
+    ]);
+    plane.register_webhook(
+        &ns,
+        &webhook.url("/mutate"),
+        &webhook.ca_pem,
+        POLICY_NAMESPACE,
+    );
+    let placed = create(plane, &replicaset(&ns, "placed", json!({PLACE: "us"})));
+    let mut deployment = replicaset(&ns, "web", json!({}));
+    deployment["kind"] = json!("Deployment");
+    let deployed = create(plane, &deployment);
+    for (resource, stored) in [("rs", &placed), ("deployment", &deployed)] {
+        let name = stored["metadata"]["name"].as_str().unwrap();
+        assert_eq!(stored["metadata"]["annotations"][PLACE], "eu", "{stored}");
+        // The placement, its record and the developer's request, all
+        // through the status subresource, beside a status change.
+        let forged = json!({
+            "metadata": {"annotations": {PLACE: "us-1", OWNED: null, "team": "payments"}},
+            "status": {"observedGeneration": 7},
+        });
+        let out = plane.kubectl(&[
+            "patch",
+            resource,
+            name,
+            "-n",
+            &ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &forged.to_string(),
+            "-o",
+            "json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{resource}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let after: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(
+            after["metadata"]["annotations"], stored["metadata"]["annotations"],
+            "{resource}: the annotations changed through status"
+        );
+        assert_eq!(
+            after["status"]["observedGeneration"], 7,
+            "{resource}: the status changed: {after}"
+        );
+    }
 }

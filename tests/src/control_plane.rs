@@ -454,7 +454,8 @@ impl ControlPlane {
     }
 
     /// Register a `MutatingWebhookConfiguration` named `name` that sends
-    /// CREATE/UPDATE of ReplicaSets and Deployments in namespaces labelled
+    /// CREATE/UPDATE of ReplicaSets and Deployments (and their status updates
+    /// that change annotations, as the chart's) in namespaces labelled
     /// `placement-test=<name>` to `url`, trusting `ca_pem`.
     pub fn register_webhook(&self, name: &str, url: &str, ca_pem: &str, policy_namespace: &str) {
         self.register_webhook_for(
@@ -466,7 +467,7 @@ impl ControlPlane {
                 "apiGroups": ["apps"],
                 "apiVersions": ["v1"],
                 "operations": ["CREATE", "UPDATE"],
-                "resources": ["replicasets", "deployments"],
+                "resources": ["replicasets", "deployments", "replicasets/status", "deployments/status"],
                 "scope": "Namespaced"
             }]),
         );
@@ -490,6 +491,10 @@ impl ControlPlane {
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": {"url": url, "caBundle": placement_certs::ca_bundle(ca_pem)},
                 "rules": rules,
+                "matchConditions": [{
+                    "name": "status-only-when-it-changes-annotations",
+                    "expression": "!has(request.subResource) || request.subResource != 'status' || (has(object.metadata.annotations) ? object.metadata.annotations : {}) != (has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {})"
+                }],
                 "namespaceSelector": {
                     "matchLabels": {"placement-test": name},
                     "matchExpressions": [{

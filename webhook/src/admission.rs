@@ -203,8 +203,15 @@ impl Admission {
 
     async fn decide(&self, request: &AdmissionRequest, mode: Mode) -> (AdmissionResponse, Outcome) {
         let uid = request.uid.as_str();
-        // DELETE and CONNECT carry nothing to place; subresources (status, scale)
-        // cannot change annotations.
+        // A status update keeps metadata changes: the annotations stay as
+        // stored (see `keep_stored_annotations`).
+        if request.operation == Operation::Update
+            && request.sub_resource.as_deref() == Some("status")
+        {
+            return self.keep_stored_annotations(request, mode);
+        }
+        // DELETE and CONNECT carry nothing to place; the other subresources
+        // (scale) cannot change annotations.
         if !matches!(request.operation, Operation::Create | Operation::Update)
             || request
                 .sub_resource
@@ -274,6 +281,54 @@ impl Admission {
             Ok(Placement::Patch(Some(_))) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
             Ok(Placement::Patch(None)) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
             Err(failure) => self.guard(request, failure),
+        }
+    }
+
+    /// An update through the `status` subresource: annotations cannot be
+    /// changed there (no placement, no developer request past the policy),
+    /// so they are put back as stored (`/mutate`) or the update is denied
+    /// (`/validate`). No engine is asked: a status update never waits for
+    /// one, nor fails with it.
+    fn keep_stored_annotations(
+        &self,
+        request: &AdmissionRequest,
+        mode: Mode,
+    ) -> (AdmissionResponse, Outcome) {
+        let uid = request.uid.as_str();
+        let (Some(object), Some(stored)) = (&request.object, &request.old_object) else {
+            return (
+                AdmissionResponse::deny(
+                    uid,
+                    400,
+                    "BadRequest",
+                    "malformed AdmissionReview request: a status UPDATE without object and oldObject"
+                        .to_owned(),
+                ),
+                Outcome::Malformed,
+            );
+        };
+        const KEPT: &str = "placement-policy: annotations are not changed through the status subresource (kept as stored); change them on the object itself";
+        match policy_client::verdict::keep_stored_annotations(object, stored) {
+            Ok(None) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
+            Ok(Some(patch)) if mode == Mode::Mutate => (
+                AdmissionResponse::allow(uid)
+                    .with_patch(&patch)
+                    .with_warning(KEPT.to_owned()),
+                Outcome::Patched,
+            ),
+            Ok(Some(_)) => (
+                AdmissionResponse::deny(uid, 403, "Forbidden", KEPT.to_owned()),
+                Outcome::Denied,
+            ),
+            Err(e) => (
+                AdmissionResponse::deny(
+                    uid,
+                    400,
+                    "BadRequest",
+                    format!("malformed AdmissionReview request: {e}"),
+                ),
+                Outcome::Malformed,
+            ),
         }
     }
 

@@ -57,7 +57,7 @@ cluster's). */}}
 {{- $parts := splitList "/" . }}
 - apiGroups: [{{ if eq (len $parts) 3 }}{{ first $parts | quote }}{{ else }}""{{ end }}]
   apiVersions: [{{ index $parts (sub (len $parts) 2) | quote }}]
-  resources: [{{ last $parts | quote }}]
+  resources: [{{ last $parts | quote }}, {{ printf "%s/status" (last $parts) | quote }}]
   operations: ["CREATE", "UPDATE"]
   scope: Namespaced
 {{- end }}
