@@ -11,12 +11,19 @@
 //! patch at all.
 //!
 //! The record is signed ([`OwnershipKeys`], HMAC-SHA256) over its content and
-//! the object it belongs to (kind, namespace, and name or generateName): a
-//! record that anyone else wrote or edited, or copied from another object, does
-//! not verify and counts as absent, so no client can make the policy mistake a
-//! value for developer intent, nor hide or remove annotations through it. A copy
-//! of a placed object (`kubectl get -o yaml | kubectl create -f -` under another
-//! name) is then simply the developer's request as it reads.
+//! what identifies the object it belongs to: API group, kind, namespace, name
+//! and uid. A record made while the object is being created, before the API
+//! server gives it a uid (and, with generateName, a name), names its group,
+//! kind, namespace and name or generateName and the time it was made, which
+//! the object's creation time must match (within [`CREATION_WINDOW`]); once
+//! what it records changes, it is bound to the uid. A record that anyone else
+//! wrote or edited, or copied from another object (another name, namespace,
+//! kind or group; the object deleted and created again under its name; a
+//! sibling of the same generateName created later), does not verify and
+//! counts as absent, so no client can make the policy mistake a value for
+//! developer intent, nor hide or remove annotations through it. A copy of a
+//! placed object (`kubectl get -o yaml | kubectl create -f -`) is then simply
+//! the developer's request as it reads.
 
 use std::collections::BTreeMap;
 
@@ -107,32 +114,81 @@ pub fn annotations(object: &Value) -> Result<Option<BTreeMap<String, String>>, M
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct SignedRecord {
     owned: Ownership,
+    /// Made while the object was being created (it had no uid yet): when,
+    /// in Unix seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    creating: Option<i64>,
     mac: String,
 }
 
-/// The object a record belongs to: kind, namespace, and name (or generateName,
-/// which is all a CREATE may have).
-fn record_subject(object: &Value) -> String {
-    let text = |pointer: &str| {
-        object
-            .pointer(pointer)
-            .and_then(Value::as_str)
-            .unwrap_or("")
-    };
-    let name = match text("/metadata/generateName") {
-        "" => text("/metadata/name"),
-        generated => generated,
-    };
-    format!(
-        "{}\n{}\n{}",
-        text("/kind"),
-        text("/metadata/namespace"),
-        name
-    )
+/// How far after a record made at an object's creation the API server may
+/// store the object (the admission chain after this webhook: other webhooks,
+/// each within its timeout of at most 30 s), and how far the clocks of the
+/// webhook and the API server may differ the other way.
+pub const CREATION_WINDOW: std::time::Duration = std::time::Duration::from_secs(30);
+const CLOCK_MARGIN: i64 = 5;
+
+fn text<'a>(object: &'a Value, pointer: &str) -> &'a str {
+    object
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
-fn record_message(object: &Value, owned: &Ownership) -> Result<Vec<u8>, MergeError> {
-    let mut message = record_subject(object).into_bytes();
+/// The object a record belongs to: API group, kind, namespace, name and uid;
+/// or, for a record made at its creation (`creating`: when), API group,
+/// kind, namespace, name (or generateName, which is all a CREATE may have)
+/// and that time.
+fn record_subject(object: &Value, creating: Option<i64>) -> String {
+    let group = text(object, "/apiVersion")
+        .rsplit_once('/')
+        .map_or("", |(group, _)| group);
+    let (kind, namespace) = (text(object, "/kind"), text(object, "/metadata/namespace"));
+    match creating {
+        None => format!(
+            "object\n{group}\n{kind}\n{namespace}\n{}\n{}",
+            text(object, "/metadata/name"),
+            text(object, "/metadata/uid")
+        ),
+        Some(at) => {
+            let name = match text(object, "/metadata/generateName") {
+                "" => text(object, "/metadata/name"),
+                generated => generated,
+            };
+            format!("creating\n{group}\n{kind}\n{namespace}\n{name}\n{at}")
+        }
+    }
+}
+
+/// Seconds since the Unix epoch, now.
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Whether a record made at `at` while its object was being created belongs
+/// to `object`: one stored since (it has a uid) was created within the
+/// window after it; one still being created is being created now.
+fn created_then(object: &Value, at: i64) -> bool {
+    let created = if text(object, "/metadata/uid").is_empty() {
+        Some(now_unix())
+    } else {
+        text(object, "/metadata/creationTimestamp")
+            .parse::<k8s_openapi::jiff::Timestamp>()
+            .ok()
+            .map(|t| t.as_second())
+    };
+    let window = i64::try_from(CREATION_WINDOW.as_secs()).unwrap_or(i64::MAX);
+    created.is_some_and(|t| t >= at - CLOCK_MARGIN && t <= at + window)
+}
+
+fn record_message(
+    object: &Value,
+    owned: &Ownership,
+    creating: Option<i64>,
+) -> Result<Vec<u8>, MergeError> {
+    let mut message = record_subject(object, creating).into_bytes();
     message.push(b'\n');
     // Maps serialize in key order: one text per record.
     message.extend(
@@ -144,29 +200,44 @@ fn record_message(object: &Value, owned: &Ownership) -> Result<Vec<u8>, MergeErr
 /// The object's ownership record, when it verifies; empty otherwise (absent,
 /// unreadable, forged, edited, or copied from another object).
 pub fn ownership(object: &Value, keys: &OwnershipKeys) -> Ownership {
-    let Ok(Some(current)) = annotations(object) else {
-        return Ownership::new();
-    };
-    let Some(raw) = current.get(OWNERSHIP_ANNOTATION) else {
-        return Ownership::new();
-    };
-    let Ok(record) = serde_json::from_str::<SignedRecord>(raw) else {
-        return Ownership::new();
-    };
-    match record_message(object, &record.owned) {
-        Ok(message) if keys.verify(&message, &record.mac) => record.owned,
-        _ => Ownership::new(),
-    }
+    verified_record(object, keys).map_or_else(Ownership::new, |record| record.owned)
 }
 
+/// The object's record, when it verifies.
+fn verified_record(object: &Value, keys: &OwnershipKeys) -> Option<SignedRecord> {
+    let current = annotations(object).ok()??;
+    let record = serde_json::from_str::<SignedRecord>(current.get(OWNERSHIP_ANNOTATION)?).ok()?;
+    if record.creating.is_some_and(|at| !created_then(object, at)) {
+        return None;
+    }
+    let message = record_message(object, &record.owned, record.creating).ok()?;
+    keys.verify(&message, &record.mac).then_some(record)
+}
+
+/// The record of `owned` for `object`: bound to its uid; while it has none
+/// (being created), to the time it is made. A record made at the creation
+/// keeps that time while what it records stays the same (signed again, with
+/// a new key, it is the same record: no write for nothing).
 fn encode_record(
     object: &Value,
     owned: Ownership,
+    current: Option<&SignedRecord>,
     keys: &OwnershipKeys,
 ) -> Result<String, MergeError> {
-    let mac = keys.sign(&record_message(object, &owned)?);
-    serde_json::to_string(&SignedRecord { owned, mac })
-        .map_err(|e| MergeError::InvalidOwnership(e.to_string()))
+    let creating = if text(object, "/metadata/uid").is_empty() {
+        Some(now_unix())
+    } else {
+        current
+            .filter(|record| record.owned == owned)
+            .and_then(|record| record.creating)
+    };
+    let mac = keys.sign(&record_message(object, &owned, creating)?);
+    serde_json::to_string(&SignedRecord {
+        owned,
+        creating,
+        mac,
+    })
+    .map_err(|e| MergeError::InvalidOwnership(e.to_string()))
 }
 
 /// The annotations as the developer asked for them: values the policy still owns
@@ -229,7 +300,10 @@ pub fn desired_annotations(
     keys: &OwnershipKeys,
 ) -> Result<BTreeMap<String, String>, MergeError> {
     let current = annotations(object)?.unwrap_or_default();
-    let owned = ownership(object, keys);
+    let verified = verified_record(object, keys);
+    let owned = verified
+        .as_ref()
+        .map_or_else(Ownership::new, |record| record.owned.clone());
     let requested = requested_annotations(&current, &owned);
     let mut desired = requested.clone();
     let mut record = Ownership::new();
@@ -253,7 +327,7 @@ pub fn desired_annotations(
     if !record.is_empty() {
         desired.insert(
             OWNERSHIP_ANNOTATION.to_owned(),
-            encode_record(object, record, keys)?,
+            encode_record(object, record, verified.as_ref(), keys)?,
         );
     }
     let size: usize = desired.iter().map(|(k, v)| k.len() + v.len()).sum();
@@ -778,6 +852,79 @@ mod tests {
             ownership(&placed, &other_keys).is_empty(),
             "another key does not verify"
         );
+    }
+
+    /// `object` as the API server stores it: with `uid`, created `after`
+    /// seconds from now.
+    fn stored(object: &Value, uid: &str, after: i64) -> Value {
+        let mut stored = object.clone();
+        let created = k8s_openapi::jiff::Timestamp::from_second(now_unix() + after).unwrap();
+        stored["metadata"]["uid"] = json!(uid);
+        stored["metadata"]["creationTimestamp"] = json!(created.to_string());
+        stored
+    }
+
+    /// A record belongs to what identifies its object: made on a stored
+    /// object, its uid and API group (so not onto the object recreated under
+    /// its name, nor another group's kind of the same name); made at the
+    /// creation, its creation time (so not onto an object, or a generateName
+    /// sibling, created later). Placing the stored object again binds it to
+    /// the uid.
+    #[test]
+    fn a_record_is_bound_to_the_uid_or_the_creation_time() {
+        let object = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"generateName": "web-", "namespace": "ns",
+                "annotations": {"p": "developer"}}});
+        let decision = decision(&[("p", "policy")]);
+        // Made at the creation: no uid yet.
+        let creating = apply(
+            &object,
+            &plan_patch(&object, &decision, keys()).unwrap().unwrap(),
+        );
+        let record = creating["metadata"]["annotations"][OWNERSHIP_ANNOTATION]
+            .as_str()
+            .unwrap();
+        assert!(record.contains("\"creating\":"), "{record}");
+        assert!(!ownership(&creating, keys()).is_empty(), "while created");
+        let mut first = stored(&creating, "uid-1", 1);
+        first["metadata"]["name"] = json!("web-abcde");
+        assert!(!ownership(&first, keys()).is_empty(), "stored at once");
+        let mut later = stored(&creating, "uid-2", 120);
+        later["metadata"]["name"] = json!("web-fghij");
+        assert!(ownership(&later, keys()).is_empty(), "a sibling made later");
+        assert_eq!(
+            developer_view(&later, keys())["metadata"]["annotations"]["p"],
+            "policy"
+        );
+        // Placed again, stored, the same: nothing to write (the record stays
+        // as made). Placed otherwise: bound to the uid.
+        assert_eq!(plan_patch(&first, &decision, keys()).unwrap(), None);
+        let other = self::decision(&[("p", "elsewhere")]);
+        let bound = apply(
+            &first,
+            &plan_patch(&first, &other, keys()).unwrap().unwrap(),
+        );
+        let record = bound["metadata"]["annotations"][OWNERSHIP_ANNOTATION]
+            .as_str()
+            .unwrap();
+        assert!(!record.contains("creating"), "{record}");
+        assert_eq!(
+            ownership(&bound, keys())["p"].requested.as_deref(),
+            Some("developer")
+        );
+        // The same name, another uid (deleted and created again, even at
+        // once), or another API group's kind of the same name: not its
+        // record.
+        let mut recreated = bound.clone();
+        recreated["metadata"]["uid"] = json!("uid-3");
+        assert!(ownership(&recreated, keys()).is_empty());
+        let mut other_group = bound.clone();
+        other_group["apiVersion"] = json!("example.com/v1");
+        assert!(ownership(&other_group, keys()).is_empty());
+        // The version is no part of the object's identity.
+        let mut other_version = bound.clone();
+        other_version["apiVersion"] = json!("apps/v1beta2");
+        assert!(!ownership(&other_version, keys()).is_empty());
     }
 
     #[test]

@@ -346,3 +346,82 @@ fn a_placement_cannot_be_changed_through_the_status_subresource() {
         );
     }
 }
+
+/// Long enough after a placed object's creation that a record made at that
+/// creation (before the object had a uid) no longer verifies on any other
+/// object created since: the webhook's window (30 s) and clock margin (5 s).
+const PAST_THE_CREATION_WINDOW: Duration = Duration::from_secs(37);
+
+/// The record belongs to one object (issue 30, part 6): its subject was
+/// kind, namespace and name (or generateName), so a record copied onto the
+/// object recreated under the same name, or onto a sibling of the same
+/// generateName, verified there and passed the policy's old value for the
+/// developer's request. Now a record is bound to the object's uid (or, made
+/// at its creation, to its creation time): the copies are the developer's
+/// request as they read.
+#[test]
+fn a_record_does_not_replay_onto_a_recreated_object_or_a_sibling() {
+    let plane = ControlPlane::shared();
+    let ns = unique_name("replay");
+    plane.create_namespace(&ns);
+    let dir = scratch_dir("replay-policy");
+    std::fs::write(dir.join("placement.rego"), POLICY).unwrap();
+    let webhook = WebhookProcess::start(&[
+        format!("--policy-dir={}", dir.display()),
+        format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Webhook).display()
+        ),
+    ]);
+    plane.register_webhook(
+        &ns,
+        &webhook.url("/mutate"),
+        &webhook.ca_pem,
+        POLICY_NAMESPACE,
+    );
+    let original = create(plane, &replicaset(&ns, "original", json!({PLACE: "us"})));
+    let mut generated = replicaset(&ns, "unused", json!({PLACE: "us"}));
+    let meta = generated["metadata"].as_object_mut().unwrap();
+    meta.remove("name");
+    meta.insert("generateName".into(), json!("gen-"));
+    let first_sibling = create(plane, &generated);
+    for placed in [&original, &first_sibling] {
+        let record = placed["metadata"]["annotations"][OWNED].as_str().unwrap();
+        assert!(record.contains("\"requested\":\"us\""), "{record}");
+    }
+    // Later on (a replay within the creation window is not what this
+    // checks), the copies.
+    std::thread::sleep(PAST_THE_CREATION_WINDOW);
+    plane.kubectl_ok(&["delete", "rs", "original", "-n", &ns]);
+    let copy_of = |placed: &Value| {
+        let mut copy = placed.clone();
+        let meta = copy["metadata"].as_object_mut().unwrap();
+        for field in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "managedFields",
+            "generation",
+        ] {
+            meta.remove(field);
+        }
+        copy.as_object_mut().unwrap().remove("status");
+        copy
+    };
+    let recreated = create(plane, &copy_of(&original));
+    let mut sibling = copy_of(&first_sibling);
+    sibling["metadata"].as_object_mut().unwrap().remove("name");
+    let second_sibling = create(plane, &sibling);
+    for (what, copy) in [
+        ("the recreated object", &recreated),
+        ("the generateName sibling", &second_sibling),
+    ] {
+        let annotations = &copy["metadata"]["annotations"];
+        assert_eq!(annotations[PLACE], "eu", "{what}: {annotations}");
+        let record = annotations[OWNED].as_str().unwrap_or_default();
+        assert!(
+            !record.contains("\"requested\":\"us\""),
+            "{what}: the copied record was honoured: {annotations}"
+        );
+    }
+}

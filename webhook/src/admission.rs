@@ -1,6 +1,7 @@
 //! Answering AdmissionReviews: ask the engine, merge the decision, or fail by the
 //! fail-closed-iff-policies-exist rule.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -462,6 +463,7 @@ impl Admission {
         request: &AdmissionRequest,
         object: &Value,
     ) -> Result<Placement, PlacementFailure> {
+        let object = &*identified(request, object);
         let deadline = Instant::now() + self.settings.engine_deadline;
         let keys = self.keys()?;
         let decision = self.decision(request, object, deadline).await?;
@@ -531,6 +533,37 @@ impl Admission {
         };
         Ok(Decision::from_result(&result)?)
     }
+}
+
+/// `object` with what identifies it as the API server stores it, which its
+/// ownership record is bound to: on an UPDATE the stored object's uid and
+/// creation time (the API server keeps both; a client's own are refused or
+/// replaced), on a CREATE none (the API server assigns them once admission
+/// is done; a client's own, copied from another object, are not this
+/// object's). Copied only when the request's differ.
+fn identified<'a>(request: &AdmissionRequest, object: &'a Value) -> Cow<'a, Value> {
+    const FIELDS: [&str; 2] = ["uid", "creationTimestamp"];
+    let stored = match request.operation {
+        Operation::Update => request.old_object.as_ref().and_then(|o| o.get("metadata")),
+        _ => None,
+    };
+    let wanted = |field: &str| stored.and_then(|meta| meta.get(field));
+    let Some(meta) = object.get("metadata").and_then(Value::as_object) else {
+        return Cow::Borrowed(object);
+    };
+    if FIELDS.iter().all(|f| meta.get(*f) == wanted(f)) {
+        return Cow::Borrowed(object);
+    }
+    let mut object = object.clone();
+    if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+        for field in FIELDS {
+            match wanted(field) {
+                Some(value) => meta.insert(field.to_owned(), value.clone()),
+                None => meta.remove(field),
+            };
+        }
+    }
+    Cow::Owned(object)
 }
 
 enum Placement {
