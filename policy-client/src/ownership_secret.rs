@@ -2,12 +2,17 @@
 //! webhook and the remediator: read at start, watched afterwards (a rotation
 //! puts the new key first and keeps the old one on a later line).
 //!
-//! The keys outlive what users do to the Secret. A process allowed to write
-//! it (the webhook) creates a key when the Secret holds none, puts the keys it
-//! holds back when the Secret is deleted or emptied, and, when someone else
-//! refilled it meanwhile (another replica that held none), appends its keys
-//! to verify with: records signed before keep verifying, so no developer's
-//! request is lost to a new key. A process only allowed to read it (the
+//! The keys outlive accidents to the Secret, and a revocation holds. A
+//! process allowed to write it (the webhook) creates a key when the Secret
+//! holds none, and puts the keys it holds back when the Secret is deleted or
+//! emptied and nobody fills it again within [`PUT_BACK_AFTER`]. When a
+//! replica refilled it meanwhile with a key of its own (one that held none:
+//! the Secret carries [`WRITTEN_BY_A_REPLICA`], the digest of what a replica
+//! wrote), it appends its keys to verify with: records signed before keep
+//! verifying, so no developer's request is lost to a new key. Keys anyone
+//! else wrote (deleting the Secret and creating it again with a new key, to
+//! revoke the old one) are the keys, alone: a running process never brings
+//! back what was taken out. A process only allowed to read it (the
 //! remediator) keeps the keys it holds until the Secret holds some again.
 //! (Across a reinstall, the chart keeps the Secret.) The API server's
 //! optimistic concurrency lets one write win; the others read the result.
@@ -22,9 +27,18 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::runtime::watcher;
 
 use crate::ownership_keys::{KeyError, OwnershipKeys, SharedKeys, merged_text};
+use crate::placement::digest;
 
 /// Data key of the Secret holding the keys.
 pub const SECRET_KEY: &str = "ownership.keys";
+/// Annotation a replica puts on the Secret it writes: the digest of the key
+/// text it wrote. Keys with it are a replica's (appended to, after a loss);
+/// keys without it, or with another text, a person's (the keys, alone).
+pub const WRITTEN_BY_A_REPLICA: &str = "placement-policy.io/keys-written-by-a-replica";
+/// How long a deleted or emptied Secret is left for someone to fill again
+/// (a revocation: deleted and created again with a new key) before the keys
+/// in use are put back.
+pub const PUT_BACK_AFTER: Duration = Duration::from_secs(10);
 const RETRY: Duration = Duration::from_secs(2);
 
 /// Where the keys live, and whether this process may write them.
@@ -86,11 +100,18 @@ impl KeySecret {
         }
     }
 
-    /// Write `text` as the keys: into `existing`, or a new Secret.
+    /// Write `text` as the keys: into `existing`, or a new Secret; marked as
+    /// a replica's.
     async fn write(&self, text: &str, existing: Option<Secret>) -> Result<(), kube::Error> {
         let data = BTreeMap::from([(SECRET_KEY.to_owned(), ByteString(text.as_bytes().to_vec()))]);
+        let mark = BTreeMap::from([(WRITTEN_BY_A_REPLICA.to_owned(), digest(text))]);
         match existing {
             Some(mut secret) => {
+                secret
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .extend(mark);
                 secret.data.get_or_insert_with(BTreeMap::new).extend(data);
                 self.api
                     .replace(&self.name, &PostParams::default(), &secret)
@@ -101,6 +122,7 @@ impl KeySecret {
                     metadata: ObjectMeta {
                         name: Some(self.name.clone()),
                         namespace: Some(self.namespace.clone()),
+                        annotations: Some(mark),
                         ..Default::default()
                     },
                     type_: Some("Opaque".to_owned()),
@@ -114,7 +136,8 @@ impl KeySecret {
     }
 
     /// Follow the Secret: its keys replace the ones in use; when it is
-    /// deleted or emptied, a process that may write it puts them back.
+    /// deleted or emptied and nobody fills it again in time, a process that
+    /// may write it puts them back.
     async fn follow(self, shared: SharedKeys, text: String) {
         let stream = watcher(
             self.api.clone(),
@@ -123,7 +146,24 @@ impl KeySecret {
         let mut stream = std::pin::pin!(stream);
         let mut state = Followed { text, lost: false };
         let mut listed = false;
-        while let Some(event) = stream.next().await {
+        // When the keys in use are put back, unless the Secret is filled
+        // again before.
+        let mut put_back_at: Option<tokio::time::Instant> = None;
+        loop {
+            let event = match put_back_at {
+                Some(at) => tokio::select! {
+                    event = stream.next() => event,
+                    () = tokio::time::sleep_until(at) => {
+                        put_back_at = None;
+                        self.put_back(&state).await;
+                        continue;
+                    }
+                },
+                None => stream.next().await,
+            };
+            let Some(event) = event else {
+                return;
+            };
             let secret = match event {
                 Ok(watcher::Event::Init) => {
                     listed = false;
@@ -143,44 +183,75 @@ impl KeySecret {
                     continue;
                 }
             };
-            self.observe(secret, &shared, &mut state).await;
+            if self.observe(secret, &shared, &mut state).await {
+                put_back_at.get_or_insert_with(|| tokio::time::Instant::now() + PUT_BACK_AFTER);
+            } else {
+                put_back_at = None;
+            }
         }
     }
 
-    /// One state of the Secret (`None`: deleted).
-    async fn observe(&self, secret: Option<Secret>, shared: &SharedKeys, state: &mut Followed) {
+    /// Put the keys in use back into the Secret, deleted or emptied (and
+    /// left so).
+    async fn put_back(&self, state: &Followed) {
+        let secret = match self.api.get_opt(&self.name).await {
+            // Filled again meanwhile: its event is on its way.
+            Ok(Some(secret)) if keys_text(&secret).is_some() => return,
+            Ok(secret) => secret,
+            Err(e) => {
+                tracing::warn!(secret = %self.name, error = %e, "cannot read the ownership key Secret to put the keys back; the next change of the Secret retries");
+                return;
+            }
+        };
+        match self.write(&state.text, secret).await {
+            Ok(()) => {
+                tracing::warn!(namespace = %self.namespace, secret = %self.name, "the ownership key Secret was deleted or emptied, and left so; put the keys in use back")
+            }
+            Err(e) => {
+                tracing::warn!(secret = %self.name, error = %e, "cannot put the ownership keys back; the next change of the Secret retries")
+            }
+        }
+    }
+
+    /// One state of the Secret (`None`: deleted); whether the keys in use
+    /// are to be put back (it holds none).
+    async fn observe(
+        &self,
+        secret: Option<Secret>,
+        shared: &SharedKeys,
+        state: &mut Followed,
+    ) -> bool {
         let Some(current) = secret.as_ref().and_then(keys_text) else {
             state.lost = true;
             if !self.create {
                 tracing::warn!(secret = %self.name, "the ownership key Secret holds no key; keeping the keys in use");
-                return;
+                return false;
             }
-            match self.write(&state.text, secret).await {
-                Ok(()) => {
-                    tracing::warn!(namespace = %self.namespace, secret = %self.name, "the ownership key Secret was deleted or emptied; put the keys in use back")
-                }
-                Err(e) => {
-                    tracing::warn!(secret = %self.name, error = %e, "cannot put the ownership keys back; the next change of the Secret retries")
-                }
-            }
-            return;
+            tracing::warn!(namespace = %self.namespace, secret = %self.name, after = ?PUT_BACK_AFTER, "the ownership key Secret was deleted or emptied; the keys in use are put back unless it is filled again before");
+            return true;
         };
         if state.lost
             && self.create
+            && secret
+                .as_ref()
+                .is_some_and(|s| written_by_a_replica(s, &current))
             && let Some(merged) = merged_text(&current, &state.text)
         {
-            // Refilled by a process that did not hold our keys (the Secret
+            // Refilled by a replica that did not hold our keys (the Secret
             // was lost meanwhile): ours verify too, or their records would
             // not.
             match self.write(&merged, secret).await {
                 Ok(()) => {
-                    tracing::warn!(secret = %self.name, "the ownership key Secret was refilled without the keys in use; appended them to verify with");
-                    return;
+                    tracing::warn!(secret = %self.name, "the ownership key Secret was refilled by another replica without the keys in use; appended them to verify with");
+                    return false;
                 }
                 Err(e) => {
                     tracing::warn!(secret = %self.name, error = %e, "cannot append the keys in use to the refilled Secret");
                 }
             }
+        }
+        if state.lost && current != state.text {
+            tracing::warn!(secret = %self.name, "the ownership key Secret was made again with other keys: they are the keys now, alone (the keys in use before are revoked)");
         }
         state.lost = false;
         match OwnershipKeys::from_text(&current) {
@@ -192,7 +263,18 @@ impl KeySecret {
                 tracing::warn!(secret = %self.name, error = %e, "the Secret's ownership keys do not load; keeping the current ones")
             }
         }
+        false
     }
+}
+
+/// Whether `secret`'s keys (`text`) are what a replica wrote there.
+fn written_by_a_replica(secret: &Secret, text: &str) -> bool {
+    secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(WRITTEN_BY_A_REPLICA))
+        .is_some_and(|mark| *mark == digest(text))
 }
 
 /// What [`KeySecret::follow`] knows.

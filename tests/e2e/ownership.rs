@@ -347,6 +347,94 @@ fn a_placement_cannot_be_changed_through_the_status_subresource() {
     }
 }
 
+/// A key revoked by deleting the Secret and creating it again with a new
+/// key stays revoked (issue 30, part 6): a running webhook used to put the
+/// keys it held back into the Secret (or append them to the new one), so the
+/// revoked key came back from its memory. Now the Secret as its writer made
+/// it holds: the new key alone signs and verifies.
+#[test]
+fn a_key_revoked_by_recreating_the_secret_stays_revoked() {
+    let plane = ControlPlane::start();
+    let ns = unique_name("revoked");
+    plane.create_namespace(&ns);
+    let dir = scratch_dir("revoked-key-policy");
+    std::fs::write(dir.join("placement.rego"), POLICY).unwrap();
+    set_secret_keys(&plane, None);
+    let webhook = WebhookProcess::start(&[
+        format!("--policy-dir={}", dir.display()),
+        format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Webhook).display()
+        ),
+        format!("--ownership-secret={SYSTEM_NAMESPACE}/{KEY_SECRET}"),
+    ]);
+    plane.register_webhook(
+        &ns,
+        &webhook.url("/mutate"),
+        &webhook.ca_pem,
+        POLICY_NAMESPACE,
+    );
+    let create_placed = |name: &str| {
+        wait_for("the webhook to place", Duration::from_secs(30), || {
+            let out = plane.kubectl_stdin(
+                &["create", "-o", "json", "-f", "-"],
+                &replicaset(&ns, name, json!({PLACE: "us"})).to_string(),
+            );
+            out.status
+                .success()
+                .then(|| serde_json::from_slice::<Value>(&out.stdout).unwrap())
+        })
+    };
+    let original = create_placed("original");
+    let revoked = secret_keys(&plane).expect("the webhook filled the Secret");
+    let requested = |object: &Value, text: &str| {
+        let keys = policy_client::OwnershipKeys::from_text(text).unwrap();
+        policy_client::placement::ownership(object, &keys)
+            .get(PLACE)
+            .and_then(|owned| owned.requested.clone())
+    };
+    assert_eq!(requested(&original, &revoked).as_deref(), Some("us"));
+
+    // Revoked: the Secret deleted and created again with a new key, in one
+    // command.
+    let new_key = policy_client::OwnershipKeys::generate_text().unwrap();
+    let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": KEY_SECRET, "namespace": SYSTEM_NAMESPACE},
+        "stringData": {"ownership.keys": new_key}});
+    let _ = plane.kubectl_stdin(&["replace", "--force", "-f", "-"], &secret.to_string());
+    // The webhook signs with the new key...
+    let mut n = 0;
+    wait_for(
+        "records signed with the new key",
+        Duration::from_secs(30),
+        || {
+            n += 1;
+            let placed = create_placed(&format!("after-{n}"));
+            requested(&placed, &new_key).map(|_| ())
+        },
+    );
+    // ... and the Secret holds it alone, past the time the webhook waits
+    // before putting back the keys of a Secret deleted and not made again.
+    std::thread::sleep(Duration::from_secs(12));
+    assert_eq!(
+        secret_keys(&plane).as_deref(),
+        Some(new_key.as_str()),
+        "the revoked key came back\n{}",
+        webhook.log()
+    );
+    // A record signed with the revoked key no longer verifies: the next
+    // update sees the placement as the developer's request, and the record
+    // goes.
+    placement_tests::kubectl::touch_replicaset(&plane.kubeconfig(Identity::Admin), &ns, "original");
+    let updated: Value = serde_json::from_str(
+        &plane.kubectl_ok(&["get", "rs", "original", "-n", &ns, "-o", "json"]),
+    )
+    .unwrap();
+    let annotations = &updated["metadata"]["annotations"];
+    assert!(annotations.get(OWNED).is_none(), "{annotations}");
+    assert_eq!(annotations[PLACE], "eu", "{annotations}");
+}
+
 /// Long enough after a placed object's creation that a record made at that
 /// creation (before the object had a uid) no longer verifies on any other
 /// object created since: the webhook's window (30 s) and clock margin (5 s).
