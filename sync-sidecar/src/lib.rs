@@ -313,6 +313,7 @@ impl Sidecar {
                         radius: settings.blast_radius,
                         partition: settings.partition,
                         health: health.clone(),
+                        held: Default::default(),
                     },
                     ownership_keys: settings.ownership_keys.clone(),
                     policy_configmaps: blast::PolicyConfigMaps {

@@ -8,28 +8,37 @@
 //!   held (no PATCH) and reported on the ConfigMaps of the policy namespace
 //!   (an annotation listing the affected objects, a Warning Event, a metric)
 //!   until an administrator confirms that change;
-//! - a change of cluster health re-places at once, unless a large share of the
+//! - a change of cluster health re-places at once what it moves (a write that
+//!   takes an unhealthy cluster out of a placement), whatever edits are held
+//!   beside it: the outage's moves are weighed apart from the edits', so one
+//!   tenant's edit cannot hold a failover; unless a large share of the
 //!   clusters turned unhealthy together ([`crate::reconcile::health::PartitionRule`]),
-//!   which is then guarded like an edit.
+//!   which is then guarded like an edit, every move with it.
 //!
 //! ```sh
 //! kubectl annotate cm -n <policy namespace> <a policy ConfigMap> \
 //!     placement-policy.io/confirm-remediation=<id from the report>
 //! ```
 //!
-//! The id names the change (the policy revision, the revisions of the edited
-//! objects, a partition's clusters), not the workloads it affects, so
-//! workloads created or deleted meanwhile do not invalidate it; it is used
-//! once (the annotation is removed when the change is applied), and only a
-//! ConfigMap of the policy namespace confirms (a tenant's labelled policy
-//! ConfigMap elsewhere neither confirms nor gets the report).
+//! The id names one held occurrence of a change: it is made (at random) when
+//! a pass is first held, and kept while the passes held after it make the
+//! same moves or fewer (the edited workloads and the placements they would
+//! get): unrelated later edits, and workloads deleted meanwhile, leave it as
+//! it is, so the confirmation still applies; a pass that moves more, or
+//! elsewhere, is another change, with a new id. Once nothing is held (the
+//! change was applied, or reverted) the occurrence is over: the same change
+//! made again later is held under a new id, never let through by a
+//! confirmation left behind. A confirmation is used once (the annotation is
+//! removed when the change is applied), and only a ConfigMap of the policy
+//! namespace confirms (a tenant's labelled policy ConfigMap elsewhere neither
+//! confirms nor gets the report).
 //!
 //! A mistake that empties a decision (a partial policy set, a data feed gone
 //! wrong) then strips nothing; a planned migration is one annotation away;
 //! an outage needs no one.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
@@ -74,27 +83,94 @@ pub(crate) struct Guard {
     pub(crate) partition: PartitionRule,
     /// The health of the replicated clusters.
     pub(crate) health: Arc<ClusterHealth>,
+    /// The change held now, if any.
+    pub(crate) held: Arc<Mutex<Option<Occurrence>>>,
+}
+
+/// What the guard holds of a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Nothing: it is applied.
+    Nothing,
+    /// The edits' moves; the outage's go through.
+    Edits,
+    /// Every move (a partition: the outage's are weighed too).
+    Everything,
+}
+
+/// One held occurrence of a change: its id, and the moves it was held with.
+#[derive(Debug)]
+pub(crate) struct Occurrence {
+    id: String,
+    moves: BTreeSet<String>,
 }
 
 impl Guard {
-    /// Whether a pass of `causes` that would rewrite or remove `affected` of
-    /// `placed` placements is held. Health and status changes alone are not
-    /// weighed, unless they show a partition, which is then recorded in
-    /// `causes` (and guarded until the change is applied).
-    pub(crate) fn holds(
+    /// What of a pass of `causes` is held, when it would rewrite or remove
+    /// `outage` placements by taking unhealthy clusters out of them and
+    /// `edits` others, of `placed` placements. Health and status changes
+    /// alone are not weighed, nor an outage's moves beside an edit, unless
+    /// the health shows a partition, which is then recorded in `causes` (and
+    /// guarded until the change is applied).
+    pub(crate) fn weigh(
         &self,
         causes: &mut Causes,
-        affected: usize,
+        outage: usize,
+        edits: usize,
         placed: usize,
         now: Instant,
-    ) -> bool {
-        if !causes.guarded()
-            && let Some(clusters) = self.health.partition(&self.partition, now)
-        {
+    ) -> Hold {
+        if let Some(clusters) = self.health.partition(&self.partition, now) {
             causes.partition.extend(clusters);
         }
-        causes.guarded() && self.radius.holds(affected, placed)
+        if !causes.guarded() {
+            Hold::Nothing
+        } else if !causes.partition.is_empty() {
+            if self.radius.holds(outage + edits, placed) {
+                Hold::Everything
+            } else {
+                Hold::Nothing
+            }
+        } else if self.radius.holds(edits, placed) {
+            Hold::Edits
+        } else {
+            Hold::Nothing
+        }
     }
+
+    /// The id of the held change making `moves` (each a move's fingerprint):
+    /// that of the occurrence held since, when these moves are among the
+    /// ones it was held with; a new one otherwise.
+    pub(crate) fn occurrence(&self, moves: BTreeSet<String>) -> String {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(occurrence) = held.as_mut()
+            && moves.is_subset(&occurrence.moves)
+        {
+            return occurrence.id.clone();
+        }
+        let id = new_id();
+        *held = Some(Occurrence {
+            id: id.clone(),
+            moves,
+        });
+        id
+    }
+
+    /// Nothing is held any more (applied, or nothing left to hold): the
+    /// occurrence is over.
+    pub(crate) fn release(&self) {
+        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+/// A new occurrence's id: random, so that no two occurrences share one.
+fn new_id() -> String {
+    use ring::rand::SecureRandom as _;
+    let mut bytes = [0u8; 8];
+    ring::rand::SystemRandom::new()
+        .fill(&mut bytes)
+        .expect("the system's random source works");
+    crate::reconcile::cause::hex(&bytes, 8)
 }
 
 /// The report written on the policy ConfigMaps.
@@ -318,7 +394,8 @@ mod tests {
     }
 
     /// A health-only pass is not weighed; an edit, an unknown cause and a
-    /// partition are.
+    /// partition are; beside an edit, only the edit's moves, unless a
+    /// partition.
     #[test]
     fn the_guard_weighs_edits_and_partitions_not_outages() {
         use crate::reconcile::cause::Cause;
@@ -334,21 +411,33 @@ mod tests {
                 window: std::time::Duration::from_secs(60),
             },
             health: health.clone(),
+            held: Arc::default(),
         };
         let now = Instant::now();
         let mut outage = Causes::default();
         outage.add(Cause::Health);
-        assert!(
-            !guard.holds(&mut outage, 12, 12, now),
+        assert_eq!(
+            guard.weigh(&mut outage, 12, 0, 12, now),
+            Hold::Nothing,
             "an outage re-places"
         );
         let mut edit = outage.clone();
         edit.add(Cause::Policy("r2".into()));
-        assert!(guard.holds(&mut edit, 12, 12, now), "mixed: guarded");
-        assert!(!guard.holds(&mut edit, 5, 12, now), "within the radius");
+        assert_eq!(guard.weigh(&mut edit, 0, 12, 12, now), Hold::Edits);
+        assert_eq!(
+            guard.weigh(&mut edit, 12, 0, 12, now),
+            Hold::Nothing,
+            "the outage's moves beside an edit: not weighed"
+        );
+        assert_eq!(
+            guard.weigh(&mut edit, 6, 6, 12, now),
+            Hold::Nothing,
+            "the edit's within the radius"
+        );
+        assert_eq!(guard.weigh(&mut edit, 1, 11, 12, now), Hold::Edits);
         let mut resync = Causes::default();
         resync.add(Cause::Resync);
-        assert!(guard.holds(&mut resync, 12, 12, now));
+        assert_eq!(guard.weigh(&mut resync, 0, 12, 12, now), Hold::Edits);
         for (n, name) in ["a", "b", "c", "d"].into_iter().enumerate() {
             let key = ObjectKey::new(None, name);
             health.observe("clusters", key.clone(), true, now);
@@ -356,8 +445,43 @@ mod tests {
                 health.observe("clusters", key, false, now);
             }
         }
-        assert!(guard.holds(&mut outage, 12, 12, now), "3 of 4 together");
+        assert_eq!(
+            guard.weigh(&mut outage, 12, 0, 12, now),
+            Hold::Everything,
+            "3 of 4 together"
+        );
         assert_eq!(outage.partition.len(), 3, "recorded with the change");
+        // Beside an edit, a partition is recorded too: everything weighed.
+        assert_eq!(guard.weigh(&mut edit, 8, 4, 12, now), Hold::Everything);
+        assert_eq!(edit.partition.len(), 3);
+    }
+
+    /// An occurrence keeps its id while the moves held are among the ones it
+    /// was held with; more or other moves, or a new occurrence after the
+    /// last one ended, get a new id.
+    #[test]
+    fn an_occurrence_keeps_its_id_until_it_ends_or_moves_more() {
+        let guard = Guard {
+            radius: BlastRadius {
+                share: 0.5,
+                min: 10,
+            },
+            partition: PartitionRule {
+                threshold: 0.55,
+                window: std::time::Duration::from_secs(60),
+            },
+            health: Arc::default(),
+            held: Arc::default(),
+        };
+        let moves = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect();
+        let id = guard.occurrence(moves(&["a=1", "b=1", "c=1"]));
+        assert_eq!(guard.occurrence(moves(&["a=1", "b=1", "c=1"])), id);
+        assert_eq!(guard.occurrence(moves(&["a=1", "c=1"])), id, "fewer");
+        let other = guard.occurrence(moves(&["a=2", "b=1", "c=1"]));
+        assert_ne!(other, id, "elsewhere");
+        guard.release();
+        let again = guard.occurrence(moves(&["a=2", "b=1", "c=1"]));
+        assert_ne!(again, other, "the same change again, after it ended");
     }
 
     #[test]

@@ -100,32 +100,6 @@ impl Causes {
         self.policy || !self.data.is_empty() || self.resync || !self.partition.is_empty()
     }
 
-    /// The id of the change these causes make under policy revision
-    /// `policy_revision`: it names the policy and data revisions (and a
-    /// partition's clusters), not the workloads affected, so workloads created
-    /// or deleted meanwhile leave it as it is; any further edit makes another.
-    pub(crate) fn change_id(&self, policy_revision: &str) -> String {
-        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
-        let mut part = |text: &str| {
-            context.update(text.as_bytes());
-            context.update(&[0]);
-        };
-        part("policy");
-        part(policy_revision);
-        for (object, revision) in &self.data {
-            part(object);
-            part(revision);
-        }
-        if self.resync {
-            part("resync");
-        }
-        for cluster in &self.partition {
-            part("partition");
-            part(cluster);
-        }
-        hex(context.finish().as_ref(), 8)
-    }
-
     /// What changed, for the report and the log.
     pub(crate) fn describe(&self, policy_revision: &str) -> String {
         let mut parts = Vec::new();
@@ -373,29 +347,26 @@ mod tests {
     }
 
     #[test]
-    fn only_edits_and_partitions_are_guarded_and_the_id_names_the_revisions() {
+    fn only_edits_unknown_causes_and_partitions_are_guarded() {
         let mut causes = Causes::default();
         causes.add(Cause::Health);
         causes.add(Cause::Status);
         assert!(!causes.guarded());
-        let health_only = causes.change_id("r1");
-        causes.add(Cause::Policy("r1".into()));
-        assert!(causes.guarded());
-        assert_eq!(
-            causes.change_id("r1"),
-            health_only,
-            "the id names revisions, not what kind of trigger came"
-        );
-        assert_ne!(causes.change_id("r2"), health_only);
+        let mut policy = causes.clone();
+        policy.add(Cause::Policy("r1".into()));
+        assert!(policy.guarded());
         let mut edited = causes.clone();
         edited.add(Cause::Data {
             object: "clusters/a".into(),
             revision: "abc".into(),
         });
-        assert_ne!(edited.change_id("r1"), causes.change_id("r1"));
+        assert!(edited.guarded());
         let mut partition = causes.clone();
         partition.partition.insert("clusters/a".into());
-        assert_ne!(partition.change_id("r1"), causes.change_id("r1"));
+        assert!(partition.guarded());
+        let mut resync = causes;
+        resync.add(Cause::Resync);
+        assert!(resync.guarded());
     }
 
     #[test]

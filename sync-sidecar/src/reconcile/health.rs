@@ -9,7 +9,7 @@
 //! like the control plane cut off from its clusters rather than an outage
 //! (kube-controller-manager's `--unhealthy-zone-threshold`, below).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -157,6 +157,15 @@ impl ClusterHealth {
     /// relist: the others are gone).
     pub(crate) fn retain(&self, resource: &str, keep: impl Fn(&ObjectKey) -> bool) {
         self.lock().retain(|(r, key), _| r != resource || keep(key));
+    }
+
+    /// The names of the clusters unhealthy now.
+    pub(crate) fn unhealthy(&self) -> BTreeSet<String> {
+        self.lock()
+            .iter()
+            .filter(|(_, h)| !h.healthy)
+            .map(|((_, key), _)| key.name.clone())
+            .collect()
     }
 
     /// The clusters that turned unhealthy within the rule's window (and still

@@ -1,7 +1,8 @@
 //! One pass of the reconciler: every target object in scope (or a few due
 //! ones) is evaluated first, concurrently; a pass over everything is then
 //! weighed as one change by the blast-radius guard before anything is
-//! written; then each object is acted on, and the pass's Events published.
+//! written (an outage's moves apart from an edit's); then each object let
+//! through is acted on, and the pass's Events published.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -22,8 +23,8 @@ use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
 use crate::config::RemediationMode;
 use crate::error::SyncError;
-use crate::reconcile::blast;
-use crate::reconcile::cause::Causes;
+use crate::reconcile::blast::{self, Hold};
+use crate::reconcile::cause::{Causes, hex};
 use crate::replication::document::{ObjectKey, object_value};
 
 /// Objects evaluated and written at once in a pass.
@@ -112,6 +113,73 @@ impl Evaluation {
         }
     }
 
+    /// The clusters this write takes out of the placement the object has:
+    /// for a workload, the names in the old values of the annotations it
+    /// changes that its new values lack (names as a placement annotation
+    /// writes them, e.g. the keys of `{"clusters": {"eu-1": {...}}}`); for a
+    /// binding, the clusters of `spec.clusters` it drops.
+    fn clusters_taken_out(&self) -> BTreeSet<String> {
+        match self {
+            Evaluation::Workload(e) => {
+                let Some(Assessment::Stale { patch, changed }) = &e.assessment else {
+                    return BTreeSet::new();
+                };
+                let before = serde_json::json!({"metadata": {"annotations": e.object.metadata.annotations.clone().unwrap_or_default()}});
+                let mut after = before.clone();
+                if json_patch::patch(&mut after, patch).is_err() {
+                    return BTreeSet::new();
+                }
+                let names = |doc: &Value| -> BTreeSet<String> {
+                    changed
+                        .iter()
+                        .filter_map(|key| doc["metadata"]["annotations"][key].as_str())
+                        .flat_map(placement_names)
+                        .collect()
+                };
+                names(&before).difference(&names(&after)).cloned().collect()
+            }
+            Evaluation::Binding(e) => {
+                let super::bindings::Verdict::Planned { write, .. } = &e.verdict else {
+                    return BTreeSet::new();
+                };
+                let Some(clusters) = write
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.pointer("/spec/clusters"))
+                    .and_then(Value::as_array)
+                else {
+                    return BTreeSet::new();
+                };
+                let kept: BTreeSet<&str> =
+                    clusters.iter().filter_map(|c| c["name"].as_str()).collect();
+                e.item
+                    .binding
+                    .clusters()
+                    .iter()
+                    .filter(|c| !kept.contains(c.name.as_str()))
+                    .map(|c| c.name.clone())
+                    .collect()
+            }
+        }
+    }
+
+    /// The move this write makes: the object and a digest of what it writes.
+    fn fingerprint(&self, reconciler: &Reconciler) -> String {
+        let written = match self {
+            Evaluation::Workload(e) => match &e.assessment {
+                Some(Assessment::Stale { patch, .. }) => serde_json::to_vec(patch),
+                _ => Ok(Vec::new()),
+            },
+            Evaluation::Binding(e) => match &e.verdict {
+                super::bindings::Verdict::Planned { write, .. } => serde_json::to_vec(&write.spec),
+                _ => Ok(Vec::new()),
+            },
+        }
+        .unwrap_or_default();
+        let digest = ring::digest::digest(&ring::digest::SHA256, &written);
+        format!("{}={}", self.describe(reconciler), hex(digest.as_ref(), 8))
+    }
+
     fn key(&self) -> Option<ItemKey> {
         match self {
             Evaluation::Workload(e) => ObjectKey::of(&e.object).map(|k| (e.i, k)),
@@ -153,18 +221,19 @@ impl Reconciler {
         // The guard weighs a policy or data change (a pass over everything);
         // a few created, edited or failed objects are no such change, and
         // the webhook applies the policy in force to them anyway.
-        if only.is_none()
-            && self.guards()
-            && self
-                .held(&evaluations, placed_in_scope, causes, revision)
+        let mut evaluations = evaluations;
+        if only.is_none() && self.guards() {
+            let total = evaluations.len();
+            if let Some(held) = self
+                .held(&mut evaluations, placed_in_scope, causes, revision)
                 .await
-        {
-            report.evaluated = evaluations.len();
-            report.held = evaluations
-                .iter()
-                .filter(|e| e.replaces_a_placement())
-                .count();
-            return report;
+            {
+                report.held = held;
+                if evaluations.is_empty() {
+                    report.evaluated = total;
+                    return report;
+                }
+            }
         }
         // Write round trips (which also pass through the admission webhook)
         // dominate a pass: concurrent, the rate limiter still spacing them.
@@ -247,40 +316,68 @@ impl Reconciler {
         }
     }
 
-    /// The blast-radius guard: whether this pass, as one change of `causes`
-    /// (under policy revision `revision`), must be held (reported, not
-    /// applied) until an administrator confirms it.
+    /// The blast-radius guard: which of this pass's writes, as one change of
+    /// `causes` (under policy revision `revision`), must be held (reported,
+    /// not applied) until an administrator confirms them. `None`: nothing;
+    /// else how many placements are held, and `evaluations` keeps only what
+    /// goes through (an outage's moves, beside a held edit).
     async fn held(
         &self,
-        evaluations: &[Evaluation],
+        evaluations: &mut Vec<Evaluation>,
         placed: usize,
         causes: &mut Causes,
         revision: &str,
-    ) -> bool {
+    ) -> Option<usize> {
+        let unhealthy = self.ctx.guard.health.unhealthy();
+        // Each write: whether it moves a placement, and whether an outage
+        // does (it takes an unhealthy cluster out of the placement).
+        let moves: Vec<(bool, bool)> = evaluations
+            .iter()
+            .map(|e| {
+                let moves = e.replaces_a_placement();
+                (
+                    moves,
+                    moves && !e.clusters_taken_out().is_disjoint(&unhealthy),
+                )
+            })
+            .collect();
+        let outages = moves.iter().filter(|(_, outage)| *outage).count();
+        let edits = moves
+            .iter()
+            .filter(|(moves, outage)| *moves && !outage)
+            .count();
+        let configmaps = &self.ctx.policy_configmaps;
+        let guard = &self.ctx.guard;
+        let hold = guard.weigh(causes, outages, edits, placed, Instant::now());
+        let held = |(moves, outage): (bool, bool)| match hold {
+            Hold::Nothing => false,
+            Hold::Edits => moves && !outage,
+            Hold::Everything => moves,
+        };
         let affected: Vec<&Evaluation> = evaluations
             .iter()
-            .filter(|e| e.replaces_a_placement())
+            .zip(&moves)
+            .filter(|(_, m)| held(**m))
+            .map(|(e, _)| e)
             .collect();
-        let configmaps = &self.ctx.policy_configmaps;
-        if !self
-            .ctx
-            .guard
-            .holds(causes, affected.len(), placed, Instant::now())
-        {
+        if affected.is_empty() {
             self.ctx.metrics.remediation_held.set(0);
             configmaps.clear().await;
-            return false;
+            guard.release();
+            return None;
         }
-        let id = causes.change_id(revision);
+        let id = guard.occurrence(affected.iter().map(|e| e.fingerprint(self)).collect());
         let cause = causes.describe(revision);
         if configmaps.take_confirmation(&id).await {
             tracing::warn!(%id, %cause, affected = affected.len(), placed, "applying a confirmed change beyond the blast radius");
             self.ctx.metrics.remediation_held.set(0);
             configmaps.clear().await;
-            return false;
+            guard.release();
+            return None;
         }
-        tracing::warn!(%id, %cause, affected = affected.len(), placed, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
+        tracing::warn!(%id, %cause, affected = affected.len(), placed, outage_moves_applied = outages, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
         self.ctx.metrics.remediation_held.set(affected.len() as i64);
+        let held_count = affected.len();
         let objects: Vec<String> = affected.iter().map(|e| e.describe(self)).collect();
         configmaps
             .report(&blast::report(
@@ -291,7 +388,12 @@ impl Reconciler {
                 &configmaps.namespace(),
             ))
             .await;
-        true
+        // What goes through: the outage's moves (beside a held edit).
+        let mut through = moves
+            .iter()
+            .map(|&(_, outage)| outage && hold == Hold::Edits);
+        evaluations.retain(|_| through.next().unwrap_or(false));
+        Some(held_count)
     }
 
     /// The workloads in scope, decoded from the watch caches: every one, or
@@ -543,5 +645,32 @@ impl Reconciler {
         let reference = object.object_ref(self.targets[i].resource());
         self.events
             .queue(reference, type_, reason, "Remediate", note);
+    }
+}
+
+/// The names a placement annotation's value holds: runs of the characters
+/// of a cluster name (letters, digits, `.`, `-`, `_`), whatever the format
+/// around them (JSON keys or strings, a list).
+fn placement_names(value: &str) -> impl Iterator<Item = String> + '_ {
+    value
+        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_names_of_a_placement_are_read_whatever_its_format() {
+        let names: Vec<String> =
+            placement_names(r#"{"clusters":{"eu-1":{"weight":1},"gce-europe_west.2":{}}}"#)
+                .collect();
+        assert_eq!(
+            names,
+            ["clusters", "eu-1", "weight", "1", "gce-europe_west.2"]
+        );
+        assert_eq!(placement_names("eu-1, eu-2").count(), 2);
     }
 }
