@@ -93,6 +93,16 @@ pub struct Args {
     #[arg(long, env = "PLACEMENT_SYNC_LAST_GOOD_POLICIES")]
     last_good_policies: Option<String>,
 
+    /// Only read the last good policy set (`--last-good-policies`), never
+    /// write it: another sidecar (the remediator's) keeps it, so that this
+    /// one's account cannot put a policy set in force. Needs only `get`.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_LAST_GOOD_POLICIES_READ_ONLY",
+        requires = "last_good_policies"
+    )]
+    last_good_policies_read_only: bool,
+
     #[command(flatten)]
     karmada: KarmadaArgs,
 
@@ -814,6 +824,8 @@ pub struct Settings {
     pub(crate) ownership_keys: OwnershipKeySource,
     /// Where the last good policy set is kept (`namespace`, `name`).
     pub(crate) last_good_policies: Option<(String, String)>,
+    /// It is only read here.
+    pub(crate) last_good_policies_read_only: bool,
     /// `None` when leader election is off (this replica always remediates).
     pub(crate) leader: Option<LeaderSettings>,
     pub(crate) listen: SocketAddr,
@@ -882,6 +894,7 @@ impl Settings {
             partition,
             ownership_keys,
             last_good_policies,
+            last_good_policies_read_only: args.last_good_policies_read_only,
             leader,
             listen: args.listen,
             engine_check_interval,

@@ -238,6 +238,7 @@ impl Sidecar {
                 demand,
                 decision: settings.decision.clone(),
                 last_good: settings.last_good_policies.clone(),
+                last_good_read_only: settings.last_good_policies_read_only,
             },
             cancel.clone(),
         ));

@@ -588,6 +588,60 @@ fn rbac_names_fixed_objects_and_splits_the_webhook_from_the_remediator() {
             && r["verbs"].as_array().unwrap().iter().any(|v| v == "patch")),
         "{remediator:?}"
     );
+
+    // The last good policy set has one writer (issue 30, part 6): the
+    // remediator; the webhook pods read it. Without a remediator the webhook
+    // pod's placement-sync is the writer.
+    let last_good = "placement-policy-last-good-policies";
+    let subjects = |docs: &[Value], binding: &str| -> Vec<String> {
+        named(docs, "RoleBinding", binding)["subjects"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|s| s["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    assert_eq!(
+        subjects(&docs, last_good),
+        ["placement-policy-remediator"],
+        "who writes the last good set"
+    );
+    assert_eq!(
+        rules("Role", last_good)[0]["verbs"],
+        json!(["get", "patch"])
+    );
+    assert_eq!(
+        subjects(&docs, "placement-policy-last-good-policies-read"),
+        ["placement-policy-webhook"]
+    );
+    let read = rules("Role", "placement-policy-last-good-policies-read");
+    assert_eq!(read[0]["verbs"], json!(["get"]));
+    assert_eq!(read[0]["resourceNames"], json!([last_good]));
+    let sync_args = |docs: &[Value]| {
+        let webhook = named(docs, "Deployment", "placement-policy-webhook");
+        let sync = containers(webhook)
+            .into_iter()
+            .find(|c| c["name"] == "placement-sync")
+            .expect("the webhook pod's placement-sync");
+        args(sync)
+    };
+    assert!(
+        sync_args(&docs).contains(&"--last-good-policies-read-only".to_owned()),
+        "{:?}",
+        sync_args(&docs)
+    );
+    let alone = render(&["remediator.enabled=false"]);
+    assert_eq!(
+        subjects(&alone, last_good),
+        ["placement-policy-webhook"],
+        "without a remediator the webhook pods keep it"
+    );
+    assert!(!sync_args(&alone).contains(&"--last-good-policies-read-only".to_owned()));
+    assert!(
+        alone
+            .iter()
+            .all(|d| d["metadata"]["name"] != "placement-policy-last-good-policies-read")
+    );
 }
 
 #[test]
@@ -1317,7 +1371,7 @@ fn with_every_namespace_configmap_writes_are_bounded_by_the_api_server() {
         }
         // Allowed: the status annotations (ours and kube-mgmt's) of policy and
         // data ConfigMaps, the held-change report and removing a used
-        // confirmation, and the last good set.
+        // confirmation.
         for (ns, name, body) in [
             (tenant, "policy", status(n)),
             (tenant, "data", status(n)),
@@ -1334,11 +1388,6 @@ fn with_every_namespace_configmap_writes_are_bounded_by_the_api_server() {
                 policies,
                 "unlabelled-policy",
                 json!({"metadata": {"annotations": {"placement-policy.io/remediation-held": format!("{{\"n\":{n}}}")}}}),
-            ),
-            (
-                namespace,
-                "pp-bounds-last-good-policies",
-                json!({"data": {"policy-set.json": format!("{{\"n\":{n}}}")}}),
             ),
         ] {
             let out = patch(who, ns, name, &body);
@@ -1383,6 +1432,23 @@ fn with_every_namespace_configmap_writes_are_bounded_by_the_api_server() {
         ]);
         assert!(!out.status.success(), "{who} deleted a policy");
     }
+    // The last good policy set has one writer, the remediator: the webhook's
+    // account (which the webhook's own container holds too) cannot put a
+    // policy set in force.
+    let kept = json!({"data": {"policy-set.json": "{\"n\":1}"}});
+    let out = patch(
+        &remediator,
+        namespace,
+        "pp-bounds-last-good-policies",
+        &kept,
+    );
+    assert!(
+        out.status.success(),
+        "the remediator keeps the last good set: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = patch(&webhook, namespace, "pp-bounds-last-good-policies", &kept);
+    refused_by_policy(&out, "the webhook's account: the last good policy set");
     // The policy holds the release's accounts only: an administrator still
     // edits any ConfigMap.
     let out = patch("", tenant, "plain", &json!({"data": {"x": "y"}}));

@@ -6,8 +6,10 @@
 //! {"version": 1, "revision": "3f2a...", "modules": {"<namespace>/<configmap>/<key>": "<Rego>"}}
 //! ```
 //!
-//! Every sidecar writes it when the set in force changes (they load the same
-//! ConfigMaps, so they write the same set) and reads it once, before it loads
+//! Its writer (the remediator's sidecar, or every sidecar when none is
+//! read-only: they load the same ConfigMaps, so they write the same set)
+//! writes it when the set in force changes; every sidecar reads it once,
+//! before it loads
 //! the policy ConfigMaps: a sidecar that restarts (or is upgraded) while a
 //! ConfigMap is in error, or holds a change that is refused, puts this set in
 //! force instead of nothing. Upgrades read every earlier version of the
@@ -41,6 +43,8 @@ pub(crate) struct LastGood {
     pub(crate) api: Api<ConfigMap>,
     pub(crate) namespace: String,
     pub(crate) name: String,
+    /// Only read: another sidecar (the remediator's) writes it.
+    pub(crate) read_only: bool,
 }
 
 #[derive(Debug, thiserror::Error)]

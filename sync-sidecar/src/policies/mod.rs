@@ -162,9 +162,10 @@ impl ConfigMapLoader {
         self.kept_revision.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keep the set in force in the cluster, when it changed.
+    /// Keep the set in force in the cluster, when it changed (unless another
+    /// sidecar keeps it).
     async fn keep_last_good(&self) {
-        let Some(store) = &self.last_good else {
+        let Some(store) = self.last_good.as_ref().filter(|store| !store.read_only) else {
             return;
         };
         let revision = self.modules.revision();
@@ -483,6 +484,8 @@ pub(crate) struct PolicyLoaderContext {
     pub(crate) decision: String,
     /// Where the last good set is kept (`namespace`, `name`).
     pub(crate) last_good: Option<(String, String)>,
+    /// The last good set is only read here (another sidecar writes it).
+    pub(crate) last_good_read_only: bool,
 }
 
 /// Watch the policy and data ConfigMaps and keep the engine equal to them
@@ -541,6 +544,7 @@ pub(crate) async fn run(
             api: Api::namespaced(ctx.client.clone(), namespace),
             namespace: namespace.clone(),
             name: name.clone(),
+            read_only: ctx.last_good_read_only,
         }),
         kept_revision: Mutex::new(None),
         last_good_restored: std::sync::atomic::AtomicBool::new(false),
