@@ -216,21 +216,19 @@ fn verified_record(object: &Value, keys: &OwnershipKeys) -> Option<SignedRecord>
 
 /// The record of `owned` for `object`: bound to its uid; while it has none
 /// (being created), to the time it is made. A record made at the creation
-/// keeps that time while what it records stays the same (signed again, with
-/// a new key, it is the same record: no write for nothing).
+/// keeps that time while what it records stays the same (the webhook called
+/// again on the same CREATE, the stored object evaluated again, signed again
+/// with a new key: the same record, no write for nothing).
 fn encode_record(
     object: &Value,
     owned: Ownership,
     current: Option<&SignedRecord>,
     keys: &OwnershipKeys,
 ) -> Result<String, MergeError> {
-    let creating = if text(object, "/metadata/uid").is_empty() {
-        Some(now_unix())
-    } else {
-        current
-            .filter(|record| record.owned == owned)
-            .and_then(|record| record.creating)
-    };
+    let kept = current
+        .filter(|record| record.owned == owned)
+        .and_then(|record| record.creating);
+    let creating = kept.or_else(|| text(object, "/metadata/uid").is_empty().then(now_unix));
     let mac = keys.sign(&record_message(object, &owned, creating)?);
     serde_json::to_string(&SignedRecord {
         owned,
@@ -886,6 +884,11 @@ mod tests {
             .unwrap();
         assert!(record.contains("\"creating\":"), "{record}");
         assert!(!ownership(&creating, keys()).is_empty(), "while created");
+        assert_eq!(
+            plan_patch(&creating, &decision, keys()).unwrap(),
+            None,
+            "called again on the same CREATE: the same record"
+        );
         let mut first = stored(&creating, "uid-1", 1);
         first["metadata"]["name"] = json!("web-abcde");
         assert!(!ownership(&first, keys()).is_empty(), "stored at once");
