@@ -718,7 +718,8 @@ fn karmada_guardrail_a_policy_edit_beyond_the_blast_radius_is_held_until_confirm
 }
 
 /// A user adding member-us-1 to a guarded binding's cluster names (and
-/// writing the guardrail's record to match) is narrowed again in admission:
+/// writing the guardrail's record to match) is narrowed again in admission,
+/// and the same edit through `resourcebindings/status` changes neither:
 /// the stored placement and the record stay the policy's, and no replica
 /// reaches member-us-1.
 #[test]
@@ -749,17 +750,36 @@ fn karmada_guardrail_a_users_edit_adding_a_forbidden_member_is_narrowed_again() 
         "-p",
         &edit.to_string(),
     ]);
-    let stored = binding(karmada, &guard.namespace, "web").expect("binding");
-    assert_eq!(
-        stored["spec"]["placement"]["clusterAffinity"]["clusterNames"],
-        json!(["member-eu-2"]),
-        "{}",
-        stored["spec"]["placement"]
-    );
-    assert_eq!(
-        stored["metadata"]["annotations"][ALLOWED],
-        "member-eu-1,member-eu-2"
-    );
+    let through_status = [
+        "patch",
+        "resourcebinding",
+        &rb_name,
+        "-n",
+        &guard.namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &edit.to_string(),
+    ];
+    for (how, patch) in [
+        ("an edit", None),
+        ("an edit through status", Some(through_status)),
+    ] {
+        if let Some(patch) = patch {
+            karmada.kubectl_ok(&patch);
+        }
+        let stored = binding(karmada, &guard.namespace, "web").expect("binding");
+        assert_eq!(
+            stored["spec"]["placement"]["clusterAffinity"]["clusterNames"],
+            json!(["member-eu-2"]),
+            "after {how}: {}",
+            stored["spec"]["placement"]
+        );
+        assert_eq!(
+            stored["metadata"]["annotations"][ALLOWED], "member-eu-1,member-eu-2",
+            "after {how}"
+        );
+    }
     never_in_the_us(
         karmada,
         &guard,

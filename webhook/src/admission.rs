@@ -287,7 +287,8 @@ impl Admission {
 
     /// An update through the `status` subresource: annotations cannot be
     /// changed there (no placement, no developer request past the policy),
-    /// so they are put back as stored (`/mutate`) or the update is denied
+    /// nor a Karmada binding's narrowed placement, so they are put back as
+    /// stored (`/mutate`) or the update is denied
     /// (`/validate`). No engine is asked: a status update never waits for
     /// one, nor fails with it.
     fn keep_stored_annotations(
@@ -309,7 +310,14 @@ impl Admission {
             );
         };
         const KEPT: &str = "placement-policy: annotations are not changed through the status subresource (kept as stored); change them on the object itself";
-        match policy_client::verdict::keep_stored_annotations(object, stored) {
+        // A Karmada binding's record is its annotations and its narrowed
+        // placement (a binding's status update changes neither).
+        let kept = if is_binding(&request.kind.group, &request.kind.kind) {
+            Ok(guardrail::keep_stored_record(object, stored))
+        } else {
+            policy_client::verdict::keep_stored_annotations(object, stored)
+        };
+        match kept {
             Ok(None) => (AdmissionResponse::allow(uid), Outcome::Unchanged),
             Ok(Some(patch)) if mode == Mode::Mutate => (
                 AdmissionResponse::allow(uid)

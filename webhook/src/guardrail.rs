@@ -123,6 +123,29 @@ pub(crate) fn patch(object: &Value, bound: &Bound) -> Option<json_patch::Patch> 
     (!patch.0.is_empty()).then_some(patch)
 }
 
+/// A binding as `stored` holds its record, as a patch of `object` (`None`:
+/// it is that already): its annotations (the guardrail's record among them)
+/// and its narrowed `spec.placement`, which an update through the `status`
+/// subresource may not change.
+pub(crate) fn keep_stored_record(object: &Value, stored: &Value) -> Option<json_patch::Patch> {
+    let mut kept = object.clone();
+    for (parent, field) in [("metadata", "annotations"), ("spec", "placement")] {
+        let value = stored.get(parent).and_then(|p| p.get(field)).cloned();
+        match (kept.get_mut(parent).and_then(Value::as_object_mut), value) {
+            (Some(into), Some(value)) => {
+                into.insert(field.to_owned(), value);
+            }
+            (Some(into), None) => {
+                into.remove(field);
+            }
+            (None, Some(value)) => kept[parent] = serde_json::json!({ field: value }),
+            (None, None) => {}
+        }
+    }
+    let patch = json_patch::diff(object, &kept);
+    (!patch.0.is_empty()).then_some(patch)
+}
+
 /// The bound a write is narrowed by when no decision can be used: the stored
 /// binding's for an UPDATE (never wider than what is stored), no cluster for
 /// a CREATE.
@@ -167,6 +190,38 @@ mod tests {
             json_patch::patch(&mut out, &p).unwrap();
         }
         out
+    }
+
+    /// Through `status`, a binding keeps its stored record and narrowed
+    /// placement: a forged record and a widened placement are put back.
+    #[test]
+    fn a_status_update_keeps_the_stored_record_and_placement() {
+        let stored = binding(&["member-eu-2"], Some("member-eu-1,member-eu-2"));
+        assert_eq!(keep_stored_record(&stored, &stored), None);
+        let mut forged = binding(
+            &["member-eu-2", "member-us-1"],
+            Some("member-eu-1,member-eu-2,member-us-1"),
+        );
+        forged["status"] = json!({"schedulerObservedGeneration": 3});
+        let out = apply(&forged, keep_stored_record(&forged, &stored));
+        assert_eq!(out["metadata"], stored["metadata"]);
+        assert_eq!(out["spec"], stored["spec"]);
+        assert_eq!(
+            out["status"], forged["status"],
+            "the status update itself stays"
+        );
+        // A record removed is put back; a record added to a binding that had
+        // none, and a placement added to one without, are taken away.
+        let mut bare = forged.clone();
+        bare["metadata"]["annotations"] = json!({});
+        assert_eq!(
+            apply(&bare, keep_stored_record(&bare, &stored))["metadata"],
+            stored["metadata"]
+        );
+        let unplaced = json!({"metadata": {"name": "web-deployment"}, "spec": {}});
+        let out = apply(&forged, keep_stored_record(&forged, &unplaced));
+        assert_eq!(out["metadata"].get("annotations"), None);
+        assert_eq!(out["spec"].get("placement"), None);
     }
 
     #[test]

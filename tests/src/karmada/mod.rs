@@ -64,21 +64,22 @@ pub fn guardrail_args(policy_namespace: &str) -> Vec<String> {
 
 /// What the webhook is registered for in Karmada's API server as the
 /// guardrail: workload templates (denied when the policy cannot place them)
-/// and ResourceBindings (narrowed).
+/// and ResourceBindings (narrowed), and the status updates of both (which
+/// keep the stored annotations and a binding's placement), as the chart's.
 pub fn guardrail_rules() -> serde_json::Value {
     serde_json::json!([
         {
             "apiGroups": ["apps"],
             "apiVersions": ["v1"],
             "operations": ["CREATE", "UPDATE"],
-            "resources": ["replicasets", "deployments"],
+            "resources": ["replicasets", "deployments", "replicasets/status", "deployments/status"],
             "scope": "Namespaced"
         },
         {
             "apiGroups": ["work.karmada.io"],
             "apiVersions": ["v1alpha2"],
             "operations": ["CREATE", "UPDATE"],
-            "resources": ["resourcebindings"],
+            "resources": ["resourcebindings", "resourcebindings/status"],
             "scope": "Namespaced"
         }
     ])
