@@ -276,6 +276,22 @@ fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
             "clusterresourcebindings"
         ]
     );
+    // Their status updates too, those that change annotations (issue 30,
+    // part 3): the webhook keeps the stored annotations, and a binding's
+    // placement.
+    for rule in hook["rules"].as_array().into_iter().flatten() {
+        let main = rule["resources"][0].as_str().unwrap_or_default();
+        assert_eq!(rule["resources"][1], format!("{main}/status"), "{rule}");
+    }
+    assert!(
+        hook["matchConditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["name"] == "status-only-when-it-changes-annotations"),
+        "{}",
+        hook["matchConditions"]
+    );
     let excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"].clone();
     assert_eq!(
         excluded,
