@@ -313,7 +313,7 @@ impl Admission {
         // A Karmada binding's record is its annotations and its narrowed
         // placement (a binding's status update changes neither).
         let kept = if is_binding(&request.kind.group, &request.kind.kind) {
-            Ok(guardrail::keep_stored_record(object, stored))
+            guardrail::keep_stored_record(object, stored)
         } else {
             policy_client::verdict::keep_stored_annotations(object, stored)
         };

@@ -18,6 +18,7 @@ use policy_client::karmada::{
     ALLOWED_CLUSTERS_ANNOTATION, Bound, TemplateError, TemplateRef, Templates, guarded,
     stored_bound,
 };
+use policy_client::placement::MergeError;
 use serde_json::Value;
 
 use crate::review::{AdmissionRequest, Operation};
@@ -126,24 +127,35 @@ pub(crate) fn patch(object: &Value, bound: &Bound) -> Option<json_patch::Patch> 
 /// A binding as `stored` holds its record, as a patch of `object` (`None`:
 /// it is that already): its annotations (the guardrail's record among them)
 /// and its narrowed `spec.placement`, which an update through the `status`
-/// subresource may not change.
-pub(crate) fn keep_stored_record(object: &Value, stored: &Value) -> Option<json_patch::Patch> {
+/// subresource may not change. An `object` that is not a JSON object is
+/// an error.
+pub(crate) fn keep_stored_record(
+    object: &Value,
+    stored: &Value,
+) -> Result<Option<json_patch::Patch>, MergeError> {
     let mut kept = object.clone();
+    let Some(root) = kept.as_object_mut() else {
+        return Err(MergeError::InvalidObject(
+            "a binding that is not a JSON object".to_owned(),
+        ));
+    };
     for (parent, field) in [("metadata", "annotations"), ("spec", "placement")] {
         let value = stored.get(parent).and_then(|p| p.get(field)).cloned();
-        match (kept.get_mut(parent).and_then(Value::as_object_mut), value) {
+        match (root.get_mut(parent).and_then(Value::as_object_mut), value) {
             (Some(into), Some(value)) => {
                 into.insert(field.to_owned(), value);
             }
             (Some(into), None) => {
                 into.remove(field);
             }
-            (None, Some(value)) => kept[parent] = serde_json::json!({ field: value }),
+            (None, Some(value)) => {
+                root.insert(parent.to_owned(), serde_json::json!({ field: value }));
+            }
             (None, None) => {}
         }
     }
     let patch = json_patch::diff(object, &kept);
-    (!patch.0.is_empty()).then_some(patch)
+    Ok((!patch.0.is_empty()).then_some(patch))
 }
 
 /// The bound a write is narrowed by when no decision can be used: the stored
@@ -197,13 +209,13 @@ mod tests {
     #[test]
     fn a_status_update_keeps_the_stored_record_and_placement() {
         let stored = binding(&["member-eu-2"], Some("member-eu-1,member-eu-2"));
-        assert_eq!(keep_stored_record(&stored, &stored), None);
+        assert_eq!(keep_stored_record(&stored, &stored).unwrap(), None);
         let mut forged = binding(
             &["member-eu-2", "member-us-1"],
             Some("member-eu-1,member-eu-2,member-us-1"),
         );
         forged["status"] = json!({"schedulerObservedGeneration": 3});
-        let out = apply(&forged, keep_stored_record(&forged, &stored));
+        let out = apply(&forged, keep_stored_record(&forged, &stored).unwrap());
         assert_eq!(out["metadata"], stored["metadata"]);
         assert_eq!(out["spec"], stored["spec"]);
         assert_eq!(
@@ -215,13 +227,14 @@ mod tests {
         let mut bare = forged.clone();
         bare["metadata"]["annotations"] = json!({});
         assert_eq!(
-            apply(&bare, keep_stored_record(&bare, &stored))["metadata"],
+            apply(&bare, keep_stored_record(&bare, &stored).unwrap())["metadata"],
             stored["metadata"]
         );
         let unplaced = json!({"metadata": {"name": "web-deployment"}, "spec": {}});
-        let out = apply(&forged, keep_stored_record(&forged, &unplaced));
+        let out = apply(&forged, keep_stored_record(&forged, &unplaced).unwrap());
         assert_eq!(out["metadata"].get("annotations"), None);
         assert_eq!(out["spec"].get("placement"), None);
+        assert!(keep_stored_record(&json!(5), &stored).is_err());
     }
 
     #[test]
