@@ -160,6 +160,7 @@ impl Evaluation {
                     .map(|c| c.name.clone())
                     .collect()
             }
+            Evaluation::Placement(e) => e.clusters_taken_out(),
         }
     }
 
@@ -174,6 +175,7 @@ impl Evaluation {
                 super::bindings::Verdict::Planned { write, .. } => serde_json::to_vec(&write.spec),
                 _ => Ok(Vec::new()),
             },
+            Evaluation::Placement(e) => e.written(),
         }
         .unwrap_or_default();
         let digest = ring::digest::digest(&ring::digest::SHA256, &written);

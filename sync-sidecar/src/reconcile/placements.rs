@@ -433,7 +433,22 @@ struct Planned {
 impl PlacementEvaluation {
     /// Whether this would remove a cluster the Placement has.
     pub(crate) fn replaces_a_placement(&self) -> bool {
-        self.item.is_placed() && matches!(&self.verdict, Verdict::Planned(p) if p.write.moves)
+        self.item.is_placed() && !self.clusters_taken_out().is_empty()
+    }
+
+    /// The clusters the Placement has that this change (with its later
+    /// step, when this is the first of two) takes out.
+    pub(crate) fn clusters_taken_out(&self) -> BTreeSet<String> {
+        match &self.verdict {
+            Verdict::Planned(p) => p.write.removes.clone(),
+            _ => BTreeSet::new(),
+        }
+    }
+
+    /// What this moves, for the fingerprint of a held move: the clusters
+    /// taken out, the same in both steps of a change that adds first.
+    pub(crate) fn written(&self) -> serde_json::Result<Vec<u8>> {
+        serde_json::to_vec(&self.clusters_taken_out())
     }
 }
 

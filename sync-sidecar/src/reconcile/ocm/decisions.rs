@@ -316,8 +316,8 @@ pub(crate) struct PlacementWrite {
     /// The decisions it finally has, when the outcome decides them and this
     /// is no interim step (what the SIG-Multicluster decision publishes).
     pub(crate) decided: Option<Vec<ClusterDecision>>,
-    /// The eventual change removes a cluster the Placement has.
-    pub(crate) moves: bool,
+    /// The clusters the Placement has that the eventual change removes.
+    pub(crate) removes: BTreeSet<String>,
     /// Only the first step of a change that adds and removes clusters: the
     /// removal follows once this is stored.
     pub(crate) interim: bool,
@@ -455,7 +455,7 @@ pub(crate) fn plan(
     let target: BTreeSet<String> = chosen.iter().map(|d| d.cluster_name.clone()).collect();
     let added: Vec<&String> = target.difference(&current).collect();
     let removed: Vec<&String> = current.difference(&target).collect();
-    write.moves = !removed.is_empty();
+    write.removes = removed.iter().map(|c| (*c).clone()).collect();
     write.interim = !added.is_empty() && !removed.is_empty();
     // A change that adds and removes first writes both.
     let mut writing = chosen;
@@ -809,7 +809,7 @@ mod tests {
         assert_eq!(status["conditions"][0]["lastTransitionTime"], NOW);
         assert_eq!(status["conditions"][1]["type"], MISCONFIGURED);
         assert_eq!(status["conditions"][1]["status"], "False");
-        assert!(!write.moves && !write.interim);
+        assert!(write.removes.is_empty() && !write.interim);
         assert_eq!(write.event.as_ref().unwrap().1, "DecisionUpdate");
     }
 
@@ -837,7 +837,7 @@ mod tests {
         );
         let existing = [stored("web-decision-1", "", "0", &["ocm-eu-1"])];
         let first = plan(&p, &o, &existing, &by_name(), NOW);
-        assert!(first.interim && first.moves);
+        assert!(first.interim && !first.removes.is_empty());
         let written: Vec<&str> = first.status[0].1["status"]["decisions"]
             .as_array()
             .unwrap()
@@ -857,7 +857,7 @@ mod tests {
             &["ocm-eu-1", "ocm-eu-2"],
         );
         let second = plan(&p, &o, &both, &by_name(), NOW);
-        assert!(!second.interim && second.moves);
+        assert!(!second.interim && !second.removes.is_empty());
         assert_eq!(
             second.status[0].1["status"]["decisions"],
             json!([{"clusterName": "ocm-eu-2", "reason": "placement policy: in the EU (eu-jurisdiction-required) (Deployment shop/web)"}])
