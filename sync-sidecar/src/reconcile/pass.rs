@@ -175,7 +175,7 @@ impl Evaluation {
                 super::bindings::Verdict::Planned { write, .. } => serde_json::to_vec(&write.spec),
                 _ => Ok(Vec::new()),
             },
-            Evaluation::Placement(e) => e.written(),
+            Evaluation::Placement(e) => e.moved(),
         }
         .unwrap_or_default();
         let digest = ring::digest::digest(&ring::digest::SHA256, &written);

@@ -447,7 +447,7 @@ impl PlacementEvaluation {
 
     /// What this moves, for the fingerprint of a held move: the clusters
     /// taken out, the same in both steps of a change that adds first.
-    pub(crate) fn written(&self) -> serde_json::Result<Vec<u8>> {
+    pub(crate) fn moved(&self) -> serde_json::Result<Vec<u8>> {
         serde_json::to_vec(&self.clusters_taken_out())
     }
 }
