@@ -108,6 +108,42 @@ fn clusters_running(ocm: &Ocm, namespace: &str, name: &str) -> BTreeSet<String> 
         .collect()
 }
 
+/// Wait until Deployment `web` of `namespace` is on exactly `clusters` (read
+/// from their API servers) and its pod runs in ocm-eu-1, the cluster whose
+/// node runs pods.
+fn wait_web_running_on(ocm: &Ocm, namespace: &str, clusters: &BTreeSet<String>) {
+    wait_or_explain(
+        &format!("the Deployment on exactly {clusters:?} (their API servers)"),
+        Duration::from_secs(120),
+        || (clusters_running(ocm, namespace, "web") == *clusters).then_some(()),
+        || {
+            format!(
+                "running on {:?}\n{}",
+                clusters_running(ocm, namespace, "web"),
+                ocm.diagnostics()
+            )
+        },
+    );
+    let eu1 = ocm.cluster("ocm-eu-1");
+    wait_or_explain(
+        "the Deployment's pod to run in ocm-eu-1",
+        Duration::from_secs(180),
+        || {
+            let text = eu1.kubectl_ok(&[
+                "get", "pods", "-n", namespace, "-l", "app=web", "-o", "json",
+            ]);
+            let pods: Value = serde_json::from_str(&text).expect("pod list JSON");
+            pods["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|pod| pod["status"]["phase"] == "Running")
+                .then_some(())
+        },
+        || eu1.cluster().expect("ocm-eu-1 has a node").diagnostics(),
+    );
+}
+
 /// The clusters named by the PlacementDecisions of `namespace/placement`
 /// (found by the label every OCM consumer reads).
 fn decided(ocm: &Ocm, namespace: &str, placement: &str) -> BTreeSet<String> {
@@ -264,36 +300,7 @@ fn ocm_places_a_deployment_by_label_predicates_with_its_own_scheduler() {
             )
         },
     );
-    wait_or_explain(
-        "the Deployment on exactly the EU clusters' API servers",
-        Duration::from_secs(120),
-        || (clusters_running(ocm, &namespace, "web") == eu).then_some(()),
-        || {
-            format!(
-                "running on {:?}\n{}",
-                clusters_running(ocm, &namespace, "web"),
-                ocm.diagnostics()
-            )
-        },
-    );
-    let eu1 = ocm.cluster("ocm-eu-1");
-    wait_or_explain(
-        "the Deployment's pod to run in ocm-eu-1",
-        Duration::from_secs(180),
-        || {
-            let text = eu1.kubectl_ok(&[
-                "get", "pods", "-n", &namespace, "-l", "app=web", "-o", "json",
-            ]);
-            let pods: Value = serde_json::from_str(&text).expect("pod list JSON");
-            pods["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|pod| pod["status"]["phase"] == "Running")
-                .then_some(())
-        },
-        || eu1.cluster().expect("ocm-eu-1 has a node").diagnostics(),
-    );
+    wait_web_running_on(ocm, &namespace, &eu);
 }
 
 // ---------------------------------------------------------------------------
@@ -475,36 +482,7 @@ fn ocm_decides_an_eu_pci2_deployment_onto_the_eu_clusters_only() {
         "the first decision already heeds the ManifestWorkReplicaSet created before the \
          Placement: never ocm-us-1: {versions:?}"
     );
-    wait_or_explain(
-        "the Deployment on exactly the EU clusters' API servers",
-        Duration::from_secs(120),
-        || (clusters_running(ocm, &namespace, "web") == eu).then_some(()),
-        || {
-            format!(
-                "running on {:?}\n{}",
-                clusters_running(ocm, &namespace, "web"),
-                ocm.diagnostics()
-            )
-        },
-    );
-    let eu1 = ocm.cluster("ocm-eu-1");
-    wait_or_explain(
-        "the Deployment's pod to run in ocm-eu-1",
-        Duration::from_secs(180),
-        || {
-            let text = eu1.kubectl_ok(&[
-                "get", "pods", "-n", &namespace, "-l", "app=web", "-o", "json",
-            ]);
-            let pods: Value = serde_json::from_str(&text).expect("pod list JSON");
-            pods["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .any(|pod| pod["status"]["phase"] == "Running")
-                .then_some(())
-        },
-        || eu1.cluster().expect("ocm-eu-1 has a node").diagnostics(),
-    );
+    wait_web_running_on(ocm, &namespace, &eu);
 
     let stored = decisions(ocm, &namespace, "web-eu");
     assert_eq!(stored.len(), 1, "{stored:?}");

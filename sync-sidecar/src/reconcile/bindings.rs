@@ -11,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, ApiResource, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use policy_client::QueryOutcome;
@@ -21,10 +20,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::changes::fingerprint;
+use super::events::reference;
 use super::pass::Step;
 use super::target::{BindingItem, Item, Kind, describe};
 use super::workloads::guarded_patch;
-use super::{FIELD_MANAGER, Reconciler};
+use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
 use crate::error::SyncError;
 use crate::reconcile::karmada::binding::{Binding, BindingWrite, Mode, Placement, placement, plan};
 use crate::reconcile::karmada::guard::{Guarding, guard, guarded_view};
@@ -270,7 +270,7 @@ impl Reconciler {
         ) else {
             return Verdict::Nothing;
         };
-        let write = plan(&item.binding, &placement, &now());
+        let write = plan(&item.binding, &placement, &now_rfc3339());
         Verdict::Planned { placement, write }
     }
 
@@ -422,10 +422,7 @@ impl Reconciler {
             Mode::Schedule => "Schedule",
             Mode::Guard => "Guard",
         };
-        for reference in [
-            binding_reference(&item.raw),
-            template_reference(&item.binding),
-        ] {
+        for reference in [reference(&item.raw), template_reference(&item.binding)] {
             self.events
                 .queue(reference, type_, reason, action, note.to_owned());
         }
@@ -492,30 +489,6 @@ impl Reconciler {
     }
 }
 
-/// Now, as Kubernetes writes times (RFC 3339, seconds, UTC).
-fn now() -> String {
-    serde_json::to_value(Time(k8s_openapi::jiff::Timestamp::now()))
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_owned))
-        .unwrap_or_default()
-}
-
-fn binding_reference(raw: &Value) -> ObjectReference {
-    let text = |pointer: &str| {
-        raw.pointer(pointer)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    ObjectReference {
-        api_version: text("/apiVersion"),
-        kind: text("/kind"),
-        name: text("/metadata/name"),
-        namespace: text("/metadata/namespace"),
-        uid: text("/metadata/uid"),
-        ..ObjectReference::default()
-    }
-}
-
 fn template_reference(binding: &Binding) -> ObjectReference {
     let template = binding.template();
     ObjectReference {
@@ -566,7 +539,7 @@ mod tests {
 
     #[test]
     fn times_are_written_as_kubernetes_writes_them() {
-        let t = now();
+        let t = now_rfc3339();
         assert_eq!(t.len(), "2026-11-25T10:00:00Z".len(), "{t}");
         assert!(t.ends_with('Z'));
     }

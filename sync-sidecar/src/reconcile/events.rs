@@ -3,9 +3,27 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
+use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use futures::StreamExt;
+
+/// The reference an Event about `raw` (an object as stored) carries.
+pub(crate) fn reference(raw: &Value) -> ObjectReference {
+    let text = |pointer: &str| {
+        raw.pointer(pointer)
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    ObjectReference {
+        api_version: text("/apiVersion"),
+        kind: text("/kind"),
+        name: text("/metadata/name"),
+        namespace: text("/metadata/namespace"),
+        uid: text("/metadata/uid"),
+        ..ObjectReference::default()
+    }
+}
 
 /// Events published at once at the end of a pass.
 const EVENT_CONCURRENCY: usize = 8;

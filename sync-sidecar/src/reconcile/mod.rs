@@ -86,6 +86,16 @@ use policy_client::retry::Backoff;
 /// Field manager of the reconciler's writes.
 pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";
 
+/// Now, as Kubernetes writes times in conditions (RFC 3339, seconds, UTC).
+pub(crate) fn now_rfc3339() -> String {
+    serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ))
+    .ok()
+    .and_then(|v| v.as_str().map(str::to_owned))
+    .unwrap_or_default()
+}
+
 /// The longest a pass of changed objects (not a policy or data change)
 /// waits for more of them.
 const CHANGES_COALESCE: Duration = Duration::from_millis(50);

@@ -15,7 +15,6 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -27,9 +26,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, ItemKey, fingerprint};
+use super::events::reference;
 use super::pass::Step;
 use super::target::{Item, Kind};
-use super::{FIELD_MANAGER, Reconciler};
+use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
 use crate::error::SyncError;
 use crate::reconcile::cause::{Cause, Trigger};
 use crate::reconcile::ocm::clusters::{
@@ -862,13 +862,8 @@ impl Reconciler {
                     } else {
                         EventType::Warning
                     };
-                    self.events.queue(
-                        placement_reference(&item.raw),
-                        type_,
-                        reason,
-                        "Decide",
-                        note.clone(),
-                    );
+                    self.events
+                        .queue(reference(&item.raw), type_, reason, "Decide", note.clone());
                 }
                 if failed {
                     Step::Unplaceable
@@ -1038,32 +1033,6 @@ impl Reconciler {
             }
         }
         Ok(())
-    }
-}
-
-/// Now, as Kubernetes writes condition times (RFC 3339, seconds, UTC).
-fn now_rfc3339() -> String {
-    serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-        Timestamp::now(),
-    ))
-    .ok()
-    .and_then(|v| v.as_str().map(str::to_owned))
-    .unwrap_or_default()
-}
-
-fn placement_reference(raw: &Value) -> ObjectReference {
-    let text = |pointer: &str| {
-        raw.pointer(pointer)
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
-    ObjectReference {
-        api_version: text("/apiVersion"),
-        kind: text("/kind"),
-        name: text("/metadata/name"),
-        namespace: text("/metadata/namespace"),
-        uid: text("/metadata/uid"),
-        ..ObjectReference::default()
     }
 }
 
