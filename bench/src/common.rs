@@ -291,6 +291,30 @@ pub(crate) fn start_opa(
     Ok((Server { process }, port))
 }
 
+/// One contender's run in a scenario of several: its wall time, its CPU,
+/// and the CPU of each process counted (in the order of their pids).
+#[derive(Debug, Clone)]
+pub(crate) struct Contending {
+    pub(crate) seconds: f64,
+    pub(crate) cpu: f64,
+    pub(crate) parts: Vec<f64>,
+}
+
+impl Contending {
+    /// The median of each figure over runs.
+    pub(crate) fn median(runs: &[Contending]) -> Contending {
+        let of = |figure: &dyn Fn(&Contending) -> f64| {
+            median(&runs.iter().map(figure).collect::<Vec<_>>())
+        };
+        let parts = runs.first().map_or(0, |r| r.parts.len());
+        Contending {
+            seconds: of(&|r| r.seconds),
+            cpu: of(&|r| r.cpu),
+            parts: (0..parts).map(|i| of(&|r| r.parts[i])).collect(),
+        }
+    }
+}
+
 pub(crate) fn median(values: &[f64]) -> f64 {
     if values.is_empty() {
         return f64::NAN;

@@ -31,10 +31,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::runtime::watcher;
 use placement_tests::karmada::{Karmada, guardrail_rules, scheduler_args};
-use placement_tests::{Identity, OpaServer, shipped_policy_modules};
+use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
-use crate::common::{Bins, Sidecar, cpu_seconds, median, poll, start_webhook, vm_kib};
+use crate::common::{Bins, Contending, Sidecar, cpu_seconds, median, poll, start_webhook, vm_kib};
 use crate::report::{Report, Status};
 
 const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
@@ -59,30 +59,6 @@ fn run_namespace(contender: &str, run: usize) -> String {
     format!("{contender}-{run}")
 }
 
-/// One contender's scheduling of every Deployment.
-#[derive(Debug, Clone)]
-struct Scheduling {
-    seconds: f64,
-    cpu: f64,
-    /// The CPU of each process counted, in the order of their pids.
-    parts: Vec<f64>,
-}
-
-impl Scheduling {
-    /// The median of each figure over runs.
-    fn median(runs: &[Scheduling]) -> Scheduling {
-        let of = |figure: &dyn Fn(&Scheduling) -> f64| {
-            median(&runs.iter().map(figure).collect::<Vec<_>>())
-        };
-        let parts = runs.first().map_or(0, |r| r.parts.len());
-        Scheduling {
-            seconds: of(&|r| r.seconds),
-            cpu: of(&|r| r.cpu),
-            parts: (0..parts).map(|i| of(&|r| r.parts[i])).collect(),
-        }
-    }
-}
-
 pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let started = Instant::now();
@@ -94,21 +70,10 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         .context("karmada-scheduler is not running")?;
 
     karmada.create_policy_namespace(POLICY_NAMESPACE);
-    let mut configmap = vec![
-        "create".to_owned(),
-        "configmap".to_owned(),
-        "placement".to_owned(),
-        "-n".to_owned(),
-        POLICY_NAMESPACE.to_owned(),
-    ];
-    let policy_dir = dir.join("policy");
-    std::fs::create_dir_all(&policy_dir)?;
-    for (file, source) in shipped_policy_modules() {
-        std::fs::write(policy_dir.join(&file), source)?;
-        configmap.push(format!("--from-file={}", policy_dir.join(&file).display()));
-    }
-    let configmap: Vec<&str> = configmap.iter().map(String::as_str).collect();
-    karmada.kubectl_ok(&configmap);
+    placement_tests::kubectl::create_shipped_policy_configmap(
+        &karmada.karmada_kubeconfig(),
+        POLICY_NAMESPACE,
+    );
     let opa = OpaServer::start();
     let mut args = scheduler_args(POLICY_NAMESPACE);
     args.extend([
@@ -222,7 +187,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
             }
         }
     }
-    let guarded = Scheduling::median(&guardeds);
+    let guarded = Contending::median(&guardeds);
     let latency = runtime.block_on(binding_admission_latency(
         &client,
         &run_namespace(GUARDED, 0),
@@ -230,8 +195,8 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     ))?;
     let runs = settings.runs as f64;
     let (queries, passes) = (queries / runs, passes / runs);
-    let native = Scheduling::median(&natives);
-    let ours = Scheduling::median(&ourses);
+    let native = Contending::median(&natives);
+    let ours = Contending::median(&ourses);
     let memory = bed_memory(&[std::process::id()]);
     let namespaces = |contender: &str| -> Vec<String> {
         (0..settings.runs)
@@ -538,7 +503,7 @@ fn schedule_all(
     policy: impl Fn(&str) -> Value,
     settings: &Settings,
     pids: &[u32],
-) -> Result<Scheduling> {
+) -> Result<Contending> {
     karmada.create_namespace(namespace);
     let out = karmada.kubectl_stdin(&["create", "-f", "-"], &policy(namespace).to_string());
     if !out.status.success() {
@@ -583,7 +548,7 @@ fn schedule_all(
         .collect();
     let cpu = used.iter().sum();
     eprintln!("{namespace}: {expected} Works after {seconds:.2} s, CPU {cpu:.2} s ({used:.2?})");
-    Ok(Scheduling {
+    Ok(Contending {
         seconds,
         cpu,
         parts: used,

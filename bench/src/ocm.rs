@@ -19,10 +19,10 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::runtime::watcher;
 use placement_tests::karmada::{COMPONENT_QPS, PCI_LABEL};
 use placement_tests::ocm::{CLUSTER_SET, Ocm, decider_args};
-use placement_tests::{Identity, OpaServer, shipped_policy_modules};
+use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
-use crate::common::{Bins, Sidecar, cpu_seconds, median, poll};
+use crate::common::{Bins, Contending, Sidecar, cpu_seconds, poll};
 use crate::report::{Report, Status};
 
 const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
@@ -39,29 +39,6 @@ pub(crate) struct Settings {
     pub(crate) runs: usize,
 }
 
-/// One contender deciding every Placement.
-#[derive(Debug, Clone)]
-struct Deciding {
-    seconds: f64,
-    cpu: f64,
-    /// The CPU of each process counted, in the order of their pids.
-    parts: Vec<f64>,
-}
-
-impl Deciding {
-    fn median(runs: &[Deciding]) -> Deciding {
-        let of = |figure: &dyn Fn(&Deciding) -> f64| {
-            median(&runs.iter().map(figure).collect::<Vec<_>>())
-        };
-        let parts = runs.first().map_or(0, |r| r.parts.len());
-        Deciding {
-            seconds: of(&|r| r.seconds),
-            cpu: of(&|r| r.cpu),
-            parts: (0..parts).map(|i| of(&|r| r.parts[i])).collect(),
-        }
-    }
-}
-
 pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
     std::fs::create_dir_all(dir)?;
     let started = Instant::now();
@@ -73,21 +50,10 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         .context("OCM's placement controller is not running")?;
 
     ocm.create_policy_namespace(POLICY_NAMESPACE);
-    let mut configmap = vec![
-        "create".to_owned(),
-        "configmap".to_owned(),
-        "placement".to_owned(),
-        "-n".to_owned(),
-        POLICY_NAMESPACE.to_owned(),
-    ];
-    let policy_dir = dir.join("policy");
-    std::fs::create_dir_all(&policy_dir)?;
-    for (file, source) in shipped_policy_modules() {
-        std::fs::write(policy_dir.join(&file), source)?;
-        configmap.push(format!("--from-file={}", policy_dir.join(&file).display()));
-    }
-    let configmap: Vec<&str> = configmap.iter().map(String::as_str).collect();
-    ocm.kubectl_ok(&configmap);
+    placement_tests::kubectl::create_shipped_policy_configmap(
+        &ocm.hub_kubeconfig(),
+        POLICY_NAMESPACE,
+    );
     let opa = OpaServer::start();
     let mut args = decider_args(POLICY_NAMESPACE);
     args.extend([
@@ -144,8 +110,8 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     sync.check_alive()?;
     let runs = settings.runs as f64;
     let (queries, passes) = (queries / runs, passes / runs);
-    let native = Deciding::median(&natives);
-    let ours = Deciding::median(&ourses);
+    let native = Contending::median(&natives);
+    let ours = Contending::median(&ourses);
     let n = settings.placements;
     let mut section = format!(
         "## 9. Deciding Open Cluster Management Placements ({n} Placements)\n\n\
@@ -259,7 +225,7 @@ fn decide_all(
     placement: fn(&str, &str) -> Value,
     settings: &Settings,
     pids: &[u32],
-) -> Result<Deciding> {
+) -> Result<Contending> {
     ocm.bind_cluster_set(namespace);
     let decided = DecisionCount::start(runtime, client, namespace);
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -309,7 +275,7 @@ fn decide_all(
         "{namespace}: {} Placements decided after {seconds:.2} s, CPU {cpu:.2} s ({used:.2?})",
         settings.placements
     );
-    Ok(Deciding {
+    Ok(Contending {
         seconds,
         cpu,
         parts: used,
