@@ -38,13 +38,18 @@ fn main() {
     }
 }
 
-fn up(bare: bool) {
+/// What every `up` needs first: the crypto provider and a runtime.
+fn start_up() -> tokio::runtime::Runtime {
     placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-        .expect("tokio runtime");
+        .expect("tokio runtime")
+}
+
+fn up(bare: bool) {
+    let runtime = start_up();
     eprintln!("starting etcd and kube-apiserver ...");
     let plane = ControlPlane::start();
     eprintln!("starting OPA ...");
@@ -177,12 +182,7 @@ fn up_cluster(bare: bool) {
 /// and, unless `--bare`, the shipped policy, OPA and placement-sync against
 /// Karmada's API server.
 fn up_karmada(bare: bool) {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = start_up();
     eprintln!("starting Karmada's control plane and its three members ...");
     let karmada = Karmada::start();
     let mut product = None;
@@ -274,12 +274,7 @@ fn up_karmada(bare: bool) {
 /// unless `--bare`, the shipped policy, OPA and placement-sync deciding the
 /// Placements that opt in.
 fn up_ocm(bare: bool) {
-    placement_tests::install_crypto();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let runtime = start_up();
     eprintln!("starting the OCM hub and its three managed clusters ...");
     let ocm = Ocm::start();
     let mut product = None;
