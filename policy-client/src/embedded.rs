@@ -1,12 +1,17 @@
 //! The embedded Rego engine (`regorus`), for running without OPA and for offline
 //! evaluation.
 //!
+//! Queries run compiled to regorus's bytecode VM where its compiler takes the
+//! policy set, interpreted otherwise ([`crate::compiled`]); either way on the
+//! part of the input the modules can read ([`InputReads::project`]), not a
+//! copy of all of it.
+//!
 //! Evaluation runs on Tokio's blocking pool, at most one evaluation per core at a
 //! time: evaluation is pure CPU, so more in parallel only time-slices them and
 //! stretches every one (the tail latency under load); the others wait their turn
-//! in order. Each blocking thread keeps its own copy of the prepared engine and
-//! reuses it until policies or data change, so concurrent reviews do not contend
-//! on a lock or re-prepare the policy.
+//! in order. Each blocking thread keeps its own machine (or copy of the prepared
+//! interpreter) and reuses it until policies or data change, so concurrent
+//! reviews do not contend on a lock or re-prepare the policy.
 //!
 //! Answers are remembered ([`crate::memo`]) by the values at the input paths
 //! the modules read ([`crate::input_reads`]): a review that differs from an
@@ -14,7 +19,7 @@
 //! answered without evaluating.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
@@ -23,11 +28,13 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use regorus::rvm::vm::{RegoVM, VmError};
 use regorus::utils::limits::ExecutionTimerConfig;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::compiled::Programs;
 use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::{DecisionCacheStats, DecisionMemo};
@@ -39,8 +46,18 @@ pub const DEFAULT_DECISION_CACHE_BYTES: usize = 16 * 1024 * 1024;
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// (instance, generation, engine) of the last evaluation on this thread.
-    static PREPARED: RefCell<Option<(u64, u64, regorus::Engine)>> = const { RefCell::new(None) };
+    /// What the last evaluation on this thread prepared.
+    static PREPARED: RefCell<Option<Prepared>> = const { RefCell::new(None) };
+}
+
+/// A blocking thread's evaluators for one generation of one engine.
+struct Prepared {
+    instance: u64,
+    generation: u64,
+    /// The interpreter, copied from the template when first needed.
+    interpreter: Option<regorus::Engine>,
+    /// A machine per compiled query.
+    machines: HashMap<String, RegoVM>,
 }
 
 /// An in-process Rego engine holding policy modules and a data document.
@@ -57,6 +74,8 @@ struct State {
     data: Value,
     /// Engine with every module and the data loaded; cloned per thread.
     template: Arc<regorus::Engine>,
+    /// The queries compiled for the modules (kept across data changes).
+    programs: Arc<Programs>,
     generation: u64,
     /// What the modules read of the input, or why their answers are not
     /// remembered.
@@ -109,6 +128,7 @@ impl Embedded {
                 modules: BTreeMap::new(),
                 data: Value::Object(Map::new()),
                 template: Arc::new(regorus::Engine::new()),
+                programs: Arc::default(),
                 generation: 0,
             }),
         }
@@ -174,6 +194,7 @@ impl Embedded {
                 modules,
                 data,
                 template: Arc::new(template),
+                programs: Arc::default(),
                 generation: 1,
             }),
         })
@@ -224,6 +245,7 @@ impl Embedded {
                 );
             }
             state.reads = reads;
+            state.programs = Arc::default();
             template
         };
         state.modules = modules;
@@ -443,26 +465,106 @@ fn rego_query(path: &str) -> Result<String, EngineError> {
     Ok(query)
 }
 
-/// Checks of the time limit happen every this many interpreter steps.
-const TIMER_CHECK_INTERVAL: NonZeroU32 = NonZeroU32::new(64).unwrap();
+/// Checks of the time limit happen every this many interpreter steps (or VM
+/// instructions).
+pub(crate) const TIMER_CHECK_INTERVAL: NonZeroU32 = NonZeroU32::new(64).unwrap();
 
 fn evaluate(
     instance: u64,
     generation: u64,
     template: &regorus::Engine,
+    programs: &Programs,
     query: String,
     input: regorus::Value,
     limit: Duration,
 ) -> Result<QueryOutcome, EngineError> {
+    let deadline = std::time::Instant::now() + limit;
     PREPARED.with(|cell| {
-        let mut cached = cell.borrow_mut();
-        let fresh = !matches!(&*cached, Some((i, g, _)) if *i == instance && *g == generation);
-        if fresh {
-            *cached = Some((instance, generation, template.clone()));
+        let mut cell = cell.borrow_mut();
+        if !matches!(&*cell, Some(p) if p.instance == instance && p.generation == generation) {
+            *cell = None;
         }
-        let Some((_, _, engine)) = cached.as_mut() else {
-            unreachable!("cache filled above")
+        let prepared = cell.get_or_insert_with(|| Prepared {
+            instance,
+            generation,
+            interpreter: None,
+            machines: HashMap::new(),
+        });
+        let failed = match prepared.run_compiled(template, programs, &query, &input, limit) {
+            Compiled::Answered(outcome) => return outcome,
+            Compiled::Interpret => None,
+            Compiled::Failed(error) => Some(error),
         };
+        let limit = deadline.saturating_duration_since(std::time::Instant::now());
+        let outcome = prepared.interpret(template, query.clone(), input, limit);
+        if let (Some(error), Ok(_)) = (&failed, &outcome) {
+            programs.give_up(&query, error);
+        }
+        outcome
+    })
+}
+
+/// What the compiled form of a query did.
+enum Compiled {
+    Answered(Result<QueryOutcome, EngineError>),
+    /// Not compiled, or an answer undefined in part: the interpreter decides.
+    Interpret,
+    /// Failed with an error other than a limit: the interpreter decides.
+    Failed(VmError),
+}
+
+impl Prepared {
+    fn run_compiled(
+        &mut self,
+        template: &regorus::Engine,
+        programs: &Programs,
+        query: &str,
+        input: &regorus::Value,
+        limit: Duration,
+    ) -> Compiled {
+        if !self.machines.contains_key(query) {
+            let Some(program) = programs.get(template, query) else {
+                return Compiled::Interpret;
+            };
+            match crate::compiled::machine(program, template.get_data()) {
+                Ok(vm) => self.machines.insert(query.to_owned(), vm),
+                Err(error) => return Compiled::Failed(error),
+            };
+        }
+        let Some(vm) = self.machines.get_mut(query) else {
+            unreachable!("inserted above")
+        };
+        match crate::compiled::run(vm, input.clone(), limit) {
+            Ok(Some(value)) => Compiled::Answered(outcome_of(value)),
+            Ok(None) => Compiled::Interpret,
+            Err(error) => {
+                // A run cut short may leave state behind: the next one
+                // starts on a fresh machine.
+                self.machines.remove(query);
+                match error {
+                    VmError::TimeLimitExceeded { .. } => {
+                        Compiled::Answered(Err(EngineError::Timeout {
+                            endpoint: "embedded".to_owned(),
+                            timeout: limit,
+                        }))
+                    }
+                    VmError::MemoryLimitExceeded { .. } => {
+                        Compiled::Answered(Err(EngineError::MemoryLimit(error.to_string())))
+                    }
+                    other => Compiled::Failed(other),
+                }
+            }
+        }
+    }
+
+    fn interpret(
+        &mut self,
+        template: &regorus::Engine,
+        query: String,
+        input: regorus::Value,
+        limit: Duration,
+    ) -> Result<QueryOutcome, EngineError> {
+        let engine = self.interpreter.get_or_insert_with(|| template.clone());
         // The deadline also bounds the evaluation itself: a runaway policy stops
         // here instead of burning a core after its caller has given up.
         engine.set_execution_timer_config(ExecutionTimerConfig {
@@ -475,7 +577,7 @@ fn evaluate(
             Err(e) => {
                 // An evaluation cut short may leave state behind: the next one
                 // starts from a fresh copy.
-                *cached = None;
+                self.interpreter = None;
                 return Err(match e.downcast_ref::<regorus::LimitError>() {
                     Some(regorus::LimitError::TimeLimitExceeded { .. }) => EngineError::Timeout {
                         endpoint: "embedded".to_owned(),
@@ -488,19 +590,24 @@ fn evaluate(
                 });
             }
         };
-        let Some(first) = results.result.into_iter().next() else {
-            return Ok(QueryOutcome::Undefined);
-        };
-        let Some(expression) = first.expressions.into_iter().next() else {
-            return Ok(QueryOutcome::Undefined);
-        };
-        if expression.value == regorus::Value::Undefined {
-            return Ok(QueryOutcome::Undefined);
-        }
-        serde_json::to_value(&expression.value)
-            .map(QueryOutcome::Defined)
-            .map_err(|e| EngineError::Evaluation(format!("result is not JSON: {e}")))
-    })
+        let value = results
+            .result
+            .into_iter()
+            .next()
+            .and_then(|first| first.expressions.into_iter().next())
+            .map_or(regorus::Value::Undefined, |expression| expression.value);
+        outcome_of(value)
+    }
+}
+
+/// The outcome of a query whose value is `value`.
+fn outcome_of(value: regorus::Value) -> Result<QueryOutcome, EngineError> {
+    if value == regorus::Value::Undefined {
+        return Ok(QueryOutcome::Undefined);
+    }
+    serde_json::to_value(&value)
+        .map(QueryOutcome::Defined)
+        .map_err(|e| EngineError::Evaluation(format!("result is not JSON: {e}")))
 }
 
 #[async_trait]
@@ -521,12 +628,17 @@ impl PolicyEngine for Embedded {
             timeout: budget,
         };
         let query = rego_query(path)?;
-        let (template, generation, reads) = {
+        let (template, programs, generation, reads) = {
             let state = self.read();
             let reads = state.reads.as_ref().ok().map(Arc::clone);
-            (Arc::clone(&state.template), state.generation, reads)
+            (
+                Arc::clone(&state.template),
+                Arc::clone(&state.programs),
+                state.generation,
+                reads,
+            )
         };
-        let key = match reads {
+        let key = match &reads {
             Some(reads) if self.memo.enabled() => reads.key(path, input),
             _ => None,
         };
@@ -536,8 +648,12 @@ impl PolicyEngine for Embedded {
             return Ok(outcome);
         }
         let instance = self.instance;
-        // Straight from the borrowed JSON: no copy of the input in between.
-        let input = to_rego(input);
+        // Straight from the borrowed JSON, and only what the modules can read
+        // where that is known: no copy of the rest.
+        let input = match &reads {
+            Some(reads) => reads.project(input),
+            None => to_rego(input),
+        };
         let permit =
             tokio::time::timeout_at(deadline, Arc::clone(&self.evaluators).acquire_owned())
                 .await
@@ -547,7 +663,9 @@ impl PolicyEngine for Embedded {
         // The permit moves into the task, so it is held for as long as the
         // evaluation runs, even when this query stops waiting for it.
         let task = tokio::task::spawn_blocking(move || {
-            let outcome = evaluate(instance, generation, &template, query, input, limit);
+            let outcome = evaluate(
+                instance, generation, &template, &programs, query, input, limit,
+            );
             drop(permit);
             outcome
         });
@@ -942,6 +1060,8 @@ errors contains msg if {
                 r#"{"rebalance": true, "clusters": {"gce-europe-west1": {"weight": 2}, "*": {"weight": 1}}}"#,
             ),
             Some(r#"{"clusters": {"gce-us-central1": {"weight": 1}}}"#),
+            Some(r#"{"rebalance": false, "clusters": {"member-eu-1": {}, "member-us-1": {}}}"#),
+            Some(r#"{"clusters": []}"#),
             Some("not json"),
         ];
         let mut n = 0;
@@ -996,6 +1116,194 @@ errors contains msg if {
             );
         }
         out
+    }
+
+    /// The interpreter over `engine`'s modules and data, deciding on the whole
+    /// input: the reference of the compiled form (and of the input the engine
+    /// evaluates, reduced to what the modules read).
+    fn reference(engine: &Embedded, path: &str) -> impl FnMut(&Value) -> QueryOutcome {
+        let (modules, data) = {
+            let state = engine.read();
+            (state.modules.clone(), state.data.clone())
+        };
+        let mut interpreter = build_engine(&modules, &data).unwrap();
+        let query = rego_query(path).unwrap();
+        move |input| {
+            interpreter.set_input(to_rego(input));
+            let results = interpreter.eval_query(query.clone(), false).unwrap();
+            let value = results
+                .result
+                .into_iter()
+                .next()
+                .and_then(|r| r.expressions.into_iter().next())
+                .map_or(regorus::Value::Undefined, |e| e.value);
+            outcome_of(value).unwrap()
+        }
+    }
+
+    fn compiled(engine: &Embedded, path: &str) -> bool {
+        let state = engine.read();
+        state.programs.is_compiled(&rego_query(path).unwrap())
+    }
+
+    /// Karmada members: ready, tainted, not ready, labelled out of or into
+    /// the EU against their region, with and without free CPU.
+    fn karmada_members() -> Value {
+        let member = |region: &str,
+                      labels: Value,
+                      ready: &str,
+                      taints: Value,
+                      cpu: (&str, &str)| {
+            json!({
+                "apiVersion": "cluster.karmada.io/v1alpha1",
+                "kind": "Cluster",
+                "metadata": {"labels": labels},
+                "spec": {"region": region, "taints": taints},
+                "status": {
+                    "conditions": [{"type": "Ready", "status": ready}],
+                    "resourceSummary": {"allocatable": {"cpu": cpu.0}, "allocated": {"cpu": cpu.1}},
+                },
+            })
+        };
+        let pci = |level: &str| json!({"placement-policy.io/pci-compliance-level": level});
+        json!({
+            "member-eu-1": member("europe-west1", pci("2"), "True", json!([]), ("8", "2")),
+            "member-eu-2": member("europe-west2", pci("3"), "True", json!([{"effect": "NoSchedule"}]), ("8", "1")),
+            "member-eu-3": member("eu-central-1", pci("03"), "True", json!([{"effect": "PreferNoSchedule"}]), ("4", "500m")),
+            "member-eu-4": member("europe-north1", pci("3"), "False", json!([]), ("8", "0")),
+            "member-ch-1": member("europe-west6", json!({"placement-policy.io/jurisdiction": "non-eu", "placement-policy.io/pci-compliance-level": "3"}), "True", json!([]), ("16", "1")),
+            "member-us-1": member("us-central1", json!({"placement-policy.io/jurisdiction": "eu", "placement-policy.io/pci-compliance-level": "x"}), "True", json!([]), ("8", "9")),
+        })
+    }
+
+    /// The compiled form decides as the interpreter does, over the shipped
+    /// policy and the example clusters, over Karmada members weighted by free
+    /// CPU, and with a weighting the policy refuses; on the part of the input
+    /// the policy reads as on all of it.
+    #[tokio::test]
+    async fn compiled_decisions_equal_interpreted_ones_on_the_shipped_policy() {
+        let settings = |weighting: &str| {
+            format!("package io.k8s.federation.settings\n\nweighting := \"{weighting}\"\n")
+        };
+        let inputs = varied_inputs();
+        for case in [
+            "example clusters",
+            "least-loaded members",
+            "unknown weighting",
+        ] {
+            let engine = shipped().with_decision_cache(0);
+            if case != "example clusters" {
+                engine
+                    .put_data("kubernetes/clusters", &karmada_members())
+                    .await
+                    .unwrap();
+                let weighting = if case == "unknown weighting" {
+                    "most-loaded"
+                } else {
+                    "least-loaded"
+                };
+                engine
+                    .put_policy("placement_settings.rego", &settings(weighting))
+                    .await
+                    .unwrap();
+            }
+            let mut interpreted = reference(&engine, crate::DEFAULT_DECISION_PATH);
+            let truth: Vec<QueryOutcome> = inputs.iter().map(&mut interpreted).collect();
+            let distinct: std::collections::BTreeSet<String> =
+                truth.iter().map(|t| format!("{t:?}")).collect();
+            assert!(
+                distinct.len() > 10,
+                "{case}: the inputs must get many different answers"
+            );
+            assert_eq!(answers(&engine, &inputs).await, truth, "{case}");
+            assert!(
+                compiled(&engine, crate::DEFAULT_DECISION_PATH),
+                "{case}: the shipped decision must run compiled"
+            );
+        }
+    }
+
+    /// Where the compiled form leaves the decision or a member of it undefined
+    /// (a rule with two values, a missing module), the interpreter answers:
+    /// the conflict is an error, as in OPA, and a package without its rules
+    /// is what the interpreter makes of it.
+    #[tokio::test]
+    async fn what_the_compiled_form_leaves_undefined_the_interpreter_decides() {
+        let engine = Embedded::new();
+        engine
+            .put_policy(
+                "p.rego",
+                "package io.k8s.federation.admission\n\nerrors := []\n\nannotations = {\"a\": \"1\"} if input.metadata.name\n\nannotations = {\"a\": \"2\"} if input.kind\n",
+            )
+            .await
+            .unwrap();
+        let input = json!({"kind": "ReplicaSet", "metadata": {"name": "rs"}});
+        let err = engine
+            .query(crate::DEFAULT_DECISION_PATH, &input, soon())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, EngineError::Evaluation(m) if m.contains("rule conflicts")),
+            "{err:?}"
+        );
+        assert!(compiled(&engine, crate::DEFAULT_DECISION_PATH));
+        // One value: answered compiled.
+        let one = json!({"kind": "ReplicaSet", "metadata": {}});
+        assert_eq!(
+            engine
+                .query(crate::DEFAULT_DECISION_PATH, &one, soon())
+                .await
+                .unwrap(),
+            QueryOutcome::Defined(json!({"annotations": {"a": "2"}, "errors": []}))
+        );
+
+        // The shipped admission package without the rules it draws on.
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+        let alone = Embedded::new();
+        alone
+            .put_policy(
+                "placement.rego",
+                &std::fs::read_to_string(dir.join("placement.rego")).unwrap(),
+            )
+            .await
+            .unwrap();
+        let workload = json!({"kind": "ReplicaSet", "metadata": {"name": "rs"}});
+        assert_eq!(
+            alone
+                .query(crate::DEFAULT_DECISION_PATH, &workload, soon())
+                .await
+                .unwrap(),
+            reference(&alone, crate::DEFAULT_DECISION_PATH)(&workload)
+        );
+        assert!(compiled(&alone, crate::DEFAULT_DECISION_PATH));
+    }
+
+    /// A compiled form that fails where the interpreter answers is given up
+    /// until the policies change (here the VM refuses data at a rule's path,
+    /// which the interpreter reads as the data).
+    #[tokio::test]
+    async fn a_compiled_form_that_fails_is_given_up_for_the_interpreter() {
+        let engine = Embedded::new();
+        engine
+            .put_policy("x.rego", "package x\n\ny := 1\n")
+            .await
+            .unwrap();
+        engine.put_data("x/y", &json!(2)).await.unwrap();
+        let reference = reference(&engine, "x/y")(&json!({}));
+        for _ in 0..2 {
+            let out = engine.query("x/y", &json!({}), soon()).await.unwrap();
+            assert_eq!(out, reference);
+            assert!(!compiled(&engine, "x/y"));
+        }
+        engine
+            .put_policy("x.rego", "package x\n\nz := 1\n")
+            .await
+            .unwrap();
+        engine.query("x/z", &json!({}), soon()).await.unwrap();
+        assert!(
+            compiled(&engine, "x/z"),
+            "new policies, a new compiled form"
+        );
     }
 
     /// The cache's soundness on the shipped policy: cached answers equal

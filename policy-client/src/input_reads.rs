@@ -25,6 +25,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
+use crate::embedded::to_rego;
+
 /// The input paths a policy set reads (none a prefix of another).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InputReads {
@@ -139,10 +141,40 @@ impl InputReads {
         Some(key)
     }
 
+    /// The part of `input` these reads can reach, as the engine's value:
+    /// along each path an object keeps only the keys on a path; where a path
+    /// ends, or meets anything but an object, the value is taken whole. So an
+    /// input and its projection agree at every path (the policy decides both
+    /// alike), and two inputs with the same [`Self::key`] project alike.
+    pub(crate) fn project(&self, input: &Value) -> regorus::Value {
+        let paths: Vec<&[String]> = self.paths.iter().map(Vec::as_slice).collect();
+        project(input, &paths)
+    }
+
     #[cfg(test)]
     fn paths(&self) -> Vec<String> {
         self.paths.iter().map(|p| p.join(".")).collect()
     }
+}
+
+/// `node` reduced to `paths` (sorted, none a prefix of another).
+fn project(node: &Value, paths: &[&[String]]) -> regorus::Value {
+    let map = match node {
+        Value::Object(map) if paths.iter().all(|p| !p.is_empty()) => map,
+        _ => return to_rego(node),
+    };
+    let mut kept = BTreeMap::new();
+    for group in paths.chunk_by(|a, b| a[0] == b[0]) {
+        let segment = &group[0][0];
+        if let Some(child) = map.get(segment) {
+            let rest: Vec<&[String]> = group.iter().map(|p| &p[1..]).collect();
+            kept.insert(
+                regorus::Value::from(segment.as_str()),
+                project(child, &rest),
+            );
+        }
+    }
+    regorus::Value::from(kept)
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -687,6 +719,56 @@ b := g({\"url\": input.a}) with g as http.send\n"])
         assert_ne!(absent, no_labels);
         // The query is part of the key.
         assert_ne!(reads.key("q", &base), reads.key("r", &base));
+    }
+
+    #[test]
+    fn the_projection_keeps_what_is_read_and_where_each_path_ends() {
+        let reads = reads(&[
+            "package p\na := input.metadata.labels.app\nb := input.kind\nc := input.spec.template\n",
+        ])
+        .unwrap();
+        let project = |input: Value| reads.project(&input);
+        let base = json!({
+            "kind": "ReplicaSet",
+            "metadata": {"name": "a", "labels": {"app": "x", "tier": "y"}},
+            "spec": {"replicas": 3, "template": {"spec": {"containers": [{"image": "i"}]}}},
+            "_admission": {"uid": "u"},
+        });
+        assert_eq!(
+            project(base.clone()),
+            to_rego(&json!({
+                "kind": "ReplicaSet",
+                "metadata": {"labels": {"app": "x"}},
+                "spec": {"template": {"spec": {"containers": [{"image": "i"}]}}},
+            }))
+        );
+        // Where a path ends early: an object without the key stays an
+        // object, anything else is kept whole; an absent root key is absent.
+        let early = json!({"metadata": {"labels": {}}, "spec": [1]});
+        assert_eq!(
+            project(early),
+            to_rego(&json!({"metadata": {"labels": {}}, "spec": [1]}))
+        );
+        assert_eq!(project(json!("text")), to_rego(&json!("text")));
+        // Inputs with one key have one projection, and the other way round.
+        let inputs = [
+            base.clone(),
+            json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": "x"}}, "spec": {"template": base["spec"]["template"]}}),
+            json!({"kind": "ReplicaSet", "metadata": {"labels": {}}}),
+            json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": null}}}),
+            json!({"kind": "ReplicaSet", "metadata": {"labels": "app"}}),
+            json!({"kind": "ReplicaSet", "metadata": {}}),
+            json!({"kind": "ReplicaSet"}),
+        ];
+        for a in &inputs {
+            for b in &inputs {
+                assert_eq!(
+                    reads.key("q", a) == reads.key("q", b),
+                    reads.project(a) == reads.project(b),
+                    "{a} / {b}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //!
 //! No Kubernetes server code lives here.
 
+mod compiled;
 pub mod configmaps;
 pub mod decision;
 pub mod embedded;

@@ -1,0 +1,144 @@
+//! Queries compiled to regorus's bytecode VM (RVM), the embedded engine's fast
+//! path. The interpreter resolves every rule reference by building and looking
+//! up path strings; the compiled form calls rules by index and keeps their
+//! values in a table, at about a sixth of the instructions for the shipped
+//! decision (BENCHMARKS.md, scenario 1).
+//!
+//! The interpreter stays the reference: a query whose modules the compiler
+//! does not take (it refuses some forms, e.g. `annotations["key"] := value`)
+//! is interpreted; so is every query once its compiled form failed where the
+//! interpreter answered; and an answer the VM leaves undefined, wholly or in
+//! part, is the interpreter's to give (see [`run`]).
+//!
+//! A query is compiled as the one rule of a package of its own,
+//! `result := data.<path>`, so that a package document (the decision) is one
+//! entry point.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use regorus::languages::rego::compiler::Compiler;
+use regorus::rvm::program::Program;
+use regorus::rvm::vm::{RegoVM, VmError};
+use regorus::utils::limits::ExecutionTimerConfig;
+
+use crate::embedded::TIMER_CHECK_INTERVAL;
+
+/// The package of the rule a query is compiled as.
+const QUERY_PACKAGE: &str = "placement_policy_embedded_query";
+
+/// The compiled queries of one module set (data changes keep them: a program
+/// reads data only when it runs).
+#[derive(Debug, Default)]
+pub(crate) struct Programs {
+    /// By query; `None`: interpreted.
+    by_query: Mutex<HashMap<String, Option<Arc<Program>>>>,
+}
+
+impl Programs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<Arc<Program>>>> {
+        self.by_query.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The program of `query` (`data...`) over the modules of `template`,
+    /// compiled on first use; `None` when it is interpreted.
+    pub(crate) fn get(&self, template: &regorus::Engine, query: &str) -> Option<Arc<Program>> {
+        let mut programs = self.lock();
+        if let Some(program) = programs.get(query) {
+            return program.clone();
+        }
+        let program = compile(template, query)
+            .inspect_err(|reason| {
+                tracing::warn!(
+                    query,
+                    %reason,
+                    "the embedded engine interprets this query: its compiled form does not take the policy set (evaluations cost several times more)"
+                );
+            })
+            .ok();
+        programs.insert(query.to_owned(), program.clone());
+        program
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_compiled(&self, query: &str) -> bool {
+        self.lock().get(query).is_some_and(Option::is_some)
+    }
+
+    /// Interpret `query` from now on: its compiled form failed where the
+    /// interpreter answered.
+    pub(crate) fn give_up(&self, query: &str, error: &VmError) {
+        tracing::warn!(
+            query,
+            %error,
+            "the compiled form of this query failed where the interpreter answered: the embedded engine interprets it until the policies change"
+        );
+        self.lock().insert(query.to_owned(), None);
+    }
+}
+
+fn compile(template: &regorus::Engine, query: &str) -> Result<Arc<Program>, String> {
+    if query == "data" {
+        // The whole document would hold the query's own package.
+        return Err("the whole data document is not compiled".to_owned());
+    }
+    let mut engine = template.clone();
+    let own_package = format!("data.{QUERY_PACKAGE}");
+    let packages = engine.get_packages().map_err(|e| e.to_string())?;
+    if packages.iter().any(|p| p == &own_package) {
+        return Err(format!("a module declares package {QUERY_PACKAGE}"));
+    }
+    engine
+        .add_policy(
+            format!("{QUERY_PACKAGE}.rego"),
+            format!("package {QUERY_PACKAGE}\n\nresult := {query}\n"),
+        )
+        .map_err(|e| e.to_string())?;
+    let entry_point = format!("{own_package}.result");
+    let policy = engine
+        .compile_with_entrypoint(&entry_point.as_str().into())
+        .map_err(|e| e.to_string())?;
+    Compiler::compile_from_policy(&policy, &[entry_point.as_str()]).map_err(|e| e.to_string())
+}
+
+/// A machine running `program` over `data`.
+pub(crate) fn machine(program: Arc<Program>, data: regorus::Value) -> Result<RegoVM, VmError> {
+    let mut vm = RegoVM::new();
+    vm.load_program(program);
+    // The time limit bounds an evaluation, not a count of instructions (the
+    // VM's default stops at 25,000).
+    vm.set_max_instructions(usize::MAX);
+    vm.set_data(data)?;
+    Ok(vm)
+}
+
+/// The value of the compiled query for `input`, stopped after `limit`;
+/// `None` when it is undefined, or a document with an undefined member: the
+/// VM has a rule whose definitions disagree, or whose body fails with an
+/// error, undefined, where the interpreter (and OPA, for conflicts) reports
+/// an error, so such an answer is the interpreter's to give.
+pub(crate) fn run(
+    vm: &mut RegoVM,
+    input: regorus::Value,
+    limit: Duration,
+) -> Result<Option<regorus::Value>, VmError> {
+    vm.set_execution_timer_config(Some(ExecutionTimerConfig {
+        limit,
+        check_interval: TIMER_CHECK_INTERVAL,
+    }));
+    vm.set_input(input);
+    let value = vm.execute()?;
+    Ok((value != regorus::Value::Undefined && !holds_undefined(&value)).then_some(value))
+}
+
+/// Whether an object in `value` (a package document the VM built) has an
+/// undefined member: a rule that is undefined.
+fn holds_undefined(value: &regorus::Value) -> bool {
+    match value {
+        regorus::Value::Object(object) => object
+            .values()
+            .any(|v| *v == regorus::Value::Undefined || holds_undefined(v)),
+        _ => false,
+    }
+}
