@@ -19,7 +19,10 @@
 # rules they are computed from live in package io.k8s.federation.placement
 # (placement_rules.rego, deployed with this file), where each is evaluated at most
 # once per query and none appears in the decision document. Those rules are only
-# consulted for workloads.
+# consulted for workloads. They are referred to by their full paths, not through
+# `import data.io.k8s.federation.placement`: the embedded engine's compiled form
+# builds an imported package's whole document at each reference (three times the
+# instructions of this decision).
 #
 # Data: the replicated Cluster objects at data.kubernetes.clusters[<name>]: the
 # CRD placement-policy.io/v1alpha1 Cluster, or Karmada's Cluster
@@ -102,30 +105,28 @@
 #   "nothing to place" (the webhook fails closed iff policies exist).
 package io.k8s.federation.admission
 
-import data.io.k8s.federation.placement
-
 # Rule 5: the placement annotation (see above for when it is given), and the
 # reasons when placement-sync decides an OCM Placement (input._placement).
 annotations := {
-	"federation.kubernetes.io/replica-set-preferences": placement.preferences,
-	"placement-policy.io/cluster-reasons": placement.reasons,
+	"federation.kubernetes.io/replica-set-preferences": data.io.k8s.federation.placement.preferences,
+	"placement-policy.io/cluster-reasons": data.io.k8s.federation.placement.reasons,
 } if {
 	input._placement
-	placement.workload
-	count(placement.selected) > 0
-	count(placement.errors - placement.request_conflicts) == 0
-} else := {"federation.kubernetes.io/replica-set-preferences": placement.preferences} if {
-	placement.workload
-	count(placement.selected) > 0
-	count(placement.errors - placement.request_conflicts) == 0
-} else := {} if placement.loaded
+	data.io.k8s.federation.placement.workload
+	count(data.io.k8s.federation.placement.selected) > 0
+	count(data.io.k8s.federation.placement.errors - data.io.k8s.federation.placement.request_conflicts) == 0
+} else := {"federation.kubernetes.io/replica-set-preferences": data.io.k8s.federation.placement.preferences} if {
+	data.io.k8s.federation.placement.workload
+	count(data.io.k8s.federation.placement.selected) > 0
+	count(data.io.k8s.federation.placement.errors - data.io.k8s.federation.placement.request_conflicts) == 0
+} else := {} if data.io.k8s.federation.placement.loaded
 
 # Weights by free CPU are deliberate: a scheduler given weights of its own
 # (a Karmada PropagationPolicy's staticWeightList) keeps the policy's. Even
 # weights are not (absent: given weights replace them).
-policy_weights if placement.load_weighted
+policy_weights if data.io.k8s.federation.placement.load_weighted
 
 # Rules 2-4 and 6: every reason the workload cannot be placed.
-errors := placement.errors if placement.workload
+errors := data.io.k8s.federation.placement.errors if data.io.k8s.federation.placement.workload
 
-else := set() if placement.loaded
+else := set() if data.io.k8s.federation.placement.loaded
