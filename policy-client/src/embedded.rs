@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use crate::compiled::Programs;
 use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
+use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::{DecisionCacheStats, DecisionMemo};
 
@@ -217,6 +218,74 @@ impl Embedded {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The decision at `path` for the input read at `input`.
+    async fn decide(
+        &self,
+        path: &str,
+        input: InputRoot<'_>,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        let budget = deadline.saturating_duration_since(Instant::now());
+        let timeout = || EngineError::Timeout {
+            endpoint: "embedded".to_owned(),
+            timeout: budget,
+        };
+        let query = rego_query(path)?;
+        let (template, programs, generation, reads) = {
+            let state = self.read();
+            let reads = state.reads.as_ref().ok().map(Arc::clone);
+            (
+                Arc::clone(&state.template),
+                Arc::clone(&state.programs),
+                state.generation,
+                reads,
+            )
+        };
+        let key = match &reads {
+            Some(reads) if self.memo.enabled() => reads.key(path, input),
+            _ => None,
+        };
+        if let Some(key) = &key
+            && let Some(outcome) = self.memo.get(generation, key)
+        {
+            return Ok(outcome);
+        }
+        let instance = self.instance;
+        // Straight from the borrowed JSON, and only what the modules can read
+        // where that is known: no copy of the rest.
+        let input = match &reads {
+            Some(reads) => reads.project(input),
+            None => input.to_rego(),
+        };
+        let permit =
+            tokio::time::timeout_at(deadline, Arc::clone(&self.evaluators).acquire_owned())
+                .await
+                .map_err(|_| timeout())?
+                .expect("the evaluator semaphore is never closed");
+        let limit = deadline.saturating_duration_since(Instant::now());
+        // The permit moves into the task, so it is held for as long as the
+        // evaluation runs, even when this query stops waiting for it.
+        let task = tokio::task::spawn_blocking(move || {
+            let outcome = evaluate(
+                instance, generation, &template, &programs, query, input, limit,
+            );
+            drop(permit);
+            outcome
+        });
+        match tokio::time::timeout_at(deadline, task).await {
+            Ok(Ok(outcome)) => {
+                if let (Some(key), Ok(outcome)) = (&key, &outcome) {
+                    self.memo.put(generation, key, outcome);
+                }
+                outcome
+            }
+            Ok(Err(join)) => Err(EngineError::Evaluation(format!(
+                "evaluation task failed: {join}"
+            ))),
+            Err(_) => Err(timeout()),
+        }
     }
 
     /// Replace modules and data together, keeping the old state on error.
@@ -622,65 +691,16 @@ impl PolicyEngine for Embedded {
         input: &Value,
         deadline: Instant,
     ) -> Result<QueryOutcome, EngineError> {
-        let budget = deadline.saturating_duration_since(Instant::now());
-        let timeout = || EngineError::Timeout {
-            endpoint: "embedded".to_owned(),
-            timeout: budget,
-        };
-        let query = rego_query(path)?;
-        let (template, programs, generation, reads) = {
-            let state = self.read();
-            let reads = state.reads.as_ref().ok().map(Arc::clone);
-            (
-                Arc::clone(&state.template),
-                Arc::clone(&state.programs),
-                state.generation,
-                reads,
-            )
-        };
-        let key = match &reads {
-            Some(reads) if self.memo.enabled() => reads.key(path, input),
-            _ => None,
-        };
-        if let Some(key) = &key
-            && let Some(outcome) = self.memo.get(generation, key)
-        {
-            return Ok(outcome);
-        }
-        let instance = self.instance;
-        // Straight from the borrowed JSON, and only what the modules can read
-        // where that is known: no copy of the rest.
-        let input = match &reads {
-            Some(reads) => reads.project(input),
-            None => to_rego(input),
-        };
-        let permit =
-            tokio::time::timeout_at(deadline, Arc::clone(&self.evaluators).acquire_owned())
-                .await
-                .map_err(|_| timeout())?
-                .expect("the evaluator semaphore is never closed");
-        let limit = deadline.saturating_duration_since(Instant::now());
-        // The permit moves into the task, so it is held for as long as the
-        // evaluation runs, even when this query stops waiting for it.
-        let task = tokio::task::spawn_blocking(move || {
-            let outcome = evaluate(
-                instance, generation, &template, &programs, query, input, limit,
-            );
-            drop(permit);
-            outcome
-        });
-        match tokio::time::timeout_at(deadline, task).await {
-            Ok(Ok(outcome)) => {
-                if let (Some(key), Ok(outcome)) = (&key, &outcome) {
-                    self.memo.put(generation, key, outcome);
-                }
-                outcome
-            }
-            Ok(Err(join)) => Err(EngineError::Evaluation(format!(
-                "evaluation task failed: {join}"
-            ))),
-            Err(_) => Err(timeout()),
-        }
+        self.decide(path, InputRoot::Value(input), deadline).await
+    }
+
+    async fn query_input(
+        &self,
+        path: &str,
+        input: &PolicyInput<'_>,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        self.decide(path, input.root(), deadline).await
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
@@ -1332,6 +1352,50 @@ errors contains msg if {
         let stats = cached.decision_cache().unwrap();
         assert!(stats.hits >= inputs.len() as u64, "{stats:?}");
         assert_eq!(evaluated.decision_cache().unwrap().hits, 0);
+    }
+
+    /// An input given in its parts (the object and the request's metadata,
+    /// as the webhook gives it) is decided as the same input put together,
+    /// evaluated and remembered alike.
+    #[tokio::test]
+    async fn an_input_in_parts_is_decided_as_the_whole_input() {
+        let keys = crate::OwnershipKeys::ephemeral().unwrap();
+        let (kind, resource, user) = (json!({"kind": "ReplicaSet"}), json!({}), json!({}));
+        let objects: Vec<Value> = varied_inputs()
+            .into_iter()
+            .map(|mut input| {
+                input
+                    .as_object_mut()
+                    .unwrap()
+                    .remove(crate::ADMISSION_INPUT_KEY);
+                input
+            })
+            .collect();
+        for memory in [0, DEFAULT_DECISION_CACHE_BYTES] {
+            let engine = shipped().with_decision_cache(memory);
+            for (n, object) in objects.iter().enumerate() {
+                let meta = crate::RequestMeta {
+                    uid: "u",
+                    operation: if n % 2 == 0 { "CREATE" } else { "UPDATE" },
+                    kind: &kind,
+                    resource: &resource,
+                    namespace: None,
+                    name: None,
+                    user_info: &user,
+                    dry_run: false,
+                    old_object: None,
+                    keys: &keys,
+                };
+                let parts = PolicyInput::new(object, &meta);
+                let whole = parts.clone().into_value();
+                let path = crate::DEFAULT_DECISION_PATH;
+                assert_eq!(
+                    engine.query_input(path, &parts, soon()).await.unwrap(),
+                    engine.query(path, &whole, soon()).await.unwrap(),
+                    "memory {memory}: {whole}"
+                );
+            }
+        }
     }
 
     #[tokio::test]

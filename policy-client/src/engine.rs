@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::input::PolicyInput;
 use crate::memo::DecisionCacheStats;
 
 /// What a query returned: a document, or nothing at all.
@@ -262,6 +263,20 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
         input: &Value,
         deadline: Instant,
     ) -> Result<QueryOutcome, EngineError>;
+
+    /// [`PolicyEngine::query`] with the policy input of an object
+    /// ([`PolicyInput`]), put together here; an engine that reads only some
+    /// paths of it (the embedded one, a decision memory) reads them in place
+    /// instead, with no copy of the object.
+    async fn query_input(
+        &self,
+        path: &str,
+        input: &PolicyInput<'_>,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        self.query(path, &input.clone().into_value(), deadline)
+            .await
+    }
 
     /// Create or replace the data document at `path`.
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError>;

@@ -7,11 +7,18 @@
 //! under [`ADMISSION_INPUT_KEY`]. The remediator describes the request its
 //! PATCH will be: an `UPDATE` by its own identity, whose `oldObject` is the
 //! object as stored.
+//!
+//! [`PolicyInput`] holds the input as those two parts, so that an engine that
+//! reads only some paths of it (the embedded one, and the decision memory)
+//! reads them there, without a copy of the object ([`policy_input`] puts the
+//! parts together).
 
-use serde_json::{Value, json};
+use std::borrow::Cow;
+
+use serde_json::{Map, Value, json};
 
 use crate::ownership_keys::OwnershipKeys;
-use crate::placement::developer_view;
+use crate::placement::borrowed_developer_view;
 
 /// Key of the request metadata in the policy input.
 pub const ADMISSION_INPUT_KEY: &str = "_admission";
@@ -43,10 +50,31 @@ pub struct RequestMeta<'a> {
     pub keys: &'a OwnershipKeys,
 }
 
-/// The input of the placement query for `object`.
-pub fn policy_input(object: &Value, meta: &RequestMeta<'_>) -> Value {
-    let mut input = developer_view(object, meta.keys);
-    if let Value::Object(map) = &mut input {
+/// The input of the placement query for an object, in its two parts.
+#[derive(Debug, Clone)]
+pub struct PolicyInput<'a> {
+    /// The object in the developer's view (the object itself, borrowed,
+    /// when it carries no ownership record).
+    object: Cow<'a, Value>,
+    /// The request metadata, under [`ADMISSION_INPUT_KEY`] when the object
+    /// is a JSON object (otherwise the input is the object alone); none when
+    /// the object is the whole input already.
+    admission: Option<Value>,
+}
+
+impl From<Value> for PolicyInput<'static> {
+    /// An input built whole (a binding's template with its binding beside it).
+    fn from(input: Value) -> Self {
+        PolicyInput {
+            object: Cow::Owned(input),
+            admission: None,
+        }
+    }
+}
+
+impl<'a> PolicyInput<'a> {
+    /// The input for `object` under `meta`.
+    pub fn new(object: &'a Value, meta: &RequestMeta<'_>) -> Self {
         let mut admission = json!({
             "uid": meta.uid,
             "operation": meta.operation,
@@ -58,11 +86,82 @@ pub fn policy_input(object: &Value, meta: &RequestMeta<'_>) -> Value {
             "dryRun": meta.dry_run,
         });
         if let Some(old) = meta.old_object {
-            admission["oldObject"] = developer_view(old, meta.keys);
+            admission["oldObject"] = borrowed_developer_view(old, meta.keys).into_owned();
         }
-        map.insert(ADMISSION_INPUT_KEY.to_owned(), admission);
+        PolicyInput {
+            object: borrowed_developer_view(object, meta.keys),
+            admission: Some(admission),
+        }
     }
-    input
+
+    /// The input as one JSON value.
+    pub fn into_value(self) -> Value {
+        let mut input = self.object.into_owned();
+        if let (Value::Object(map), Some(admission)) = (&mut input, self.admission) {
+            map.insert(ADMISSION_INPUT_KEY.to_owned(), admission);
+        }
+        input
+    }
+
+    /// The input's root, read in place.
+    pub(crate) fn root(&self) -> InputRoot<'_> {
+        match (&*self.object, &self.admission) {
+            (Value::Object(fields), Some(admission)) => InputRoot::Parts { fields, admission },
+            (whole, _) => InputRoot::Value(whole),
+        }
+    }
+}
+
+/// The root of a policy input, read in place: one JSON value, or an object's
+/// fields with the request metadata beside them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum InputRoot<'a> {
+    Value(&'a Value),
+    Parts {
+        fields: &'a Map<String, Value>,
+        admission: &'a Value,
+    },
+}
+
+impl<'a> InputRoot<'a> {
+    /// The root's member `key`; `Err` with the root itself when it is not an
+    /// object.
+    pub(crate) fn member(&self, key: &str) -> Result<Option<&'a Value>, &'a Value> {
+        match *self {
+            InputRoot::Value(Value::Object(map)) => Ok(map.get(key)),
+            InputRoot::Value(other) => Err(other),
+            InputRoot::Parts { admission, .. } if key == ADMISSION_INPUT_KEY => Ok(Some(admission)),
+            InputRoot::Parts { fields, .. } => Ok(fields.get(key)),
+        }
+    }
+
+    /// The whole root as the engine's value.
+    pub(crate) fn to_rego(self) -> regorus::Value {
+        match self {
+            InputRoot::Value(value) => crate::embedded::to_rego(value),
+            InputRoot::Parts { fields, admission } => {
+                let mut map: std::collections::BTreeMap<regorus::Value, regorus::Value> = fields
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            regorus::Value::from(k.as_str()),
+                            crate::embedded::to_rego(v),
+                        )
+                    })
+                    .collect();
+                map.insert(
+                    regorus::Value::from(ADMISSION_INPUT_KEY),
+                    crate::embedded::to_rego(admission),
+                );
+                regorus::Value::from(map)
+            }
+        }
+    }
+}
+
+/// The input of the placement query for `object`, as one JSON value.
+pub fn policy_input(object: &Value, meta: &RequestMeta<'_>) -> Value {
+    PolicyInput::new(object, meta).into_value()
 }
 
 #[cfg(test)]

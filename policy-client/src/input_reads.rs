@@ -26,6 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use crate::embedded::to_rego;
+use crate::input::InputRoot;
 
 /// The input paths a policy set reads (none a prefix of another).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,34 +106,22 @@ impl InputReads {
     /// The cache key of `input` under these reads: the value at each path, or
     /// where and how the path ends before it. `None` when it would exceed
     /// [`MAX_KEY_BYTES`].
-    pub(crate) fn key(&self, query: &str, input: &Value) -> Option<Vec<u8>> {
+    pub(crate) fn key(&self, query: &str, input: InputRoot<'_>) -> Option<Vec<u8>> {
         let mut key = Vec::with_capacity(128);
         key.extend_from_slice(query.as_bytes());
         for path in &self.paths {
             key.push(0);
-            let mut node = input;
-            let mut depth = 0;
-            for segment in path {
-                match node {
-                    Value::Object(map) => match map.get(segment) {
-                        Some(next) => {
-                            node = next;
-                            depth += 1;
-                        }
-                        None => break,
-                    },
-                    _ => break,
-                }
-            }
             // The depth reached says which prefix the value belongs to; an
             // object that lacks the next key is marked absent (its other keys
             // are not read), anything else is written whole.
+            let (depth, reached) = reach(input, path);
             key.extend_from_slice(&(depth as u32).to_le_bytes());
-            if depth < path.len() && node.is_object() {
-                key.push(b'-');
-            } else {
-                key.push(b'=');
-                serde_json::to_writer(&mut key, node).ok()?;
+            match reached {
+                None => key.push(b'-'),
+                Some(node) => {
+                    key.push(b'=');
+                    serde_json::to_writer(&mut key, node).ok()?;
+                }
             }
             if key.len() > MAX_KEY_BYTES {
                 return None;
@@ -146,15 +135,59 @@ impl InputReads {
     /// ends, or meets anything but an object, the value is taken whole. So an
     /// input and its projection agree at every path (the policy decides both
     /// alike), and two inputs with the same [`Self::key`] project alike.
-    pub(crate) fn project(&self, input: &Value) -> regorus::Value {
+    pub(crate) fn project(&self, input: InputRoot<'_>) -> regorus::Value {
         let paths: Vec<&[String]> = self.paths.iter().map(Vec::as_slice).collect();
-        project(input, &paths)
+        match input {
+            InputRoot::Value(value) => project(value, &paths),
+            InputRoot::Parts { .. } => {
+                let mut kept = BTreeMap::new();
+                for group in paths.chunk_by(|a, b| a[0] == b[0]) {
+                    let segment = &group[0][0];
+                    if let Ok(Some(child)) = input.member(segment) {
+                        let rest: Vec<&[String]> = group.iter().map(|p| &p[1..]).collect();
+                        kept.insert(
+                            regorus::Value::from(segment.as_str()),
+                            project(child, &rest),
+                        );
+                    }
+                }
+                regorus::Value::from(kept)
+            }
+        }
     }
 
     #[cfg(test)]
     fn paths(&self) -> Vec<String> {
         self.paths.iter().map(|p| p.join(".")).collect()
     }
+}
+
+/// How far `path` reaches into `input`, and what is there: `None` for an
+/// object without the next key, else the value to take whole (where the path
+/// ends, or a non-object on the way).
+fn reach<'a>(input: InputRoot<'a>, path: &[String]) -> (usize, Option<&'a Value>) {
+    let Some((first, rest)) = path.split_first() else {
+        unreachable!("a read path is never empty: reading the whole input refuses the set")
+    };
+    let mut node = match input.member(first) {
+        Err(not_an_object) => return (0, Some(not_an_object)),
+        Ok(None) => return (0, None),
+        Ok(Some(child)) => child,
+    };
+    let mut depth = 1;
+    for segment in rest {
+        match node {
+            Value::Object(map) => match map.get(segment) {
+                Some(next) => {
+                    node = next;
+                    depth += 1;
+                }
+                None => return (depth, None),
+            },
+            _ => break,
+        }
+    }
+    (depth, Some(node))
 }
 
 /// `node` reduced to `paths` (sorted, none a prefix of another).
@@ -694,7 +727,7 @@ b := g({\"url\": input.a}) with g as http.send\n"])
     fn the_key_holds_the_value_at_each_path_and_where_it_ends() {
         let reads =
             reads(&["package p\na := input.metadata.labels.app\nb := input.kind\n"]).unwrap();
-        let key = |input: Value| reads.key("q", &input).unwrap();
+        let key = |input: Value| reads.key("q", InputRoot::Value(&input)).unwrap();
         let base = json!({"kind": "ReplicaSet", "metadata": {"name": "a", "labels": {"app": "x", "tier": "y"}}});
         // What is not read does not change the key.
         let mut renamed = base.clone();
@@ -718,7 +751,10 @@ b := g({\"url\": input.a}) with g as http.send\n"])
         assert_ne!(null, scalar);
         assert_ne!(absent, no_labels);
         // The query is part of the key.
-        assert_ne!(reads.key("q", &base), reads.key("r", &base));
+        assert_ne!(
+            reads.key("q", InputRoot::Value(&base)),
+            reads.key("r", InputRoot::Value(&base))
+        );
     }
 
     #[test]
@@ -727,7 +763,7 @@ b := g({\"url\": input.a}) with g as http.send\n"])
             "package p\na := input.metadata.labels.app\nb := input.kind\nc := input.spec.template\n",
         ])
         .unwrap();
-        let project = |input: Value| reads.project(&input);
+        let project = |input: Value| reads.project(InputRoot::Value(&input));
         let base = json!({
             "kind": "ReplicaSet",
             "metadata": {"name": "a", "labels": {"app": "x", "tier": "y"}},
@@ -763,10 +799,59 @@ b := g({\"url\": input.a}) with g as http.send\n"])
         for a in &inputs {
             for b in &inputs {
                 assert_eq!(
-                    reads.key("q", a) == reads.key("q", b),
-                    reads.project(a) == reads.project(b),
+                    reads.key("q", InputRoot::Value(a)) == reads.key("q", InputRoot::Value(b)),
+                    reads.project(InputRoot::Value(a)) == reads.project(InputRoot::Value(b)),
                     "{a} / {b}"
                 );
+            }
+        }
+    }
+
+    /// The webhook's input is read in its parts (the object, the request's
+    /// metadata beside it): keys and projections are those of the input put
+    /// together.
+    #[test]
+    fn the_parts_of_an_input_read_as_the_input() {
+        let reads = reads(&[
+            "package p\na := input.metadata.labels.app\nb := input._admission.operation\nc := input.kind\nd := input.absent.x\n",
+        ])
+        .unwrap();
+        let keys = crate::OwnershipKeys::ephemeral().unwrap();
+        let (kind, resource, user) = (json!({"kind": "ReplicaSet"}), json!({}), json!({}));
+        let meta = |operation| crate::RequestMeta {
+            uid: "u",
+            operation,
+            kind: &kind,
+            resource: &resource,
+            namespace: None,
+            name: None,
+            user_info: &user,
+            dry_run: false,
+            old_object: None,
+            keys: &keys,
+        };
+        let objects = [
+            json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": "a", "tier": "t"}}}),
+            json!({"kind": "ReplicaSet", "metadata": {"labels": "app"}}),
+            // Its own `_admission` is replaced by the request's.
+            json!({"kind": "Deployment", "_admission": {"operation": "forged"}}),
+            json!("not an object"),
+        ];
+        for object in &objects {
+            for operation in ["CREATE", "UPDATE"] {
+                let parts = crate::PolicyInput::new(object, &meta(operation));
+                let whole = parts.clone().into_value();
+                assert_eq!(
+                    reads.key("q", parts.root()),
+                    reads.key("q", InputRoot::Value(&whole)),
+                    "{whole}"
+                );
+                assert_eq!(
+                    reads.project(parts.root()),
+                    reads.project(InputRoot::Value(&whole)),
+                    "{whole}"
+                );
+                assert_eq!(parts.root().to_rego(), to_rego(&whole), "{whole}");
             }
         }
     }
@@ -775,6 +860,6 @@ b := g({\"url\": input.a}) with g as http.send\n"])
     fn a_key_too_large_is_not_made() {
         let reads = reads(&["package p\na := input.spec\n"]).unwrap();
         let big = json!({"spec": {"blob": "x".repeat(MAX_KEY_BYTES)}});
-        assert_eq!(reads.key("q", &big), None);
+        assert_eq!(reads.key("q", InputRoot::Value(&big)), None);
     }
 }

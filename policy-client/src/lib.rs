@@ -29,7 +29,8 @@ pub use decision::{Decision, DecisionError};
 pub use embedded::{DEFAULT_DECISION_CACHE_BYTES, Embedded};
 pub use engine::{CompileError, EncodedJson, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
 pub use input::{
-    ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, PLACEMENT_INPUT_KEY, RequestMeta, policy_input,
+    ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, PLACEMENT_INPUT_KEY, PolicyInput, RequestMeta,
+    policy_input,
 };
 pub use input_reads::Uncacheable;
 pub use memo::DecisionCacheStats;

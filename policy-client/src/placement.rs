@@ -25,6 +25,7 @@
 //! placed object (`kubectl get -o yaml | kubectl create -f -`) is then simply
 //! the developer's request as it reads.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, ReplaceOperation};
@@ -267,11 +268,20 @@ pub fn requested_annotations(
 /// (see [`requested_annotations`]), from the object's verified record; the
 /// record itself is never shown.
 pub fn developer_view(object: &Value, keys: &OwnershipKeys) -> Value {
+    borrowed_developer_view(object, keys).into_owned()
+}
+
+/// [`developer_view`], borrowing the object when it is its own view (it
+/// carries no ownership record).
+pub(crate) fn borrowed_developer_view<'a>(
+    object: &'a Value,
+    keys: &OwnershipKeys,
+) -> Cow<'a, Value> {
     let Ok(Some(current)) = annotations(object) else {
-        return object.clone();
+        return Cow::Borrowed(object);
     };
     if !current.contains_key(OWNERSHIP_ANNOTATION) {
-        return object.clone();
+        return Cow::Borrowed(object);
     }
     let owned = ownership(object, keys);
     let requested = requested_annotations(&current, &owned);
@@ -287,7 +297,7 @@ pub fn developer_view(object: &Value, keys: &OwnershipKeys) -> Value {
             ),
         );
     }
-    view
+    Cow::Owned(view)
 }
 
 /// The annotations `object` should carry under `decision`, including the

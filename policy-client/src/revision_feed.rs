@@ -21,6 +21,7 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
+use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::{DecisionCacheStats, DecisionMemo};
 use crate::revision_board::{Announcement, HOLD, LEASE, Revision};
@@ -89,6 +90,34 @@ impl fmt::Debug for RememberingEngine {
 }
 
 impl RememberingEngine {
+    /// The answer remembered for `input`, or `asked` (the inner engine's,
+    /// awaited only then), remembered while its generation is trusted.
+    async fn remembered(
+        &self,
+        path: &str,
+        input: InputRoot<'_>,
+        asked: impl Future<Output = Result<QueryOutcome, EngineError>>,
+    ) -> Result<QueryOutcome, EngineError> {
+        let key = match self.remembering() {
+            Some((generation, reads)) if self.memo.enabled() => {
+                reads.key(path, input).map(|key| (generation, key))
+            }
+            _ => None,
+        };
+        if let Some((generation, key)) = &key
+            && let Some(outcome) = self.memo.get(*generation, key)
+        {
+            return Ok(outcome);
+        }
+        let outcome = asked.await?;
+        if let Some((generation, key)) = &key
+            && self.still_trusted(*generation)
+        {
+            self.memo.put(*generation, key, &outcome);
+        }
+        Ok(outcome)
+    }
+
     /// `inner`'s decisions remembered in about `budget` bytes while the board
     /// at `board` (the writer's revisions endpoint) is followed; run
     /// [`RememberingEngine::follow`] for that.
@@ -302,24 +331,18 @@ impl PolicyEngine for RememberingEngine {
         input: &Value,
         deadline: Instant,
     ) -> Result<QueryOutcome, EngineError> {
-        let key = match self.remembering() {
-            Some((generation, reads)) if self.memo.enabled() => {
-                reads.key(path, input).map(|key| (generation, key))
-            }
-            _ => None,
-        };
-        if let Some((generation, key)) = &key
-            && let Some(outcome) = self.memo.get(*generation, key)
-        {
-            return Ok(outcome);
-        }
-        let outcome = self.inner.query(path, input, deadline).await?;
-        if let Some((generation, key)) = &key
-            && self.still_trusted(*generation)
-        {
-            self.memo.put(*generation, key, &outcome);
-        }
-        Ok(outcome)
+        let asked = self.inner.query(path, input, deadline);
+        self.remembered(path, InputRoot::Value(input), asked).await
+    }
+
+    async fn query_input(
+        &self,
+        path: &str,
+        input: &PolicyInput<'_>,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        let asked = self.inner.query_input(path, input, deadline);
+        self.remembered(path, input.root(), asked).await
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {

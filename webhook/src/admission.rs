@@ -10,8 +10,8 @@ use policy_client::placement::MergeError;
 use policy_client::text::bounded;
 use policy_client::verdict::{Plan, plan, request_changed};
 use policy_client::{
-    Decision, DecisionError, EngineError, LoadingKeys, OwnershipKeys, PolicyEngine, QueryOutcome,
-    RequestMeta, policy_input,
+    Decision, DecisionError, EngineError, LoadingKeys, OwnershipKeys, PolicyEngine, PolicyInput,
+    QueryOutcome, RequestMeta,
 };
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -463,7 +463,7 @@ impl Admission {
         let keys = self.keys()?;
         let (template, resource) = self.guardrail.template(request, binding).await?;
         let input = template_input(&template, &resource, binding, &keys);
-        self.query(&input, deadline).await
+        self.query(&PolicyInput::from(input), deadline).await
     }
 
     async fn place(
@@ -528,10 +528,14 @@ impl Admission {
     }
 
     /// Ask the engine for the decision on `input`.
-    async fn query(&self, input: &Value, deadline: Instant) -> Result<Decision, PlacementFailure> {
+    async fn query(
+        &self,
+        input: &PolicyInput<'_>,
+        deadline: Instant,
+    ) -> Result<Decision, PlacementFailure> {
         let outcome = self
             .engine
-            .query(&self.settings.decision_path, input, deadline)
+            .query_input(&self.settings.decision_path, input, deadline)
             .await
             .map_err(PlacementFailure::from_engine)?;
         let QueryOutcome::Defined(result) = outcome else {
@@ -590,15 +594,15 @@ enum Placement {
 }
 
 /// The policy input for `object` under `request` (one function for the
-/// webhook and the remediator: [`policy_client::policy_input`]).
-pub(crate) fn request_input(
+/// webhook and the remediator: [`policy_client::PolicyInput`]).
+pub(crate) fn request_input<'a>(
     request: &AdmissionRequest,
-    object: &Value,
+    object: &'a Value,
     keys: &OwnershipKeys,
-) -> Value {
+) -> PolicyInput<'a> {
     let kind = json!(request.kind);
     let resource = json!(request.resource);
-    policy_input(
+    PolicyInput::new(
         object,
         &RequestMeta {
             uid: &request.uid,

@@ -8,11 +8,15 @@
 //! ```
 //!
 //! Each review's policy input is built as the webhook builds it
-//! (`policy_client::policy_input`) and asked of the engine
-//! (`Embedded::query`), the decision memory off unless `--decision-cache-memory`
-//! says otherwise. Setup (loading the policy, building the reviews) and one
+//! (`policy_client::PolicyInput`) and asked of the engine
+//! (`Embedded::query_input`), the decision memory off unless
+//! `--decision-cache-memory` says otherwise. Setup (loading the policy, building the reviews) and one
 //! warm-up query run whatever `--rounds` is, so the difference between
 //! `--rounds 1` and `--rounds 0` is what the reviews of one round cost.
+//!
+//! `--write-reviews FILE` writes the stream's AdmissionReviews instead, one a
+//! line as scenario 1 sends them (`oha -Z FILE`), for profiling a whole
+//! webhook process.
 
 // The stream of scenario 1 (this binary uses only `varied_reviews`).
 #[allow(dead_code)]
@@ -23,7 +27,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use policy_client::{Embedded, OwnershipKeys, PolicyEngine, QueryOutcome, RequestMeta};
+use policy_client::{
+    Embedded, OwnershipKeys, PolicyEngine, PolicyInput, QueryOutcome, RequestMeta,
+};
 use serde_json::Value;
 
 #[derive(Debug, Parser)]
@@ -41,21 +47,33 @@ struct Args {
     /// An extra policy module (a file) loaded beside the shipped ones.
     #[arg(long)]
     module: Option<std::path::PathBuf>,
+    /// Write the stream's AdmissionReviews to this file, one a line, and exit.
+    #[arg(long)]
+    write_reviews: Option<std::path::PathBuf>,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if let Some(path) = &args.write_reviews {
+        let lines: Vec<Vec<u8>> = review::varied_reviews(args.reviews)?
+            .iter()
+            .map(serde_json::to_vec)
+            .collect::<Result<_, _>>()?;
+        std::fs::write(path, lines.join(&b'\n'))
+            .with_context(|| format!("write {}", path.display()))?;
+        return Ok(());
+    }
     let root = placement_tests::repo_root();
-    let engine = Embedded::from_dir(&root.join("policies"))?
-        .with_decision_cache(args.decision_cache_memory);
+    let engine =
+        Embedded::from_dir(&root.join("policies"))?.with_decision_cache(args.decision_cache_memory);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .max_blocking_threads(1)
         .enable_all()
         .build()?;
     if let Some(path) = &args.module {
-        let source = std::fs::read_to_string(path)
-            .with_context(|| format!("read {}", path.display()))?;
+        let source =
+            std::fs::read_to_string(path).with_context(|| format!("read {}", path.display()))?;
         runtime.block_on(engine.put_policy(&path.display().to_string(), &source))?;
     }
     let keys = OwnershipKeys::ephemeral()?;
@@ -64,7 +82,7 @@ fn main() -> Result<()> {
         .map(|mut review| review["request"].take())
         .collect();
     let decide = |request: &Value| {
-        let input = policy_client::policy_input(
+        let input = PolicyInput::new(
             &request["object"],
             &RequestMeta {
                 uid: request["uid"].as_str().unwrap_or_default(),
@@ -80,7 +98,7 @@ fn main() -> Result<()> {
             },
         );
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        runtime.block_on(engine.query(policy_client::DEFAULT_DECISION_PATH, &input, deadline))
+        runtime.block_on(engine.query_input(policy_client::DEFAULT_DECISION_PATH, &input, deadline))
     };
     // The first query prepares the engine of the evaluating thread.
     let Some(first) = requests.first() else {
