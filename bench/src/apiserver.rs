@@ -75,7 +75,11 @@ pub(crate) fn run(
         &certs,
         &[format!("--patch-file={}", patch_file.display())],
     )?;
-    let tree = crate::admission::policy_tree(&dir.join("opa-policy"), &root, false)?;
+    let tree = crate::admission::policy_tree(
+        &dir.join("opa-policy"),
+        &root,
+        crate::admission::Tree::Shipped,
+    )?;
     let (_opa, opa_port) = start_opa(bins, dir, "policy", &[tree.display().to_string()])?;
     // OPA's writer beside it, as in the chart's pod (see scenario 1).
     let mut writer = Sidecar::start_for(
