@@ -139,19 +139,10 @@ impl InputReads {
         let paths: Vec<&[String]> = self.paths.iter().map(Vec::as_slice).collect();
         match input {
             InputRoot::Value(value) => project(value, &paths),
+            // A read path is never empty (reading the whole input refuses
+            // the set), so the root's members are always reduced.
             InputRoot::Parts { .. } => {
-                let mut kept = BTreeMap::new();
-                for group in paths.chunk_by(|a, b| a[0] == b[0]) {
-                    let segment = &group[0][0];
-                    if let Ok(Some(child)) = input.member(segment) {
-                        let rest: Vec<&[String]> = group.iter().map(|p| &p[1..]).collect();
-                        kept.insert(
-                            regorus::Value::from(segment.as_str()),
-                            project(child, &rest),
-                        );
-                    }
-                }
-                regorus::Value::from(kept)
+                project_members(|key| input.member(key).ok().flatten(), &paths)
             }
         }
     }
@@ -192,14 +183,24 @@ fn reach<'a>(input: InputRoot<'a>, path: &[String]) -> (usize, Option<&'a Value>
 
 /// `node` reduced to `paths` (sorted, none a prefix of another).
 fn project(node: &Value, paths: &[&[String]]) -> regorus::Value {
-    let map = match node {
-        Value::Object(map) if paths.iter().all(|p| !p.is_empty()) => map,
-        _ => return to_rego(node),
-    };
+    match node {
+        Value::Object(map) if paths.iter().all(|p| !p.is_empty()) => {
+            project_members(|key| map.get(key), paths)
+        }
+        _ => to_rego(node),
+    }
+}
+
+/// An object of the members `member` gives, each reduced to the rest of the
+/// `paths` (sorted, none empty) that start with it.
+fn project_members<'a>(
+    member: impl Fn(&str) -> Option<&'a Value>,
+    paths: &[&[String]],
+) -> regorus::Value {
     let mut kept = BTreeMap::new();
     for group in paths.chunk_by(|a, b| a[0] == b[0]) {
         let segment = &group[0][0];
-        if let Some(child) = map.get(segment) {
+        if let Some(child) = member(segment) {
             let rest: Vec<&[String]> = group.iter().map(|p| &p[1..]).collect();
             kept.insert(
                 regorus::Value::from(segment.as_str()),
