@@ -1,17 +1,14 @@
 //! `evaluations`: the embedded engine deciding scenario 1's varied stream in
-//! process, with no HTTP and no TLS around it, for a profiler:
-//!
-//! ```sh
-//! cargo build --release -p placement-bench --bin evaluations
-//! valgrind --tool=callgrind target/release/evaluations --rounds 0
-//! valgrind --tool=callgrind target/release/evaluations --rounds 1
-//! ```
+//! process, with no HTTP and no TLS around it, for a profiler
+//! (`scripts/profile` runs it under callgrind with `--rounds 0` and
+//! `--rounds 1`).
 //!
 //! Each review's policy input is built as the webhook builds it
 //! (`policy_client::PolicyInput`) and asked of the engine
 //! (`Embedded::query_input`), the decision memory off unless
-//! `--decision-cache-memory` says otherwise. Setup (loading the policy, building the reviews) and one
-//! warm-up query run whatever `--rounds` is, so the difference between
+//! `--decision-cache-memory` says otherwise. Setup (loading the policy,
+//! building the reviews) and one warm-up query run whatever `--rounds` is,
+//! so the difference between
 //! `--rounds 1` and `--rounds 0` is what the reviews of one round cost.
 //!
 //! `--write-reviews FILE` writes the stream's AdmissionReviews instead, one a
