@@ -222,12 +222,25 @@ free_millicores[name] := max([0, round(1000 * ((allocatable - allocated) - alloc
 # placement-sync asks for a Placement's workloads, with input._placement).
 reasons[name] := concat(", ", parts) if {
 	some name in selected
-	eu := ["in the EU (eu-jurisdiction-required)" | eu_value == "true"]
 	level := object.get(clusters[name], ["metadata", "labels", "placement-policy.io/pci-compliance-level"], "0")
-	pci := [sprintf("PCI compliance level %s >= %d (pci-compliance-level)", [level, pci_min]) | pci_min > 0]
-	asked := ["requested (replica-set-preferences)" | count(requested) > 0]
-	parts := array.concat(array.concat(array.concat(["running"], eu), pci), asked)
+	parts := array.concat(array.concat(array.concat(["running"], eu_reason), pci_reason(level)), asked_reason)
 }
+
+# The parts of a reason, each empty where it does not apply. Rules of their
+# own, not comprehensions inside the iteration above: the embedded engine's
+# compiled form does not take a comprehension inside an iteration (it would
+# interpret the whole policy set, several times slower).
+eu_reason := ["in the EU (eu-jurisdiction-required)"] if eu_value == "true"
+
+else := []
+
+pci_reason(level) := [sprintf("PCI compliance level %s >= %d (pci-compliance-level)", [level, pci_min])] if pci_min > 0
+
+else := []
+
+asked_reason := ["requested (replica-set-preferences)"] if count(requested) > 0
+
+else := []
 
 # --- Errors (asked for workloads only) ---------------------------------------
 

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use regorus::languages::rego::compiler::Compiler;
 use regorus::rvm::program::Program;
+use regorus::rvm::instructions::Instruction;
 use regorus::rvm::vm::{RegoVM, VmError};
 use regorus::utils::limits::ExecutionTimerConfig;
 
@@ -99,7 +100,40 @@ fn compile(template: &regorus::Engine, query: &str) -> Result<Arc<Program>, Stri
     let policy = engine
         .compile_with_entrypoint(&entry_point.as_str().into())
         .map_err(|e| e.to_string())?;
-    Compiler::compile_from_policy(&policy, &[entry_point.as_str()]).map_err(|e| e.to_string())
+    let program = Compiler::compile_from_policy(&policy, &[entry_point.as_str()])
+        .map_err(|e| e.to_string())?;
+    match comprehension_in_a_loop(&program) {
+        Some(pc) => Err(format!(
+            "a comprehension inside an iteration (instruction {pc}): regorus's VM takes a condition failing in it for the iteration's, where OPA yields an empty collection"
+        )),
+        None => Ok(program),
+    }
+}
+
+/// The first comprehension that begins inside a loop of the same rule body,
+/// if any. regorus 0.14's VM (run to completion) hands a condition failing in
+/// such a comprehension to the innermost loop rather than to the
+/// comprehension: `[x | false]` in a rule iterating `some name in s` fails the
+/// iteration instead of being `[]`, a wrong answer rather than an error. Its
+/// suspendable mode has one stack of frames, but fails on ordinary rules
+/// (registers out of bounds) and answered one such rule wrongly as well, so a
+/// policy set with this form is interpreted.
+fn comprehension_in_a_loop(program: &Program) -> Option<usize> {
+    let data = &program.instruction_data;
+    let mut loops_end = Vec::new();
+    for (pc, instruction) in program.instructions.iter().enumerate() {
+        loops_end.retain(|&end| pc < end);
+        match instruction {
+            Instruction::LoopStart { params_index } => {
+                if let Some(params) = data.get_loop_params(*params_index) {
+                    loops_end.push(usize::from(params.loop_end));
+                }
+            }
+            Instruction::ComprehensionBegin { .. } if !loops_end.is_empty() => return Some(pc),
+            _ => {}
+        }
+    }
+    None
 }
 
 /// A machine running `program` over `data`.

@@ -1196,23 +1196,84 @@ errors contains msg if {
         })
     }
 
+    /// OCM ManagedClusters: available or not, by their region claim, with
+    /// PCI levels of every kind.
+    fn ocm_managed_clusters() -> Value {
+        let managed = |region: &str, level: &str, available: &str| {
+            json!({
+                "apiVersion": "cluster.open-cluster-management.io/v1",
+                "kind": "ManagedCluster",
+                "metadata": {"labels": {"placement-policy.io/pci-compliance-level": level}},
+                "spec": {"hubAcceptsClient": true},
+                "status": {
+                    "conditions": [
+                        {"type": "ManagedClusterJoined", "status": "True"},
+                        {"type": "ManagedClusterConditionAvailable", "status": available},
+                    ],
+                    "clusterClaims": [{"name": "region.open-cluster-management.io", "value": region}],
+                },
+            })
+        };
+        json!({
+            "ocm-eu-1": managed("europe-west1", "2", "True"),
+            "ocm-eu-2": managed("europe-west2", "3", "True"),
+            "ocm-eu-3": managed("eu-central-1", "3", "False"),
+            "ocm-us-1": managed("us-central1", "3", "True"),
+        })
+    }
+
+    /// Every third input as placement-sync asks for an OCM Placement's
+    /// workload (the Placement under `_placement`: the reasons are part of the
+    /// answer), every fifth as the guardrail asks for a Karmada binding's
+    /// template (the binding under `_binding`).
+    fn asked_by_placement_sync(mut inputs: Vec<Value>) -> Vec<Value> {
+        for (n, input) in inputs.iter_mut().enumerate() {
+            let Value::Object(map) = input else { continue };
+            if n % 3 == 0 {
+                map.insert(
+                    crate::PLACEMENT_INPUT_KEY.to_owned(),
+                    json!({
+                        "apiVersion": "cluster.open-cluster-management.io/v1beta1",
+                        "kind": "Placement",
+                        "metadata": {"name": format!("p-{n}"), "namespace": "shop", "annotations": {}},
+                        "spec": {},
+                    }),
+                );
+            } else if n % 5 == 0 {
+                map.insert(
+                    crate::BINDING_INPUT_KEY.to_owned(),
+                    json!({"name": format!("b-{n}"), "namespace": "shop", "spec": {"replicas": n % 4}}),
+                );
+            }
+        }
+        inputs
+    }
+
     /// The compiled form decides as the interpreter does, over the shipped
     /// policy and the example clusters, over Karmada members weighted by free
-    /// CPU, and with a weighting the policy refuses; on the part of the input
-    /// the policy reads as on all of it.
+    /// CPU, with a weighting the policy refuses, and over OCM's
+    /// ManagedClusters; for the webhook's inputs and placement-sync's (OCM
+    /// Placements, Karmada bindings); on the part of the input the policy
+    /// reads as on all of it.
     #[tokio::test]
     async fn compiled_decisions_equal_interpreted_ones_on_the_shipped_policy() {
         let settings = |weighting: &str| {
             format!("package io.k8s.federation.settings\n\nweighting := \"{weighting}\"\n")
         };
-        let inputs = varied_inputs();
+        let inputs = asked_by_placement_sync(varied_inputs());
         for case in [
             "example clusters",
             "least-loaded members",
             "unknown weighting",
+            "ocm managed clusters",
         ] {
             let engine = shipped().with_decision_cache(0);
-            if case != "example clusters" {
+            if case == "ocm managed clusters" {
+                engine
+                    .put_data("kubernetes/managedclusters", &ocm_managed_clusters())
+                    .await
+                    .unwrap();
+            } else if case != "example clusters" {
                 engine
                     .put_data("kubernetes/clusters", &karmada_members())
                     .await
@@ -1235,12 +1296,58 @@ errors contains msg if {
                 distinct.len() > 10,
                 "{case}: the inputs must get many different answers"
             );
-            assert_eq!(answers(&engine, &inputs).await, truth, "{case}");
+            let decided = answers(&engine, &inputs).await;
+            for ((input, decided), truth) in inputs.iter().zip(&decided).zip(&truth) {
+                assert_eq!(decided, truth, "{case}: {input}");
+            }
             assert!(
                 compiled(&engine, crate::DEFAULT_DECISION_PATH),
                 "{case}: the shipped decision must run compiled"
             );
         }
+    }
+
+    /// A comprehension that yields nothing inside a rule iterating over a
+    /// collection is an empty value, as in OPA: such a policy set is
+    /// interpreted, because regorus's VM failed the iteration instead (an OCM
+    /// Placement's reasons came back `{}` for the clusters it selected).
+    #[tokio::test]
+    async fn a_comprehension_yielding_nothing_inside_an_iteration_is_empty() {
+        let engine = Embedded::new();
+        engine
+            .put_policy(
+                "p.rego",
+                "package io.k8s.federation.admission\n\n\
+                 annotations[name] := concat(\",\", parts) if {\n\
+                 \tsome name in {\"a\", \"b\"}\n\
+                 \teu := [\"eu\" | input.eu == true]\n\
+                 \tbig := [sprintf(\"%d > 5\", [input.size]) | input.size > 5]\n\
+                 \tparts := array.concat(array.concat([\"running\"], eu), big)\n\
+                 }\n\nerrors := []\n",
+            )
+            .await
+            .unwrap();
+        for (input, parts) in [
+            (json!({"eu": false, "size": 1}), "running"),
+            (json!({"eu": true, "size": 7}), "running,eu,7 > 5"),
+        ] {
+            let expected =
+                QueryOutcome::Defined(json!({"annotations": {"a": parts, "b": parts}, "errors": []}));
+            assert_eq!(
+                reference(&engine, crate::DEFAULT_DECISION_PATH)(&input),
+                expected,
+                "{input}"
+            );
+            assert_eq!(
+                engine
+                    .query(crate::DEFAULT_DECISION_PATH, &input, soon())
+                    .await
+                    .unwrap(),
+                expected,
+                "{input}"
+            );
+        }
+        assert!(!compiled(&engine, crate::DEFAULT_DECISION_PATH));
     }
 
     /// Where the compiled form leaves the decision or a member of it undefined
@@ -1480,3 +1587,4 @@ errors contains msg if {
         assert_eq!(rego_query("").unwrap(), "data");
     }
 }
+

@@ -31,6 +31,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::EngineError;
+use crate::input::PolicyInput;
 use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
 use crate::memo::DecisionCacheStats;
 
@@ -380,6 +381,15 @@ impl PolicyEngine for AnnouncedWrites {
         deadline: Instant,
     ) -> Result<QueryOutcome, EngineError> {
         self.inner.query(path, input, deadline).await
+    }
+
+    async fn query_input(
+        &self,
+        path: &str,
+        input: &PolicyInput<'_>,
+        deadline: Instant,
+    ) -> Result<QueryOutcome, EngineError> {
+        self.inner.query_input(path, input, deadline).await
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
