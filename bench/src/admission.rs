@@ -41,25 +41,6 @@ const VARIED_REVIEWS: usize = 2_000;
 /// would all remember, so the memory holds only some 70 decisions.
 const SMALL_MEMORY: &str = "--decision-cache-memory=32Ki";
 
-/// Where a decision the memory cannot answer goes, counted by
-/// `scripts/profile` (instructions do not move with the machine's load, so
-/// the figures are kept here rather than measured on each run).
-const DECISION_PROFILE: &str = "\n### Profile of a decision the memory cannot answer\n\n\
-    `scripts/profile` counts with valgrind's callgrind what `target/release/evaluations` spends deciding the varied stream in process \
-    (no HTTP, no TLS; each review's policy input built as the webhook builds it; `--rounds 1` less `--rounds 0`, over the reviews), \
-    at `7490c1a`:\n\n\
-    | policy set, evaluator | instructions per decision | command |\n\
-    |---|---:|---|\n\
-    | shipped policy, regorus's interpreter (before: how every query was decided) | 2.33 M | `scripts/profile --reviews 500 --module FILE`, FILE adding `refused_by_the_compiler[\"key\"] := 1` to the admission package, a form the compiler refuses |\n\
-    | shipped policy, compiled to regorus's bytecode VM (now) | 0.446 M | `scripts/profile` |\n\
-    | shipped policy and the app-label rule, compiled (b2) | 0.459 M | `scripts/profile --module bench/rego/app_label.rego` |\n\n\
-    The interpreter resolves each rule reference by building and looking up path strings (0.49 M of its 2.33 M in `get_path_string`, \
-    0.31 M switching modules); the compiled form calls rules by index. Of the compiled decision's 0.446 M, 0.40 M is the VM building the \
-    decision document (its two rules and the placement rules they call) and 0.04 M the rest (the input read in its parts and reduced to \
-    what the policy reads, the hop to the blocking pool, the answer as JSON). Inside the VM no single part dominates: dispatch and \
-    calls, copies of a rule's description at each call (0.03 M), errors made and dropped where a rule body fails (0.03 M), the heap \
-    checks of `--engine-memory-limit` (0.04 M) and the time checks (0.01 M); what is left to gain lies in regorus's VM itself.\n";
-
 /// A stream of reviews the contenders are measured on.
 struct InputSet {
     key: &'static str,
@@ -356,7 +337,8 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
             }
         }
     }
-    write_report(&contenders, &sets, &samples, settings, report);
+    let profile = crate::profile::decision_profile(dir);
+    write_report(&contenders, &sets, &samples, settings, &profile, report);
     Ok(())
 }
 
@@ -604,6 +586,7 @@ fn write_report(
     sets: &[InputSet],
     samples: &Samples,
     settings: &Settings,
+    profile: &str,
     report: &mut Report,
 ) {
     let med = |set: &str, key: &str, c: usize, f: &dyn Fn(&Sample) -> f64| -> f64 {
@@ -718,8 +701,7 @@ fn write_report(
          policy reads `kind` and three annotations (`object.get(input, [\"metadata\", \"annotations\", ...])` counts as reading that one annotation), \
          so the 2,000 distinct reviews fall into a few dozen decisions, and what remains per review is the stack the ceiling has too (TLS, HTTP, one \
          JSON parse) plus the policy input, the cache key and the patch. An evaluation runs the decision compiled to regorus's bytecode VM on the part \
-         of the input the policy reads: about 0.45 M instructions per decision of this stream, building the input as the webhook does included, \
-         where regorus's interpreter takes 2.33 M (`scripts/profile`; see the profile below). With OPA the webhook \
+         of the input the policy reads, at a fraction of the instructions of regorus's interpreter (`scripts/profile`; see the profile below). With OPA the webhook \
          remembers decisions the same way, because placement-sync, OPA's only writer in the pod, announces every write on `/engine/revisions` and holds it \
          until the webhook has forgotten what it remembered (or its 3 s lease has run out); a miss is a round trip to OPA. \
          Evaluations run at most one per core (a semaphore in front of the blocking pool), so a burst of {top} queues instead of time-slicing.\n",
@@ -731,7 +713,7 @@ fn write_report(
         cpu(v, "with-opa-app", top),
         cpu(v, "opa-itself", top),
     ));
-    md.push_str(DECISION_PROFILE);
+    md.push_str(profile);
     report.section(md);
 
     // Issue targets on the varied set: the stream a placement webhook sees.

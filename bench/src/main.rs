@@ -27,6 +27,7 @@ mod kube_mgmt;
 mod load;
 mod ocm;
 mod opa_probe;
+mod profile;
 mod remediation;
 mod replication;
 mod report;

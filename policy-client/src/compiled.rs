@@ -19,8 +19,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use regorus::languages::rego::compiler::Compiler;
-use regorus::rvm::program::Program;
 use regorus::rvm::instructions::Instruction;
+use regorus::rvm::program::Program;
 use regorus::rvm::vm::{RegoVM, VmError};
 use regorus::utils::limits::ExecutionTimerConfig;
 

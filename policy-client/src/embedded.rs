@@ -1331,8 +1331,9 @@ errors contains msg if {
             (json!({"eu": false, "size": 1}), "running"),
             (json!({"eu": true, "size": 7}), "running,eu,7 > 5"),
         ] {
-            let expected =
-                QueryOutcome::Defined(json!({"annotations": {"a": parts, "b": parts}, "errors": []}));
+            let expected = QueryOutcome::Defined(
+                json!({"annotations": {"a": parts, "b": parts}, "errors": []}),
+            );
             assert_eq!(
                 reference(&engine, crate::DEFAULT_DECISION_PATH)(&input),
                 expected,
@@ -1587,4 +1588,3 @@ errors contains msg if {
         assert_eq!(rego_query("").unwrap(), "data");
     }
 }
-

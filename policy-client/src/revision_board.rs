@@ -31,8 +31,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::EngineError;
-use crate::input::PolicyInput;
 use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
+use crate::input::PolicyInput;
 use crate::memo::DecisionCacheStats;
 
 /// How long a reader may trust a revision after it asked (and so after the
