@@ -115,7 +115,7 @@ mod tests {
 
     #[test]
     fn the_count_of_one_decision_is_read_from_the_scripts_line() {
-        let out = "setup and one warm-up decision: 91 instructions\n\
+        let out = "setup and one warm-up round: 91 instructions\n\
                    one round of 2000 reviews: 892000000 instructions; one decision: 446000 instructions\n";
         assert_eq!(one_decision(out), Some(446_000));
         assert_eq!(one_decision("no count here\n"), None);

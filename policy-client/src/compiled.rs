@@ -29,16 +29,50 @@ use crate::embedded::TIMER_CHECK_INTERVAL;
 /// The package of the rule a query is compiled as.
 const QUERY_PACKAGE: &str = "placement_policy_embedded_query";
 
+/// Answers of a compiled query checked against the interpreter's, for each
+/// module set: regorus's VM is young, and a form it evaluates wrongly without
+/// an error (as [`comprehension_in_a_loop`] was) is then caught on the first
+/// decisions after a policy change rather than never.
+const CHECKED_ANSWERS: usize = 64;
+
 /// The compiled queries of one module set (data changes keep them: a program
 /// reads data only when it runs).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Programs {
-    /// By query; `None`: interpreted.
-    by_query: Mutex<HashMap<String, Option<Arc<Program>>>>,
+    by_query: Mutex<HashMap<String, Entry>>,
+    /// Whether forms the VM is known to evaluate wrongly are refused (off
+    /// only in tests of the answer check).
+    refuse_known_wrong_forms: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    /// `None`: interpreted.
+    program: Option<Arc<Program>>,
+    /// Answers still to check against the interpreter's.
+    checks_left: usize,
+}
+
+impl Default for Programs {
+    fn default() -> Self {
+        Programs {
+            by_query: Mutex::default(),
+            refuse_known_wrong_forms: true,
+        }
+    }
 }
 
 impl Programs {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<Arc<Program>>>> {
+    /// Programs compiled whatever their form, for tests of the answer check.
+    #[cfg(test)]
+    pub(crate) fn taking_known_wrong_forms() -> Self {
+        Programs {
+            by_query: Mutex::default(),
+            refuse_known_wrong_forms: false,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
         self.by_query.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -46,10 +80,10 @@ impl Programs {
     /// compiled on first use; `None` when it is interpreted.
     pub(crate) fn get(&self, template: &regorus::Engine, query: &str) -> Option<Arc<Program>> {
         let mut programs = self.lock();
-        if let Some(program) = programs.get(query) {
-            return program.clone();
+        if let Some(entry) = programs.get(query) {
+            return entry.program.clone();
         }
-        let program = compile(template, query)
+        let program = compile(template, query, self.refuse_known_wrong_forms)
             .inspect_err(|reason| {
                 tracing::warn!(
                     query,
@@ -58,28 +92,56 @@ impl Programs {
                 );
             })
             .ok();
-        programs.insert(query.to_owned(), program.clone());
+        programs.insert(
+            query.to_owned(),
+            Entry {
+                program: program.clone(),
+                checks_left: CHECKED_ANSWERS,
+            },
+        );
         program
     }
 
     #[cfg(test)]
     pub(crate) fn is_compiled(&self, query: &str) -> bool {
-        self.lock().get(query).is_some_and(Option::is_some)
+        self.lock()
+            .get(query)
+            .is_some_and(|entry| entry.program.is_some())
     }
 
-    /// Interpret `query` from now on: its compiled form failed where the
-    /// interpreter answered.
-    pub(crate) fn give_up(&self, query: &str, error: &VmError) {
-        tracing::warn!(
+    /// Whether the compiled answer at hand is to be checked against the
+    /// interpreter's (one of the first [`CHECKED_ANSWERS`]).
+    pub(crate) fn take_check(&self, query: &str) -> bool {
+        self.lock().get_mut(query).is_some_and(|entry| {
+            let check = entry.checks_left > 0;
+            entry.checks_left = entry.checks_left.saturating_sub(1);
+            check
+        })
+    }
+
+    /// Interpret `query` from now on, because its compiled form failed or
+    /// answered otherwise where the interpreter answered.
+    pub(crate) fn give_up(&self, query: &str, why: &dyn std::fmt::Display) {
+        tracing::error!(
             query,
-            %error,
-            "the compiled form of this query failed where the interpreter answered: the embedded engine interprets it until the policies change"
+            %why,
+            "the compiled form of this query failed or answered otherwise than the interpreter: the embedded engine interprets it until the policies change"
         );
-        self.lock().insert(query.to_owned(), None);
+        self.lock().insert(
+            query.to_owned(),
+            Entry {
+                program: None,
+                checks_left: 0,
+            },
+        );
     }
 }
 
-fn compile(template: &regorus::Engine, query: &str) -> Result<Arc<Program>, String> {
+fn compile(
+    template: &regorus::Engine,
+    query: &str,
+    refuse_known_wrong_forms: bool,
+) -> Result<Arc<Program>, String> {
     if query == "data" {
         // The whole document would hold the query's own package.
         return Err("the whole data document is not compiled".to_owned());
@@ -102,7 +164,7 @@ fn compile(template: &regorus::Engine, query: &str) -> Result<Arc<Program>, Stri
         .map_err(|e| e.to_string())?;
     let program = Compiler::compile_from_policy(&policy, &[entry_point.as_str()])
         .map_err(|e| e.to_string())?;
-    match comprehension_in_a_loop(&program) {
+    match comprehension_in_a_loop(&program).filter(|_| refuse_known_wrong_forms) {
         Some(pc) => Err(format!(
             "a comprehension inside an iteration (instruction {pc}): regorus's VM takes a condition failing in it for the iteration's, where OPA yields an empty collection"
         )),

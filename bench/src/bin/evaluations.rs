@@ -7,7 +7,7 @@
 //! (`policy_client::PolicyInput`) and asked of the engine
 //! (`Embedded::query_input`), the decision memory off unless
 //! `--decision-cache-memory` says otherwise. Setup (loading the policy,
-//! building the reviews) and one warm-up query run whatever `--rounds` is,
+//! building the reviews) and one warm-up round run whatever `--rounds` is,
 //! so the difference between
 //! `--rounds 1` and `--rounds 0` is what the reviews of one round cost.
 //!
@@ -97,11 +97,15 @@ fn main() -> Result<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         runtime.block_on(engine.query_input(policy_client::DEFAULT_DECISION_PATH, &input, deadline))
     };
-    // The first query prepares the engine of the evaluating thread.
-    let Some(first) = requests.first() else {
+    // A round of warm-up: the first query prepares the engine of the
+    // evaluating thread, and the engine checks its first compiled answers
+    // after loading against the interpreter's.
+    if requests.is_empty() {
         bail!("no reviews");
-    };
-    decide(first)?;
+    }
+    for request in &requests {
+        decide(request)?;
+    }
     let started = Instant::now();
     let mut defined = 0;
     for _ in 0..args.rounds {
