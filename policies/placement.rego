@@ -4,10 +4,11 @@
 #
 #   POST /v1/data/io/k8s/federation/admission   {"input": <the Kubernetes object>}
 #
-# and gets back two keys, and a third where the policy weighs on purpose:
+# and gets back two keys, and a third that says whether the policy weighs on
+# purpose:
 #
-#   {"annotations": {<key>: <value>}, "errors": ["<message>", ...]}
-#   "policy_weights": true   (only with the least-loaded weighting, rule 5)
+#   {"annotations": {<key>: <value>}, "errors": ["<message>", ...],
+#    "policy_weights": <true with the least-loaded weighting (rule 5), else false>}
 #
 # `annotations` are merged into the object (policy values replace the developer's
 # values for the same key; non-string values are serialized to compact JSON).
@@ -15,7 +16,10 @@
 # Admission request metadata (operation, userInfo, ...) is under `input._admission`;
 # this policy does not use it.
 #
-# Only the two rules `annotations` and `errors` are values of this package; the
+# Only the rules `annotations`, `errors` and `policy_weights` are values of this
+# package, each defined whenever the rules package is loaded (a member left
+# undefined makes the embedded engine's compiled form hand the decision to its
+# interpreter, at several times the CPU); the
 # rules they are computed from live in package io.k8s.federation.placement
 # (placement_rules.rego, deployed with this file), where each is evaluated at most
 # once per query and none appears in the decision document. Those rules are only
@@ -123,8 +127,10 @@ annotations := {
 
 # Weights by free CPU are deliberate: a scheduler given weights of its own
 # (a Karmada PropagationPolicy's staticWeightList) keeps the policy's. Even
-# weights are not (absent: given weights replace them).
-policy_weights if data.io.k8s.federation.placement.load_weighted
+# weights are not (false: given weights replace them).
+policy_weights if {
+	data.io.k8s.federation.placement.load_weighted
+} else := false if data.io.k8s.federation.placement.loaded
 
 # Rules 2-4 and 6: every reason the workload cannot be placed.
 errors := data.io.k8s.federation.placement.errors if data.io.k8s.federation.placement.workload

@@ -133,7 +133,7 @@ test_a_placements_own_annotations_are_requirements if {
 test_a_placement_of_another_api_group_is_not_placed if {
 	other := object.union(placement({eu_key: "true"}), {"apiVersion": "example.com/v1"})
 	doc := decide(other, clusters)
-	doc == {"annotations": {}, "errors": set()}
+	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
 test_asked_for_a_placement_the_reasons_name_the_rules if {

@@ -70,6 +70,7 @@ test_eu_pci2_example_goes_to_west1_and_west2 if {
 	doc := admission with input as rs({eu_key: "true", pci_key: "2"})
 		with data.kubernetes.clusters as registry
 	doc == {
+		"policy_weights": false,
 		"annotations": {prefs_key: placement({"gce-europe-west1", "gce-europe-west2"}, true)},
 		"errors": set(),
 	}
@@ -93,6 +94,7 @@ test_forbidden_example_is_denied_with_the_intersection if {
 	})
 		with data.kubernetes.clusters as registry
 	doc == {
+		"policy_weights": false,
 		"annotations": {prefs_key: placement({"gce-europe-west1"}, true)},
 		"errors": {"requested replica-set-preferences includes invalid clusters: gce-us-central1"},
 	}
@@ -114,6 +116,7 @@ test_no_intersection_gives_no_annotation if {
 	doc := admission with input as rs({eu_key: "true", prefs_key: `{"clusters":{"gce-us-central1":{}}}`})
 		with data.kubernetes.clusters as registry
 	doc == {
+		"policy_weights": false,
 		"annotations": {},
 		"errors": {"requested replica-set-preferences includes invalid clusters: gce-us-central1"},
 	}
@@ -127,17 +130,18 @@ test_decision_is_undefined_without_its_rules_package if {
 		with data.io.k8s.federation.placement as {}
 	not "annotations" in object.keys(doc)
 	not "errors" in object.keys(doc)
+	not "policy_weights" in object.keys(doc)
 }
 
 test_decision_for_other_kinds_is_defined_and_empty if {
 	doc := admission with input as {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}
 		with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": set()}
+	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
-test_document_has_exactly_annotations_and_errors if {
+test_document_has_exactly_annotations_errors_and_policy_weights if {
 	doc := admission with input as rs({}) with data.kubernetes.clusters as registry
-	{key | some key, _ in doc} == {"annotations", "errors"}
+	{key | some key, _ in doc} == {"annotations", "errors", "policy_weights"}
 }
 
 test_request_metadata_under_admission_key_is_ignored if {
@@ -157,28 +161,28 @@ test_request_metadata_under_admission_key_is_ignored if {
 test_other_kind_gets_empty_document if {
 	pod := workload("Pod", {eu_key: "true", pci_key: "2"})
 	doc := admission with input as pod with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": set()}
+	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
 test_other_kind_with_invalid_annotations_is_not_checked if {
 	svc := workload("Service", {eu_key: "maybe", pci_key: "high", prefs_key: "{"})
 	doc := admission with input as svc with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": set()}
+	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
 test_other_kind_with_no_clusters_is_not_an_error if {
 	doc := admission with input as workload("ConfigMap", {}) with data.kubernetes.clusters as {}
-	doc == {"annotations": {}, "errors": set()}
+	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
 test_object_without_kind_gets_empty_document if {
 	doc := admission with input as {"metadata": {"name": "x"}} with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": set()}
+	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
 test_kind_is_case_sensitive if {
 	doc := admission with input as workload("replicaset", {}) with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": set()}
+	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
 test_deployment_is_placed if {
@@ -229,7 +233,7 @@ test_only_non_running_clusters_is_no_cluster if {
 		"offline": cluster("offline", "europe-west1", pci("3"), "offline"),
 	}
 	doc := admission with input as rs({}) with data.kubernetes.clusters as clusters
-	doc == {"annotations": {}, "errors": {no_cluster_msg("false", "0")}}
+	doc == {"policy_weights": false, "annotations": {}, "errors": {no_cluster_msg("false", "0")}}
 }
 
 # ---------------------------------------------------------------------------
@@ -270,7 +274,7 @@ test_eu_absent_is_no_restriction if {
 test_non_eu_label_overrides_eu_region if {
 	clusters := {"labelled-non-eu": eu_test_clusters["labelled-non-eu"]}
 	doc := admission with input as rs({eu_key: "true"}) with data.kubernetes.clusters as clusters
-	doc == {"annotations": {}, "errors": {no_cluster_msg("true", "0")}}
+	doc == {"policy_weights": false, "annotations": {}, "errors": {no_cluster_msg("true", "0")}}
 }
 
 test_eu_label_overrides_non_eu_region if {
@@ -282,6 +286,7 @@ test_eu_label_overrides_non_eu_region if {
 test_eu_invalid_value_is_an_error if {
 	doc := admission with input as rs({eu_key: "yes"}) with data.kubernetes.clusters as registry
 	doc == {
+		"policy_weights": false,
 		"annotations": {},
 		"errors": {`policy.federation.alpha.kubernetes.io/eu-jurisdiction-required must be "true" or "false", got "yes"`},
 	}
@@ -355,7 +360,7 @@ test_pci_leading_zeros_are_accepted if {
 
 test_pci_too_high_is_no_cluster if {
 	doc := admission with input as rs({pci_key: "11"}) with data.kubernetes.clusters as pci_test_clusters
-	doc == {"annotations": {}, "errors": {no_cluster_msg("false", "11")}}
+	doc == {"policy_weights": false, "annotations": {}, "errors": {no_cluster_msg("false", "11")}}
 }
 
 pci_error(shown) := sprintf(
@@ -366,7 +371,7 @@ pci_error(shown) := sprintf(
 test_pci_invalid_values_are_errors if {
 	every value in ["abc", "-1", "1.5", "", " 2", "2 ", "+2", "1e3", "0x2"] {
 		doc := admission with input as rs({pci_key: value}) with data.kubernetes.clusters as registry
-		doc == {"annotations": {}, "errors": {pci_error(sprintf("%q", [value]))}}
+		doc == {"policy_weights": false, "annotations": {}, "errors": {pci_error(sprintf("%q", [value]))}}
 	}
 }
 
@@ -377,7 +382,7 @@ test_pci_non_string_value_is_an_error if {
 
 test_eu_and_pci_both_invalid_report_both if {
 	doc := admission with input as rs({eu_key: "1", pci_key: "two"}) with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": {
+	doc == {"policy_weights": false, "annotations": {}, "errors": {
 		`policy.federation.alpha.kubernetes.io/eu-jurisdiction-required must be "true" or "false", got "1"`,
 		pci_error(`"two"`),
 	}}
@@ -394,6 +399,7 @@ test_requested_allowed_clusters_are_the_selection if {
 	})
 		with data.kubernetes.clusters as registry
 	doc == {
+		"policy_weights": false,
 		"annotations": {prefs_key: placement({"aws-eu-central-1", "gce-europe-west2"}, false)},
 		"errors": set(),
 	}
@@ -412,7 +418,7 @@ test_requested_invalid_clusters_are_denied_sorted if {
 		prefs_key: `{"clusters": {"gce-us-central1": {}, "aws-eu-central-1": {}, "gce-europe-north1": {}, "nowhere": {}, "gce-europe-west1": {}}}`,
 	})
 		with data.kubernetes.clusters as registry
-	doc == {"annotations": {prefs_key: placement({"gce-europe-west1"}, true)}, "errors": {
+	doc == {"policy_weights": false, "annotations": {prefs_key: placement({"gce-europe-west1"}, true)}, "errors": {
 		"requested replica-set-preferences includes invalid clusters: aws-eu-central-1, gce-europe-north1, gce-us-central1, nowhere",
 	}}
 }
@@ -441,14 +447,14 @@ prefs_clusters_error(shown) := sprintf(
 test_preferences_not_json_is_an_error if {
 	every raw in ["{", "clusters: a", "", "{\"clusters\": {}"] {
 		doc := admission with input as rs({prefs_key: raw}) with data.kubernetes.clusters as registry
-		doc == {"annotations": {}, "errors": {prefs_json_error(sprintf("%q", [raw]))}}
+		doc == {"policy_weights": false, "annotations": {}, "errors": {prefs_json_error(sprintf("%q", [raw]))}}
 	}
 }
 
 test_preferences_without_clusters_object_is_an_error if {
 	every raw in [`{}`, `{"rebalance": true}`, `{"clusters": ["a"]}`, `{"clusters": "a"}`, `{"clusters": null}`, `["a"]`, `"a"`, `7`] {
 		doc := admission with input as rs({prefs_key: raw}) with data.kubernetes.clusters as registry
-		doc == {"annotations": {}, "errors": {prefs_clusters_error(sprintf("%q", [raw]))}}
+		doc == {"policy_weights": false, "annotations": {}, "errors": {prefs_clusters_error(sprintf("%q", [raw]))}}
 	}
 }
 
@@ -521,7 +527,7 @@ test_new_running_cluster_is_picked_up if {
 
 test_no_allowed_cluster_is_an_error_without_annotation if {
 	doc := admission with input as rs({eu_key: "true", pci_key: "4"}) with data.kubernetes.clusters as registry
-	doc == {"annotations": {}, "errors": {no_cluster_msg("true", "4")}}
+	doc == {"policy_weights": false, "annotations": {}, "errors": {no_cluster_msg("true", "4")}}
 }
 
 test_no_allowed_cluster_message_normalizes_level if {
@@ -531,18 +537,18 @@ test_no_allowed_cluster_message_normalizes_level if {
 
 test_empty_registry_is_no_cluster if {
 	doc := admission with input as rs({}) with data.kubernetes.clusters as {}
-	doc == {"annotations": {}, "errors": {no_cluster_msg("false", "0")}}
+	doc == {"policy_weights": false, "annotations": {}, "errors": {no_cluster_msg("false", "0")}}
 }
 
 test_missing_registry_is_no_cluster if {
 	doc := admission with input as rs({}) with data.kubernetes as {}
-	doc == {"annotations": {}, "errors": {no_cluster_msg("false", "0")}}
+	doc == {"policy_weights": false, "annotations": {}, "errors": {no_cluster_msg("false", "0")}}
 }
 
 test_request_with_no_allowed_cluster_reports_both if {
 	doc := admission with input as rs({eu_key: "true", prefs_key: `{"clusters": {"gce-us-central1": {}}}`})
 		with data.kubernetes.clusters as {"gce-us-central1": registry["gce-us-central1"]}
-	doc == {"annotations": {}, "errors": {
+	doc == {"policy_weights": false, "annotations": {}, "errors": {
 		"requested replica-set-preferences includes invalid clusters: gce-us-central1",
 		no_cluster_msg("true", "0"),
 	}}

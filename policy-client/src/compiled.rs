@@ -51,6 +51,8 @@ struct Entry {
     program: Option<Arc<Program>>,
     /// Answers still to check against the interpreter's.
     checks_left: usize,
+    /// Answers the VM left undefined in part (the interpreter gave them).
+    undefined_answers: usize,
 }
 
 impl Default for Programs {
@@ -97,6 +99,7 @@ impl Programs {
             Entry {
                 program: program.clone(),
                 checks_left: CHECKED_ANSWERS,
+                undefined_answers: 0,
             },
         );
         program
@@ -119,6 +122,31 @@ impl Programs {
         })
     }
 
+    /// Count an answer of `query` that the VM left undefined, wholly or in
+    /// part, so the interpreter gave it; the first is logged, since a
+    /// decision member that is undefined for ordinary inputs (a rule without
+    /// an `else` or `default`) makes every such decision cost the interpreter.
+    pub(crate) fn left_undefined(&self, query: &str) {
+        let mut programs = self.lock();
+        let Some(entry) = programs.get_mut(query) else {
+            return;
+        };
+        if entry.undefined_answers == 0 {
+            tracing::warn!(
+                query,
+                "the compiled form of this query left the decision or one of its members undefined, so the interpreter answers it (several times the CPU); a member undefined for ordinary inputs costs this on every evaluation: give it a value with `else` or `default`"
+            );
+        }
+        entry.undefined_answers += 1;
+    }
+
+    #[cfg(test)]
+    pub(crate) fn undefined_answers(&self, query: &str) -> usize {
+        self.lock()
+            .get(query)
+            .map_or(0, |entry| entry.undefined_answers)
+    }
+
     /// Interpret `query` from now on, because its compiled form failed or
     /// answered otherwise where the interpreter answered.
     pub(crate) fn give_up(&self, query: &str, why: &dyn std::fmt::Display) {
@@ -132,6 +160,7 @@ impl Programs {
             Entry {
                 program: None,
                 checks_left: 0,
+                undefined_answers: 0,
             },
         );
     }

@@ -620,7 +620,10 @@ impl Prepared {
         };
         match crate::compiled::run(vm, input.clone(), limit) {
             Ok(Some(value)) => Compiled::Answered(outcome_of(value)),
-            Ok(None) => Compiled::Interpret,
+            Ok(None) => {
+                programs.left_undefined(query);
+                Compiled::Interpret
+            }
             Err(error) => {
                 // A run cut short may leave state behind: the next one
                 // starts on a fresh machine.
@@ -1318,6 +1321,12 @@ errors contains msg if {
             assert!(
                 compiled(&engine, crate::DEFAULT_DECISION_PATH),
                 "{case}: the shipped decision must run compiled"
+            );
+            let query = rego_query(crate::DEFAULT_DECISION_PATH).unwrap();
+            assert_eq!(
+                engine.read().programs.undefined_answers(&query),
+                0,
+                "{case}: every member of the shipped decision must be defined, or the interpreter answers"
             );
         }
     }
