@@ -81,15 +81,21 @@ pub(crate) fn missing_packages(
         packages.iter().filter_map(|p| p.first().copied()).collect();
     let mut missing = Vec::new();
     for (id, refs) in &scanned {
-        let needed = refs
-            .imports
-            .iter()
-            .chain(refs.references.iter().filter(|r| {
-                r.split('.')
-                    .next()
-                    .is_some_and(|root| package_roots.contains(root))
-            }));
-        for path in needed {
+        // An import names a package; a reference in a rule body names a rule
+        // (or a member) of one, so its package is the path less its last
+        // segment: `data.a.b.selected` needs `a.b`.
+        let referenced = refs.references.iter().filter_map(|r| {
+            let package = r
+                .rsplit_once('.')
+                .map_or(r.as_str(), |(package, _)| package);
+            package
+                .split('.')
+                .next()
+                .is_some_and(|root| package_roots.contains(root))
+                .then(|| package.to_owned())
+        });
+        let needed: BTreeSet<String> = refs.imports.iter().cloned().chain(referenced).collect();
+        for path in &needed {
             let segments: Vec<&str> = path.split('.').collect();
             if data_roots.iter().any(|root| root == segments[0]) {
                 continue;
@@ -499,12 +505,13 @@ y := data.a.c.rule
         );
         let set = BTreeMap::from([("m".to_owned(), source.to_owned())]);
         // `data.a.c.rule` lies in the set's package tree ("a") and nothing
-        // defines it; `data.inventory` is data; kubernetes is replicated.
+        // defines its package `a.c`; `data.inventory` is data; kubernetes is
+        // replicated.
         assert_eq!(
             missing_packages(&set, &["kubernetes".into()]),
             [Missing {
                 module: "m".into(),
-                package: "a.c.rule".into()
+                package: "a.c".into()
             }]
         );
     }
