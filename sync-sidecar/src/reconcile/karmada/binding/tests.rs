@@ -1,3 +1,7 @@
+use policy_client::karmada::PREFERENCES_ANNOTATION;
+use policy_client::{OwnershipKeys, QueryOutcome};
+use serde_json::json;
+
 use super::*;
 
 fn keys() -> &'static OwnershipKeys {
