@@ -1,6 +1,8 @@
+use serde_json::{Value, json};
+
 use super::*;
-use crate::reconcile::ocm::clusters::candidates;
 use crate::reconcile::ocm::clusters::tests::inventory;
+use crate::reconcile::ocm::clusters::{ManagedCluster, candidates};
 use crate::reconcile::ocm::placement::tests::placement;
 use crate::reconcile::ocm::policy::{Allowance, Read, Subject, combine};
 
