@@ -48,8 +48,12 @@ pub(crate) struct Bins {
     pub(crate) oha: PathBuf,
     pub(crate) opa: PathBuf,
     /// The comparison of scenarios 3 and 5, or why it is skipped.
-    pub(crate) kube_mgmt: crate::kube_mgmt::KubeMgmtBin,
+    pub(crate) kube_mgmt: KubeMgmtBin,
 }
+
+/// Where kube-mgmt is: the binary, or why the contender is skipped (resolved by
+/// `kube_mgmt::resolve`).
+pub(crate) type KubeMgmtBin = std::result::Result<PathBuf, String>;
 
 /// A binary of this workspace's release build (`cargo build --release --bins`).
 pub(crate) fn release_bin(name: &str) -> PathBuf {

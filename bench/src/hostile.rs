@@ -1,6 +1,6 @@
-//! Scenario 6: a hostile client inside the cluster (issue 11, part 4), against
-//! the release `placement-webhook` with its default limits (only
-//! `--idle-timeout` is shortened so the run is short).
+//! Scenario 6: a hostile client inside the cluster (any pod that reaches the
+//! webhook's Service), against the release `placement-webhook` with its
+//! default limits (only `--idle-timeout` is shortened so the run is short).
 //!
 //! Each attack runs against a fresh webhook (embedded engine, shipped
 //! policies) so its memory is its own. Measured: resident memory at rest and
@@ -370,15 +370,15 @@ fn write_section(rows: &[Row], report: &mut Report) {
         "\nAn HTTP/2 client respects the webhook's stream limit: of its 100 stalled streams 32 are open at a time (as many as \
          the budget's share for large reviews holds: 32 x 6 MiB), each cut at the body timeout, after which the next ones open; \
          the one connection stays busy, the memory it can hold stays bounded.\n\n\
-         Before issue 30 (measured with the same rows on a release build of `403a09e`, on this machine while it was shared with \
+         Before the memory budget charged only what has arrived, and before slots were kept for probes (measured with the same rows on a release build of `403a09e`, on this machine while it was shared with \
          other builds, load average about 9 on its 2 cores): the 100 bodies declaring 1 MiB and sending nothing took the whole \
          96 MiB budget before a byte arrived, from one peer and from four alike: 0 of 10 normal reviews answered (503 \
          `memory_budget` until the body timeout), and the declared lengths were allocated ahead (peak RSS 133 MiB); the 70 peers \
          holding one connection each to the metrics port left no way in: 0 of 10 probes answered (every newcomer reset, no \
          peer holding two more than it), reviews unaffected (10/10). \
-         Before connection slots were shared per peer (issue 22), one peer opening idle TLS connections took every slot \
+         Before connection slots were shared per peer, one peer opening idle TLS connections took every slot \
          (832 under an open-files limit of 1,024), and every other request, the API server's included, was refused at once \
-         until they timed out. Before these limits (issue 11): 200 idle TLS connections were held 35 s and more (never closed), a body at \
+         until they timed out. Before these limits (timeouts, connection and stream caps, the memory budget): 200 idle TLS connections were held 35 s and more (never closed), a body at \
          1 byte/s was waited for, 40 stalled 6 MiB bodies took the process from 50 MB to 346 MB, one HTTP/2 connection with \
          100 stalled streams to 830 MB (still held after the client left), 16 bodies of empty arrays to 1.27 GB.\n",
     );

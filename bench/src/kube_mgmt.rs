@@ -9,13 +9,10 @@ use std::time::Duration;
 use anyhow::{Result, bail};
 use placement_tests::{ControlPlane, Identity, OpaServer, POLICY_NAMESPACE, Process};
 
-use crate::common::Server;
+use crate::common::{KubeMgmtBin, Server};
 
 /// Exit status of `scripts/testbed kube-mgmt-assets` when the source is absent.
 const MISSING: i32 = 3;
-
-/// Where kube-mgmt is: the binary, or why the contender is skipped.
-pub(crate) type KubeMgmtBin = std::result::Result<PathBuf, String>;
 
 /// The kube-mgmt binary: `given` (a binary or a folder holding it, from
 /// `BENCH_KUBE_MGMT`), else the reason given for skipping it (`skipped`, from

@@ -2,7 +2,7 @@
 //! stack and with OPA answering admission itself, on this machine, in one run.
 //! `scripts/bench` builds everything and runs it; see BENCHMARKS.md.
 //!
-//! Scenarios (issues 5, 11 and 12):
+//! Scenarios:
 //! 1. admission over TLS (four contenders, concurrency 1 and 32);
 //! 2. creates through kube-apiserver with and without the webhook;
 //! 3. replication of 10,000 and 100,000 objects into OPA, placement-sync beside
@@ -43,7 +43,7 @@ use crate::common::{Bins, release_bin, require, version_of};
 use crate::report::Report;
 
 #[derive(Debug, Parser)]
-#[command(about = "Benchmarks of placement-policy (issues 5, 11, 12); run through scripts/bench")]
+#[command(about = "Benchmarks of placement-policy; run through scripts/bench")]
 struct Args {
     /// Scenarios to run (comma-separated numbers 1-9).
     #[arg(

@@ -239,7 +239,7 @@ pub(crate) fn run(
          from a policy ConfigMap. One edit of that ConfigMap (the weight of each selected cluster, `{{\"weight\": 1}}` to `{{\"weight\": N}}`) changes the placement \
          of all {workloads}. Time: from sending the ConfigMap update until a watch on the ReplicaSets has seen the last one re-placed. PATCHes: the sidecar's \
          `placement_sync_remediation_patches_total`. {runs} edit(s) per configuration, medians. \
-         Target (issues 5 and 12): the last of {n} re-placed in under 10 s, with no more than {n} PATCHes.\n\n\
+         Target: the last of {n} re-placed in under 10 s, with no more than {n} PATCHes.\n\n\
          | sidecar configuration | last of {workloads} re-placed | PATCH requests (ok + failed) | remediation passes | object modifications seen |\n|---|---:|---:|---:|---:|\n",
         n = fmt_count(workloads),
     );

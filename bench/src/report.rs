@@ -124,7 +124,7 @@ pub(crate) fn fmt_ratio(r: f64, unit: &str) -> String {
     }
 }
 
-/// A count with thousands separators (`100,000`), as the issue writes them.
+/// A count with thousands separators (`100,000`).
 pub(crate) fn fmt_count(n: usize) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);

@@ -13,6 +13,7 @@ mod config;
 mod events;
 mod guardrail;
 mod metrics;
+mod offline_review;
 mod presence;
 mod readiness;
 mod review;
@@ -22,4 +23,5 @@ mod server;
 mod sizing;
 
 pub use config::{Cli, Command, LogFormat};
-pub use run::{RunError, certs, review, serve};
+pub use offline_review::review;
+pub use run::{RunError, certs, serve};

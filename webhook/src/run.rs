@@ -1,23 +1,17 @@
-//! The subcommands: `serve`, `review` and `certs`.
+//! The subcommands `serve` and `certs` (`review` is [`crate::offline_review`]).
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Api, Client, Config};
 use placement_endpoint::{ConnectionLimits, connection_cap};
 use policy_client::ownership_keys::KeyError;
 use policy_client::ownership_secret::KeySecret;
 use policy_client::{LoadingKeys, OwnershipKeys, RememberingEngine, SharedKeys, Url};
-use serde::Deserialize;
-use serde_json::{Value, json};
 
-use crate::admission::{Admission, AdmissionSettings, Mode};
-use crate::config::{
-    CertsArgs, ConfigError, EngineKind, OutputFormat, ResolvedEngine, ReviewArgs, ServeArgs,
-};
-use crate::events::{Caller, EventLimits, EventSink};
+use crate::admission::{Admission, AdmissionSettings};
+use crate::config::{CertsArgs, ConfigError, EngineKind, ResolvedEngine, ServeArgs};
+use crate::events::{EventLimits, EventSink};
 use crate::guardrail::Guardrail;
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
@@ -191,7 +185,7 @@ fn ownership_keys(args: &ServeArgs, client: Option<&Client>) -> Result<LoadingKe
     )))
 }
 
-fn ownership_error(e: KeyError) -> RunError {
+pub(crate) fn ownership_error(e: KeyError) -> RunError {
     RunError::Ownership(e.to_string())
 }
 
@@ -379,178 +373,6 @@ fn remember_opa_decisions(args: &ServeArgs, resolved: &mut ResolvedEngine) -> Re
     Ok(())
 }
 
-/// What `review` found, for the exit status.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReviewSummary {
-    pub documents: usize,
-    pub denied: usize,
-}
-
-/// `placement-webhook review`: answer each document of FILE and print the
-/// AdmissionReview response (and, for manifests, the object after the patch).
-pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
-    let text = read_input(&args.file)?;
-    let resolved = args.engine.resolve()?;
-    let presence = match &resolved.kind {
-        EngineKind::Embedded { dir, modules } => PolicyPresence::fixed(
-            *modules > 0,
-            format!("{modules} Rego module(s) in {}", dir.display()),
-        ),
-        EngineKind::Opa { .. } => {
-            PolicyPresence::fixed(true, "offline review; policies assumed to exist".to_owned())
-        }
-    };
-    let admission = Admission::new(
-        resolved.engine,
-        AdmissionSettings {
-            decision_path: resolved.decision_path,
-            engine_deadline: args.engine.engine_deadline,
-            // Offline: nothing to share the records with.
-            ownership_keys: LoadingKeys::loaded(SharedKeys::new(
-                OwnershipKeys::ephemeral().map_err(ownership_error)?,
-            )),
-        },
-        presence,
-        EventSink::disabled(),
-        Arc::new(Metrics::new()),
-        // Offline: no API server to read a binding's template from.
-        Guardrail::new(None, String::new()),
-    );
-    let mut summary = ReviewSummary {
-        documents: 0,
-        denied: 0,
-    };
-    let mut outputs = Vec::new();
-    for (index, document) in yaml_serde::Deserializer::from_str(&text).enumerate() {
-        let index = index + 1;
-        let value = Value::deserialize(document).map_err(|e| RunError::Manifest {
-            path: args.file.clone(),
-            index,
-            message: e.to_string(),
-        })?;
-        if value.is_null() {
-            continue;
-        }
-        summary.documents += 1;
-        let is_review = value.get("kind").and_then(Value::as_str) == Some("AdmissionReview");
-        let body = if is_review {
-            value.clone()
-        } else {
-            wrap_manifest(&value, index)
-        };
-        let bytes = serde_json::to_vec(&body).map_err(|e| RunError::Review {
-            path: args.file.clone(),
-            index,
-            message: e.to_string(),
-        })?;
-        let answer = admission
-            .review_body(&bytes, Mode::Mutate, Caller::default())
-            .await
-            .map_err(|e| RunError::Review {
-                path: args.file.clone(),
-                index,
-                message: e.to_string(),
-            })?;
-        if !answer.response.allowed {
-            summary.denied += 1;
-        }
-        let mut out = json!({"review": answer});
-        if !is_review {
-            let mut object = value.clone();
-            if let Some(patch) = answer.response.decoded_patch() {
-                json_patch::patch(&mut object, &patch).map_err(|e| RunError::Review {
-                    path: args.file.clone(),
-                    index,
-                    message: format!("the webhook's patch does not apply: {e}"),
-                })?;
-            }
-            out["object"] = object;
-        }
-        outputs.push(out);
-    }
-    match args.output {
-        OutputFormat::Json => {
-            let doc = if outputs.len() == 1 {
-                outputs.remove(0)
-            } else {
-                Value::Array(outputs)
-            };
-            println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-        }
-        OutputFormat::Yaml => {
-            for out in outputs {
-                println!("---\n# AdmissionReview response");
-                print!(
-                    "{}",
-                    yaml_serde::to_string(&out["review"]).unwrap_or_default()
-                );
-                if let Some(object) = out.get("object") {
-                    println!("---\n# object after the patch");
-                    print!("{}", yaml_serde::to_string(object).unwrap_or_default());
-                }
-            }
-        }
-    }
-    Ok(summary)
-}
-
-fn read_input(path: &Path) -> Result<String, RunError> {
-    let err = |source| RunError::Input {
-        path: path.to_owned(),
-        source,
-    };
-    if path == Path::new("-") {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).map_err(err)?;
-        Ok(text)
-    } else {
-        std::fs::read_to_string(path).map_err(err)
-    }
-}
-
-/// Wrap a manifest as the CREATE AdmissionReview the API server would send.
-pub(crate) fn wrap_manifest(object: &Value, index: usize) -> Value {
-    let api_version = object
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("v1");
-    let kind = object
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let (group, version) = match api_version.split_once('/') {
-        Some((g, v)) => (g, v),
-        None => ("", api_version),
-    };
-    let meta = object.get("metadata");
-    let namespace = meta
-        .and_then(|m| m.get("namespace"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let name = meta
-        .and_then(|m| m.get("name"))
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    // The resource as kube names a kind's (its lower-case plural, with the
-    // irregular ones of the built-in types); no API server to ask offline.
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind)).plural;
-    json!({
-        "apiVersion": "admission.k8s.io/v1",
-        "kind": "AdmissionReview",
-        "request": {
-            "uid": format!("offline-review-{index}"),
-            "kind": {"group": group, "version": version, "kind": kind},
-            "resource": {"group": group, "version": version, "resource": resource},
-            "namespace": namespace,
-            "name": name,
-            "operation": "CREATE",
-            "userInfo": {"username": "placement-webhook-review"},
-            "object": object,
-            "dryRun": true,
-        }
-    })
-}
-
 /// `placement-webhook certs`.
 pub fn certs(args: CertsArgs) -> Result<(), RunError> {
     let paths = placement_certs::generate_to_dir(&args.out, &args.names)?;
@@ -571,20 +393,6 @@ pub fn certs(args: CertsArgs) -> Result<(), RunError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_manifest_names_its_resource_by_the_kinds_plural() {
-        let resource = |kind: &str| {
-            wrap_manifest(&json!({"apiVersion": "x.io/v1", "kind": kind}), 0)["request"]["resource"]
-                ["resource"]
-                .clone()
-        };
-        assert_eq!(resource("ReplicaSet"), "replicasets");
-        assert_eq!(resource("Policy"), "policies");
-        assert_eq!(resource("Gateway"), "gateways");
-        assert_eq!(resource("Ingress"), "ingresses");
-        assert_eq!(resource("Endpoints"), "endpoints");
-    }
 
     fn serve_args(flags: &[&str]) -> ServeArgs {
         let cli = <crate::config::Cli as clap::Parser>::parse_from(
@@ -650,17 +458,5 @@ mod tests {
         remember_opa_decisions(&followed, &mut resolved).unwrap();
         let stats = resolved.engine.decision_cache().expect("a decision cache");
         assert!(stats.refused.is_some(), "{stats:?}");
-    }
-
-    #[test]
-    fn manifest_is_wrapped_as_a_create() {
-        let rs =
-            json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "web"}});
-        let review = wrap_manifest(&rs, 1);
-        assert_eq!(review["request"]["operation"], "CREATE");
-        assert_eq!(review["request"]["kind"]["group"], "apps");
-        assert_eq!(review["request"]["resource"]["resource"], "replicasets");
-        assert_eq!(review["request"]["namespace"], "default");
-        assert_eq!(review["request"]["object"], rs);
     }
 }
