@@ -21,7 +21,6 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -34,11 +33,14 @@ use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::compiled::Programs;
-use crate::engine::{CompileError, EngineError, PolicyEngine, QueryOutcome, path_segments};
+use crate::compiled::{Programs, TIMER_CHECK_INTERVAL};
+use crate::engine::{
+    CompileError, DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome, path_segments,
+};
 use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
-use crate::memo::{DecisionCacheStats, DecisionMemo};
+use crate::memo::DecisionMemo;
+use crate::rego_value::to_rego;
 
 /// The decision cache's default size in bytes.
 pub const DEFAULT_DECISION_CACHE_BYTES: usize = 16 * 1024 * 1024;
@@ -339,35 +341,6 @@ pub fn set_memory_limit(bytes: Option<u64>) {
     regorus::set_global_memory_limit(bytes);
 }
 
-/// JSON to a Rego value, structurally. Unlike regorus's serde path this cannot
-/// fail: that path reads an object with the key `$serde_json::private::Number`
-/// as a number and fails when its value is not one, which let any client turn
-/// its own input into an engine error.
-pub(crate) fn to_rego(value: &Value) -> regorus::Value {
-    match value {
-        Value::Null => regorus::Value::Null,
-        Value::Bool(b) => regorus::Value::Bool(*b),
-        Value::Number(n) => {
-            if let Some(i) = n.as_i64() {
-                regorus::Value::from(i)
-            } else if let Some(u) = n.as_u64() {
-                regorus::Value::from(u)
-            } else {
-                // Without serde_json's arbitrary precision every other number is
-                // a finite f64.
-                regorus::Value::from(n.as_f64().unwrap_or_default())
-            }
-        }
-        Value::String(s) => regorus::Value::from(s.as_str()),
-        Value::Array(items) => regorus::Value::from(items.iter().map(to_rego).collect::<Vec<_>>()),
-        Value::Object(map) => regorus::Value::from(
-            map.iter()
-                .map(|(k, v)| (regorus::Value::from(k.as_str()), to_rego(v)))
-                .collect::<BTreeMap<_, _>>(),
-        ),
-    }
-}
-
 /// The input paths `modules` read; a refusal is logged, since it costs every
 /// review a full evaluation.
 pub(crate) fn input_reads(
@@ -533,10 +506,6 @@ fn rego_query(path: &str) -> Result<String, EngineError> {
     }
     Ok(query)
 }
-
-/// Checks of the time limit happen every this many interpreter steps (or VM
-/// instructions).
-pub(crate) const TIMER_CHECK_INTERVAL: NonZeroU32 = NonZeroU32::new(64).unwrap();
 
 fn evaluate(
     instance: u64,

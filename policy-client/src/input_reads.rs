@@ -25,8 +25,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use crate::embedded::to_rego;
 use crate::input::InputRoot;
+use crate::rego_value::to_rego;
 
 /// The input paths a policy set reads (none a prefix of another).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -19,6 +19,7 @@ pub mod opa;
 pub mod ownership_keys;
 pub mod ownership_secret;
 pub mod placement;
+mod rego_value;
 pub mod retry;
 pub mod revision_board;
 pub mod revision_feed;
@@ -27,13 +28,15 @@ pub mod verdict;
 
 pub use decision::{Decision, DecisionError};
 pub use embedded::{DEFAULT_DECISION_CACHE_BYTES, Embedded};
-pub use engine::{CompileError, EncodedJson, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
+pub use engine::{
+    CompileError, DecisionCacheStats, EncodedJson, EngineError, ErrorClass, PolicyEngine,
+    QueryOutcome,
+};
 pub use input::{
     ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, PLACEMENT_INPUT_KEY, PolicyInput, RequestMeta,
     policy_input,
 };
 pub use input_reads::Uncacheable;
-pub use memo::DecisionCacheStats;
 pub use opa::{Opa, OpaConfig, Token};
 pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 pub use reqwest::Url;

@@ -31,9 +31,8 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::EngineError;
-use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
+use crate::engine::{DecisionCacheStats, EncodedJson, PolicyEngine, QueryOutcome};
 use crate::input::PolicyInput;
-use crate::memo::DecisionCacheStats;
 
 /// How long a reader may trust a revision after it asked (and so after the
 /// answer was sent): the longest a write waits for a reader that is gone.

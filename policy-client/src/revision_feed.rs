@@ -20,10 +20,10 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
+use crate::engine::{DecisionCacheStats, EncodedJson, PolicyEngine, QueryOutcome};
 use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
-use crate::memo::{DecisionCacheStats, DecisionMemo};
+use crate::memo::DecisionMemo;
 use crate::revision_board::{Announcement, HOLD, LEASE, Revision};
 use crate::{EngineError, Url};
 
