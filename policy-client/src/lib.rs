@@ -8,6 +8,7 @@
 mod compiled;
 pub mod configmaps;
 pub mod decision;
+mod delegating;
 pub mod embedded;
 pub mod engine;
 pub mod input;
