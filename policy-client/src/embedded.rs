@@ -18,50 +18,37 @@
 //! earlier one only in what the policy never reads (names, uids, images) is
 //! answered without evaluating.
 
-use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap};
+mod directory;
+mod evaluate;
+mod template;
+
+use std::collections::BTreeMap;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use regorus::rvm::vm::{RegoVM, VmError};
-use regorus::utils::limits::ExecutionTimerConfig;
 use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::compiled::{Programs, TIMER_CHECK_INTERVAL};
-use crate::engine::{
-    CompileError, DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome, path_segments,
-};
+use crate::compiled::Programs;
+use crate::engine::{DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome, path_segments};
 use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::DecisionMemo;
 use crate::rego_value::to_rego;
+pub use directory::LoadError;
+use directory::ensure_object;
+use evaluate::{evaluate, rego_query};
+use template::build_engine;
 
 /// The decision cache's default size in bytes.
 pub const DEFAULT_DECISION_CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Distinguishes engines in the per-thread cache.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);
-
-thread_local! {
-    /// What the last evaluation on this thread prepared.
-    static PREPARED: RefCell<Option<Prepared>> = const { RefCell::new(None) };
-}
-
-/// A blocking thread's evaluators for one generation of one engine.
-struct Prepared {
-    instance: u64,
-    generation: u64,
-    /// The interpreter, copied from the template when first needed.
-    interpreter: Option<regorus::Engine>,
-    /// A machine per compiled query.
-    machines: HashMap<String, RegoVM>,
-}
 
 /// An in-process Rego engine holding policy modules and a data document.
 pub struct Embedded {
@@ -95,24 +82,6 @@ impl fmt::Debug for Embedded {
     }
 }
 
-/// Errors loading a policy directory.
-#[derive(Debug, thiserror::Error)]
-pub enum LoadError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("data file {path} is not valid {format}: {message}")]
-    Data {
-        path: PathBuf,
-        format: &'static str,
-        message: String,
-    },
-    #[error(transparent)]
-    Engine(#[from] EngineError),
-}
-
 impl Default for Embedded {
     fn default() -> Self {
         Self::new()
@@ -142,51 +111,7 @@ impl Embedded {
     /// `*.json` / `*.yaml` / `*.yml` file is a data document mounted at its
     /// folder's path (documents in one folder are merged).
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
-        let mut modules = BTreeMap::new();
-        let mut data = Value::Object(Map::new());
-        let mut files = Vec::new();
-        walk(dir, &mut files)?;
-        files.sort();
-        for path in files {
-            let rel = path.strip_prefix(dir).unwrap_or(&path);
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default();
-            let read = || {
-                std::fs::read_to_string(&path).map_err(|source| LoadError::Io {
-                    path: path.clone(),
-                    source,
-                })
-            };
-            if name.ends_with(".rego") && !name.ends_with("_test.rego") {
-                modules.insert(rel.to_string_lossy().into_owned(), read()?);
-            } else if name.ends_with(".json") || name.ends_with(".yaml") || name.ends_with(".yml") {
-                let text = read()?;
-                let doc: Value = if name.ends_with(".json") {
-                    serde_json::from_str(&text).map_err(|e| LoadError::Data {
-                        path: path.clone(),
-                        format: "JSON",
-                        message: e.to_string(),
-                    })?
-                } else {
-                    yaml_serde::from_str(&text).map_err(|e| LoadError::Data {
-                        path: path.clone(),
-                        format: "YAML",
-                        message: e.to_string(),
-                    })?
-                };
-                let mount: Vec<String> = rel
-                    .parent()
-                    .map(|p| {
-                        p.components()
-                            .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                merge_at(&mut data, &mount, doc);
-            }
-        }
+        let (modules, data) = directory::read(dir)?;
         let template = build_engine(&modules, &data)?;
         Ok(Embedded {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
@@ -359,308 +284,6 @@ pub(crate) fn input_reads(
 fn evaluators() -> Arc<Semaphore> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     Arc::new(Semaphore::new(cores))
-}
-
-fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), LoadError> {
-    let entries = std::fs::read_dir(dir).map_err(|source| LoadError::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
-    for entry in entries {
-        let entry = entry.map_err(|source| LoadError::Io {
-            path: dir.to_owned(),
-            source,
-        })?;
-        let path = entry.path();
-        let file_type = entry.file_type().map_err(|source| LoadError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        // Hidden entries (editor files, `..data` symlinks of mounted ConfigMaps) are skipped.
-        if entry.file_name().to_string_lossy().starts_with('.') {
-            continue;
-        }
-        if file_type.is_dir() || (file_type.is_symlink() && path.is_dir()) {
-            walk(&path, out)?;
-        } else {
-            out.push(path);
-        }
-    }
-    Ok(())
-}
-
-/// Put `doc` at `path` in `data`, merging objects so sibling documents survive.
-fn merge_at(data: &mut Value, path: &[String], doc: Value) {
-    let mut node = data;
-    for segment in path {
-        node = ensure_object(node)
-            .entry(segment.clone())
-            .or_insert_with(|| Value::Object(Map::new()));
-    }
-    merge(node, doc);
-}
-
-fn merge(target: &mut Value, doc: Value) {
-    match (target, doc) {
-        (Value::Object(t), Value::Object(d)) => {
-            for (k, v) in d {
-                match t.get_mut(&k) {
-                    Some(existing) => merge(existing, v),
-                    None => {
-                        t.insert(k, v);
-                    }
-                }
-            }
-        }
-        (target, doc) => *target = doc,
-    }
-}
-
-fn ensure_object(node: &mut Value) -> &mut Map<String, Value> {
-    if !node.is_object() {
-        *node = Value::Object(Map::new());
-    }
-    match node {
-        Value::Object(map) => map,
-        _ => unreachable!("just made an object"),
-    }
-}
-
-fn build_engine(
-    modules: &BTreeMap<String, String>,
-    data: &Value,
-) -> Result<regorus::Engine, EngineError> {
-    let mut engine = regorus::Engine::new();
-    let mut errors = Vec::new();
-    for (id, source) in modules {
-        if let Err(e) = engine.add_policy(id.clone(), source.clone()) {
-            errors.push(compile_error(id, &e.to_string()));
-        }
-    }
-    if !errors.is_empty() {
-        return Err(EngineError::Compile(errors));
-    }
-    engine
-        .add_data(to_rego(data))
-        .map_err(|e| EngineError::Evaluation(format!("loading data: {e}")))?;
-    // Preparing the engine runs the analysis that finds errors beyond syntax.
-    if !modules.is_empty() {
-        engine
-            .eval_query("true".to_owned(), false)
-            .map_err(|e| EngineError::Compile(vec![compile_error("", &e.to_string())]))?;
-    }
-    Ok(engine)
-}
-
-/// Turn regorus's "--> file:row:col ... error: message" text into a [`CompileError`].
-fn compile_error(default_file: &str, text: &str) -> CompileError {
-    let mut file = (!default_file.is_empty()).then(|| default_file.to_owned());
-    let (mut row, mut col) = (None, None);
-    if let Some(location) = text.lines().find_map(|l| l.trim().strip_prefix("--> ")) {
-        let mut parts = location.rsplitn(3, ':');
-        col = parts.next().and_then(|c| c.parse().ok());
-        row = parts.next().and_then(|r| r.parse().ok());
-        if let Some(f) = parts.next() {
-            file = Some(f.to_owned());
-        }
-    }
-    let message = text
-        .lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| {
-            l.trim()
-                .strip_prefix("error: ")
-                .unwrap_or(l.trim())
-                .to_owned()
-        })
-        .unwrap_or_else(|| text.trim().to_owned());
-    CompileError {
-        file,
-        row,
-        col,
-        code: Some("rego_compile_error".to_owned()),
-        message,
-    }
-}
-
-/// `io/k8s/federation/admission` -> `data.io.k8s.federation.admission`.
-fn rego_query(path: &str) -> Result<String, EngineError> {
-    let mut query = String::from("data");
-    for segment in path_segments(path)? {
-        let is_ident = segment
-            .chars()
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-            && segment
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if is_ident {
-            query.push('.');
-            query.push_str(segment);
-        } else {
-            query.push('[');
-            query.push_str(&Value::String(segment.to_owned()).to_string());
-            query.push(']');
-        }
-    }
-    Ok(query)
-}
-
-fn evaluate(
-    instance: u64,
-    generation: u64,
-    template: &regorus::Engine,
-    programs: &Programs,
-    query: String,
-    input: regorus::Value,
-    limit: Duration,
-) -> Result<QueryOutcome, EngineError> {
-    let deadline = std::time::Instant::now() + limit;
-    PREPARED.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        if !matches!(&*cell, Some(p) if p.instance == instance && p.generation == generation) {
-            *cell = None;
-        }
-        let prepared = cell.get_or_insert_with(|| Prepared {
-            instance,
-            generation,
-            interpreter: None,
-            machines: HashMap::new(),
-        });
-        let failed = match prepared.run_compiled(template, programs, &query, &input, limit) {
-            Compiled::Answered(Ok(answer)) if programs.take_check(&query) => {
-                let limit = deadline.saturating_duration_since(std::time::Instant::now());
-                return match prepared.interpret(template, query.clone(), input, limit) {
-                    Ok(reference) if reference != answer => {
-                        programs.give_up(
-                            &query,
-                            &format!("compiled: {answer:?}; interpreted: {reference:?}"),
-                        );
-                        Ok(reference)
-                    }
-                    // Agreed; or an error of the interpreter's where the VM,
-                    // like OPA, makes a failing builtin undefined.
-                    _ => Ok(answer),
-                };
-            }
-            Compiled::Answered(outcome) => return outcome,
-            Compiled::Interpret => None,
-            Compiled::Failed(error) => Some(error),
-        };
-        let limit = deadline.saturating_duration_since(std::time::Instant::now());
-        let outcome = prepared.interpret(template, query.clone(), input, limit);
-        if let (Some(error), Ok(_)) = (&failed, &outcome) {
-            programs.give_up(&query, error);
-        }
-        outcome
-    })
-}
-
-/// What the compiled form of a query did.
-enum Compiled {
-    Answered(Result<QueryOutcome, EngineError>),
-    /// Not compiled, or an answer undefined in part: the interpreter decides.
-    Interpret,
-    /// Failed with an error other than a limit: the interpreter decides.
-    Failed(VmError),
-}
-
-impl Prepared {
-    fn run_compiled(
-        &mut self,
-        template: &regorus::Engine,
-        programs: &Programs,
-        query: &str,
-        input: &regorus::Value,
-        limit: Duration,
-    ) -> Compiled {
-        if !self.machines.contains_key(query) {
-            let Some(program) = programs.get(template, query) else {
-                return Compiled::Interpret;
-            };
-            match crate::compiled::machine(program, template.get_data()) {
-                Ok(vm) => self.machines.insert(query.to_owned(), vm),
-                Err(error) => return Compiled::Failed(error),
-            };
-        }
-        let Some(vm) = self.machines.get_mut(query) else {
-            unreachable!("inserted above")
-        };
-        match crate::compiled::run(vm, input.clone(), limit) {
-            Ok(Some(value)) => Compiled::Answered(outcome_of(value)),
-            Ok(None) => Compiled::Interpret,
-            Err(error) => {
-                // A run cut short may leave state behind: the next one
-                // starts on a fresh machine.
-                self.machines.remove(query);
-                match error {
-                    VmError::TimeLimitExceeded { .. } => {
-                        Compiled::Answered(Err(EngineError::Timeout {
-                            endpoint: "embedded".to_owned(),
-                            timeout: limit,
-                        }))
-                    }
-                    VmError::MemoryLimitExceeded { .. } => {
-                        Compiled::Answered(Err(EngineError::MemoryLimit(error.to_string())))
-                    }
-                    other => Compiled::Failed(other),
-                }
-            }
-        }
-    }
-
-    fn interpret(
-        &mut self,
-        template: &regorus::Engine,
-        query: String,
-        input: regorus::Value,
-        limit: Duration,
-    ) -> Result<QueryOutcome, EngineError> {
-        let engine = self.interpreter.get_or_insert_with(|| template.clone());
-        // The deadline also bounds the evaluation itself: a runaway policy stops
-        // here instead of burning a core after its caller has given up.
-        engine.set_execution_timer_config(ExecutionTimerConfig {
-            limit,
-            check_interval: TIMER_CHECK_INTERVAL,
-        });
-        engine.set_input(input);
-        let results = match engine.eval_query(query, false) {
-            Ok(results) => results,
-            Err(e) => {
-                // An evaluation cut short may leave state behind: the next one
-                // starts from a fresh copy.
-                self.interpreter = None;
-                return Err(match e.downcast_ref::<regorus::LimitError>() {
-                    Some(regorus::LimitError::TimeLimitExceeded { .. }) => EngineError::Timeout {
-                        endpoint: "embedded".to_owned(),
-                        timeout: limit,
-                    },
-                    Some(limit @ regorus::LimitError::MemoryLimitExceeded { .. }) => {
-                        EngineError::MemoryLimit(limit.to_string())
-                    }
-                    _ => EngineError::Evaluation(crate::text::bounded(e.to_string())),
-                });
-            }
-        };
-        let value = results
-            .result
-            .into_iter()
-            .next()
-            .and_then(|first| first.expressions.into_iter().next())
-            .map_or(regorus::Value::Undefined, |expression| expression.value);
-        outcome_of(value)
-    }
-}
-
-/// The outcome of a query whose value is `value`.
-fn outcome_of(value: regorus::Value) -> Result<QueryOutcome, EngineError> {
-    if value == regorus::Value::Undefined {
-        return Ok(QueryOutcome::Undefined);
-    }
-    serde_json::to_value(&value)
-        .map(QueryOutcome::Defined)
-        .map_err(|e| EngineError::Evaluation(format!("result is not JSON: {e}")))
 }
 
 #[async_trait]

@@ -1,5 +1,7 @@
+use super::evaluate::outcome_of;
 use super::*;
 use serde_json::json;
+use std::path::Path;
 use std::time::Duration;
 
 fn soon() -> Instant {
