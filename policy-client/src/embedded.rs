@@ -45,7 +45,7 @@ use evaluate::{evaluate, rego_query};
 use template::build_engine;
 
 /// The decision cache's default size in bytes.
-pub const DEFAULT_DECISION_CACHE_BYTES: usize = 16 * 1024 * 1024;
+pub(crate) const DEFAULT_DECISION_CACHE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Distinguishes engines in the per-thread cache.
 static NEXT_INSTANCE: AtomicU64 = AtomicU64::new(1);

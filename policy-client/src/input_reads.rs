@@ -37,10 +37,10 @@ pub(crate) struct InputReads {
 /// Why a policy set's decisions cannot be cached.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{module}:{line}: {reason}")]
-pub struct Uncacheable {
-    pub module: String,
-    pub line: usize,
-    pub reason: String,
+pub(crate) struct Uncacheable {
+    pub(crate) module: String,
+    pub(crate) line: usize,
+    pub(crate) reason: String,
 }
 
 /// Builtins whose result is not a function of their arguments, or that act.

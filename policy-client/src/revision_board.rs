@@ -30,9 +30,8 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::EngineError;
 use crate::delegating;
-use crate::engine::{EncodedJson, PolicyEngine};
+use crate::engine::{EncodedJson, EngineError, PolicyEngine};
 
 /// How long a reader may trust a revision after it asked (and so after the
 /// answer was sent): the longest a write waits for a reader that is gone.

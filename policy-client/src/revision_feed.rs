@@ -16,16 +16,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use reqwest::Url;
 use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::delegating;
-use crate::engine::{DecisionCacheStats, PolicyEngine, QueryOutcome};
+use crate::engine::{DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome};
 use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::DecisionMemo;
 use crate::revision_board::{Announcement, HOLD, LEASE, Revision};
-use crate::{EngineError, Url};
 
 /// An engine whose decisions are remembered while its writer's revisions are
 /// followed. See the module documentation.
@@ -356,7 +356,7 @@ impl delegating::Delegating for RememberingEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Embedded;
+    use crate::embedded::Embedded;
     use serde_json::json;
 
     const MODULE: &str = r#"package t

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use kube::api::{ApiResource, GroupVersionKind};
 use kube::{Api, Client, Config};
 use placement_endpoint::{ConnectionLimits, connection_cap};
-use policy_client::ownership_keys::KeyError;
+use policy_client::ownership_keys::{KeyError, LoadingKeys, OwnershipKeys, SharedKeys};
 use policy_client::ownership_secret::KeySecret;
-use policy_client::{LoadingKeys, OwnershipKeys, RememberingEngine, SharedKeys, Url};
+use policy_client::revision_feed::RememberingEngine;
+use reqwest::Url;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

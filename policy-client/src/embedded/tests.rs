@@ -415,7 +415,7 @@ fn asked_by_placement_sync(mut inputs: Vec<Value>) -> Vec<Value> {
         let Value::Object(map) = input else { continue };
         if n % 3 == 0 {
             map.insert(
-                crate::PLACEMENT_INPUT_KEY.to_owned(),
+                crate::input::PLACEMENT_INPUT_KEY.to_owned(),
                 json!({
                     "apiVersion": "cluster.open-cluster-management.io/v1beta1",
                     "kind": "Placement",
@@ -425,7 +425,7 @@ fn asked_by_placement_sync(mut inputs: Vec<Value>) -> Vec<Value> {
             );
         } else if n % 5 == 0 {
             map.insert(
-                crate::BINDING_INPUT_KEY.to_owned(),
+                crate::input::BINDING_INPUT_KEY.to_owned(),
                 json!({"name": format!("b-{n}"), "namespace": "shop", "spec": {"replicas": n % 4}}),
             );
         }
@@ -697,7 +697,7 @@ async fn cached_decisions_equal_evaluated_ones_on_the_shipped_policy() {
 /// evaluated and remembered alike.
 #[tokio::test]
 async fn an_input_in_parts_is_decided_as_the_whole_input() {
-    let keys = crate::OwnershipKeys::ephemeral().unwrap();
+    let keys = crate::ownership_keys::OwnershipKeys::ephemeral().unwrap();
     let (kind, resource, user) = (json!({"kind": "ReplicaSet"}), json!({}), json!({}));
     let objects: Vec<Value> = varied_inputs()
         .into_iter()
@@ -705,14 +705,14 @@ async fn an_input_in_parts_is_decided_as_the_whole_input() {
             input
                 .as_object_mut()
                 .unwrap()
-                .remove(crate::ADMISSION_INPUT_KEY);
+                .remove(crate::input::ADMISSION_INPUT_KEY);
             input
         })
         .collect();
     for memory in [0, DEFAULT_DECISION_CACHE_BYTES] {
         let engine = shipped().with_decision_cache(memory);
         for (n, object) in objects.iter().enumerate() {
-            let meta = crate::RequestMeta {
+            let meta = crate::input::RequestMeta {
                 uid: "u",
                 operation: if n % 2 == 0 { "CREATE" } else { "UPDATE" },
                 kind: &kind,

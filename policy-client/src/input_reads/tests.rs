@@ -245,9 +245,9 @@ fn the_parts_of_an_input_read_as_the_input() {
         "package p\na := input.metadata.labels.app\nb := input._admission.operation\nc := input.kind\nd := input.absent.x\n",
     ])
     .unwrap();
-    let keys = crate::OwnershipKeys::ephemeral().unwrap();
+    let keys = crate::ownership_keys::OwnershipKeys::ephemeral().unwrap();
     let (kind, resource, user) = (json!({"kind": "ReplicaSet"}), json!({}), json!({}));
-    let meta = |operation| crate::RequestMeta {
+    let meta = |operation| crate::input::RequestMeta {
         uid: "u",
         operation,
         kind: &kind,
@@ -268,7 +268,7 @@ fn the_parts_of_an_input_read_as_the_input() {
     ];
     for object in &objects {
         for operation in ["CREATE", "UPDATE"] {
-            let parts = crate::PolicyInput::new(object, &meta(operation));
+            let parts = crate::input::PolicyInput::new(object, &meta(operation));
             let whole = parts.clone().into_value();
             assert_eq!(
                 reads.key("q", parts.root()),

@@ -20,7 +20,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
 use kube::runtime::events::EventType;
-use policy_client::{PLACEMENT_INPUT_KEY, RequestMeta, policy_input};
+use policy_client::input::{PLACEMENT_INPUT_KEY, RequestMeta, policy_input};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
