@@ -1,4 +1,5 @@
 use super::*;
+use crate::decision::Decision;
 
 fn set(names: &[&str]) -> Bound {
     Bound::Clusters(names.iter().map(|n| (*n).to_owned()).collect())
@@ -201,32 +202,4 @@ fn the_propagation_policy_is_found_by_the_detectors_annotations() {
         json!({"metadata": {"annotations": {"clusterpropagationpolicy.karmada.io/name": "all"}}});
     assert_eq!(propagation_policy(&cpp), Some((None, "all".to_owned())));
     assert_eq!(propagation_policy(&json!({})), None);
-}
-
-#[test]
-fn template_versions_are_kept_within_their_budget() {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk("apps", "v1", "Deployment"));
-    let mut versions = Versions::new(100);
-    let value = |n: u32| json!({"metadata": {"resourceVersion": n.to_string()}});
-    versions.keep("u1".into(), "1".into(), value(1), resource.clone(), 40);
-    versions.keep("u1".into(), "2".into(), value(2), resource.clone(), 40);
-    assert_eq!(versions.get("u1", "1").unwrap().0, value(1));
-    assert!(
-        versions.get("u1", "3").is_none(),
-        "another version is no hit"
-    );
-    versions.keep("u2".into(), "7".into(), value(7), resource.clone(), 40);
-    assert!(
-        versions.get("u1", "1").is_none(),
-        "the oldest dropped for the budget"
-    );
-    assert!(versions.get("u1", "2").is_some() && versions.get("u2", "7").is_some());
-    assert!(versions.bytes <= 100);
-    versions.keep("u3".into(), "1".into(), value(1), resource.clone(), 101);
-    assert!(
-        versions.get("u3", "1").is_none(),
-        "larger than the budget: not kept"
-    );
-    versions.keep(String::new(), "1".into(), value(1), resource, 1);
-    assert!(versions.get("", "1").is_none(), "no UID: not kept");
 }
