@@ -67,7 +67,7 @@ const KEPT_VERSIONS_BYTES: usize = 8 * 1024 * 1024;
 
 /// Templates by `(uid, resourceVersion)`, the oldest dropped first beyond a
 /// byte budget.
-pub(super) struct Versions {
+struct Versions {
     kept: HashMap<(String, String), (Value, ApiResource, usize)>,
     order: VecDeque<(String, String)>,
     bytes: usize,
