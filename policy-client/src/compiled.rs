@@ -15,6 +15,7 @@
 //! entry point.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +25,9 @@ use regorus::rvm::program::Program;
 use regorus::rvm::vm::{RegoVM, VmError};
 use regorus::utils::limits::ExecutionTimerConfig;
 
-use crate::embedded::TIMER_CHECK_INTERVAL;
+/// Checks of the time limit happen every this many interpreter steps (or VM
+/// instructions).
+pub(crate) const TIMER_CHECK_INTERVAL: NonZeroU32 = NonZeroU32::new(64).unwrap();
 
 /// The package of the rule a query is compiled as.
 const QUERY_PACKAGE: &str = "placement_policy_embedded_query";

@@ -12,7 +12,6 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::input::PolicyInput;
-use crate::memo::DecisionCacheStats;
 
 /// What a query returned: a document, or nothing at all.
 ///
@@ -242,6 +241,19 @@ impl EngineError {
             EngineError::Config(_) => "config",
         }
     }
+}
+
+/// What the decision cache did, for metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DecisionCacheStats {
+    /// Why the loaded policy set is not cached (`None`: it is, when the
+    /// budget is above zero).
+    pub refused: Option<String>,
+    pub budget_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub entries: u64,
+    pub bytes: u64,
 }
 
 /// A policy engine: evaluates decisions and stores data and policy modules.

@@ -138,20 +138,20 @@ impl<'a> InputRoot<'a> {
     /// The whole root as the engine's value.
     pub(crate) fn to_rego(self) -> regorus::Value {
         match self {
-            InputRoot::Value(value) => crate::embedded::to_rego(value),
+            InputRoot::Value(value) => crate::rego_value::to_rego(value),
             InputRoot::Parts { fields, admission } => {
                 let mut map: std::collections::BTreeMap<regorus::Value, regorus::Value> = fields
                     .iter()
                     .map(|(k, v)| {
                         (
                             regorus::Value::from(k.as_str()),
-                            crate::embedded::to_rego(v),
+                            crate::rego_value::to_rego(v),
                         )
                     })
                     .collect();
                 map.insert(
                     regorus::Value::from(ADMISSION_INPUT_KEY),
-                    crate::embedded::to_rego(admission),
+                    crate::rego_value::to_rego(admission),
                 );
                 regorus::Value::from(map)
             }

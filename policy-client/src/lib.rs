@@ -3,11 +3,21 @@
 //! ([`Decision`]), the annotation merge into a JSON patch ([`placement`]) and
 //! the rule of what a decision with errors may do to a placement ([`verdict`]).
 //!
+//! Every public item has one path: the module of its topic
+//! (`policy_client::engine::PolicyEngine`, `policy_client::opa::Opa`); the
+//! crate root re-exports none of them.
+//!
 //! No Kubernetes server code lives here.
+//!
+//! [`PolicyEngine`]: engine::PolicyEngine
+//! [`Opa`]: opa::Opa
+//! [`Embedded`]: embedded::Embedded
+//! [`Decision`]: decision::Decision
 
 mod compiled;
 pub mod configmaps;
 pub mod decision;
+mod delegating;
 pub mod embedded;
 pub mod engine;
 pub mod input;
@@ -19,27 +29,12 @@ pub mod opa;
 pub mod ownership_keys;
 pub mod ownership_secret;
 pub mod placement;
+mod rego_value;
 pub mod retry;
 pub mod revision_board;
 pub mod revision_feed;
 pub mod text;
 pub mod verdict;
-
-pub use decision::{Decision, DecisionError};
-pub use embedded::{DEFAULT_DECISION_CACHE_BYTES, Embedded};
-pub use engine::{CompileError, EncodedJson, EngineError, ErrorClass, PolicyEngine, QueryOutcome};
-pub use input::{
-    ADMISSION_INPUT_KEY, BINDING_INPUT_KEY, PLACEMENT_INPUT_KEY, PolicyInput, RequestMeta,
-    policy_input,
-};
-pub use input_reads::Uncacheable;
-pub use memo::DecisionCacheStats;
-pub use opa::{Opa, OpaConfig, Token};
-pub use ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
-pub use reqwest::Url;
-pub use retry::Backoff;
-pub use revision_board::{AnnouncedWrites, RevisionBoard};
-pub use revision_feed::RememberingEngine;
 
 /// The decision the shipped policies define (`package io.k8s.federation.admission`).
 pub const DEFAULT_DECISION_PATH: &str = "io/k8s/federation/admission";

@@ -12,20 +12,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::QueryOutcome;
-
-/// What the decision cache did, for metrics.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct DecisionCacheStats {
-    /// Why the loaded policy set is not cached (`None`: it is, when the
-    /// budget is above zero).
-    pub refused: Option<String>,
-    pub budget_bytes: u64,
-    pub hits: u64,
-    pub misses: u64,
-    pub entries: u64,
-    pub bytes: u64,
-}
+use crate::engine::{DecisionCacheStats, QueryOutcome};
 
 /// Bookkeeping per entry beyond its key and answer (map slots, allocations).
 const ENTRY_OVERHEAD: usize = 96;

@@ -1,97 +1,26 @@
 //! Open Policy Agent over its REST API.
 
+mod body;
+mod config;
+mod errors;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
-use base64::Engine as _;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use reqwest::{Method, StatusCode, Url};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::engine::{
-    CompileError, EncodedJson, EngineError, PolicyEngine, QueryOutcome, path_segments,
-};
-use crate::retry::{Backoff, ENGINE_CALL_BACKOFF, parse_retry_after, retry_until};
-use crate::text::bounded;
-
-/// A bearer token. Its `Debug` and `Display` never show the value.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Token(String);
-
-impl Token {
-    pub fn new(value: impl Into<String>) -> Self {
-        Token(value.into().trim().to_owned())
-    }
-    fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Token {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Token(<redacted>)")
-    }
-}
-
-/// How to reach OPA.
-#[derive(Clone)]
-pub struct OpaConfig {
-    /// Base URL, e.g. `http://127.0.0.1:8181` (anything after the authority is kept
-    /// as a prefix, so OPA behind a path-routing proxy works too). Credentials in
-    /// it (`user:password@`) are sent as HTTP basic authentication and never shown.
-    pub url: Url,
-    pub token: Option<Token>,
-    /// Limit for one HTTP request.
-    pub request_timeout: Duration,
-    pub retry: Backoff,
-    /// CA (PEM) to trust for an `https` OPA: the only one trusted when given;
-    /// without it, the system's CA certificates are.
-    pub ca_pem: Option<Vec<u8>>,
-    /// Accept any certificate from an `https` OPA (kube-mgmt's
-    /// `--opa-allow-insecure`; for tests only).
-    pub insecure: bool,
-}
-
-impl fmt::Debug for OpaConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("OpaConfig")
-            .field("url", &redacted_url(&self.url))
-            .field("token", &self.token)
-            .field("request_timeout", &self.request_timeout)
-            .field("retry", &self.retry)
-            .field("ca_pem", &self.ca_pem.as_ref().map(Vec::len))
-            .finish()
-    }
-}
-
-/// `url` as it may be shown: without the password, with the user name replaced.
-pub fn redacted_url(url: &Url) -> String {
-    if url.username().is_empty() && url.password().is_none() {
-        return url.to_string();
-    }
-    let mut shown = url.clone();
-    // Cannot fail: a URL with credentials has a host.
-    let _ = shown.set_password(None);
-    let _ = shown.set_username("redacted");
-    shown.to_string()
-}
-
-impl OpaConfig {
-    pub fn new(url: Url) -> Self {
-        OpaConfig {
-            url,
-            token: None,
-            request_timeout: Duration::from_secs(2),
-            retry: ENGINE_CALL_BACKOFF,
-            ca_pem: None,
-            insecure: false,
-        }
-    }
-}
+use crate::engine::{EncodedJson, EngineError, PolicyEngine, QueryOutcome, path_segments};
+use crate::retry::{Backoff, parse_retry_after, retry_until};
+use body::{Body, PiecesBody, QueryBody};
+use config::basic_auth;
+pub use config::{OpaConfig, Token, redacted_url};
+use errors::{error_chain, http_error};
 
 /// The OPA REST client.
 #[derive(Clone)]
@@ -110,29 +39,6 @@ impl fmt::Debug for Opa {
             .field("token", &self.auth.as_ref().map(|_| "<redacted>"))
             .finish()
     }
-}
-
-/// The subset of OPA's error body we use.
-#[derive(Debug, Deserialize)]
-struct OpaErrorBody {
-    code: Option<String>,
-    message: Option<String>,
-    #[serde(default)]
-    errors: Vec<OpaErrorDetail>,
-}
-
-#[derive(Debug, Deserialize)]
-struct OpaErrorDetail {
-    code: Option<String>,
-    message: Option<String>,
-    location: Option<OpaLocation>,
-}
-
-#[derive(Debug, Deserialize)]
-struct OpaLocation {
-    file: Option<String>,
-    row: Option<u32>,
-    col: Option<u32>,
 }
 
 impl Opa {
@@ -324,177 +230,6 @@ impl Opa {
     }
 }
 
-/// `{"input": ...}` without copying the input.
-#[derive(serde::Serialize)]
-struct QueryBody<'a> {
-    input: &'a Value,
-}
-
-enum Body {
-    /// JSON already serialized.
-    Encoded(EncodedJson),
-    /// An RFC 6902 patch document.
-    JsonPatch(Value),
-    Text(String),
-}
-
-/// A request body sending the pieces of an [`EncodedJson`] one after the
-/// other, its exact length announced (so `Content-Length` is set, not chunked
-/// encoding).
-struct PiecesBody {
-    pieces: std::sync::Arc<[bytes::Bytes]>,
-    next: usize,
-    remaining: u64,
-}
-
-impl PiecesBody {
-    fn new(json: &EncodedJson) -> Self {
-        PiecesBody {
-            pieces: json.shared_pieces(),
-            next: 0,
-            remaining: json.len() as u64,
-        }
-    }
-}
-
-impl http_body::Body for PiecesBody {
-    type Data = bytes::Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        let this = &mut *self;
-        while let Some(piece) = this.pieces.get(this.next) {
-            this.next += 1;
-            if !piece.is_empty() {
-                this.remaining -= piece.len() as u64;
-                return std::task::Poll::Ready(Some(Ok(http_body::Frame::data(piece.clone()))));
-            }
-        }
-        std::task::Poll::Ready(None)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.remaining == 0
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        http_body::SizeHint::with_exact(self.remaining)
-    }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
-/// `Basic` credentials from `user:password@` in the URL, as a header that is
-/// never printed.
-fn basic_auth(url: &Url) -> Result<Option<HeaderValue>, EngineError> {
-    if url.username().is_empty() && url.password().is_none() {
-        return Ok(None);
-    }
-    let decode = |part: &str| {
-        percent_encoding::percent_decode_str(part)
-            .decode_utf8()
-            .map(|s| s.into_owned())
-            .map_err(|_| EngineError::Config("OPA URL credentials are not UTF-8".to_owned()))
-    };
-    let pair = format!(
-        "{}:{}",
-        decode(url.username())?,
-        decode(url.password().unwrap_or_default())?
-    );
-    let encoded = base64::engine::general_purpose::STANDARD.encode(pair);
-    let mut value = HeaderValue::from_str(&format!("Basic {encoded}"))
-        .map_err(|_| EngineError::Config("OPA URL credentials do not fit a header".to_owned()))?;
-    value.set_sensitive(true);
-    Ok(Some(value))
-}
-
-/// OPA's located errors (compile and evaluation errors), in our shape.
-fn located_errors(details: &[OpaErrorDetail]) -> Vec<CompileError> {
-    details
-        .iter()
-        .map(|d| CompileError {
-            file: d.location.as_ref().and_then(|l| l.file.clone()),
-            row: d.location.as_ref().and_then(|l| l.row),
-            col: d.location.as_ref().and_then(|l| l.col),
-            code: d.code.clone(),
-            message: d.message.clone().unwrap_or_default(),
-        })
-        .collect()
-}
-
-/// An evaluation error of the policy itself (`eval_conflict_error`,
-/// `eval_type_error`, ...). Cancellation (`eval_cancel_error`: OPA's own
-/// timeout or shutdown) is not the policy's fault and may pass.
-fn is_policy_evaluation_error(code: Option<&str>) -> bool {
-    code.is_some_and(|c| c.starts_with("eval_") && c != "eval_cancel_error")
-}
-
-fn http_error(
-    endpoint: String,
-    status: StatusCode,
-    body: &[u8],
-    retry_after: Option<Duration>,
-) -> EngineError {
-    let parsed: Option<OpaErrorBody> = serde_json::from_slice(body).ok();
-    if let Some(parsed) = &parsed {
-        let codes = || parsed.errors.iter().map(|d| d.code.as_deref());
-        if status == StatusCode::BAD_REQUEST
-            && codes().any(|c| c.is_some_and(|c| c.starts_with("rego_")))
-        {
-            return EngineError::Compile(located_errors(&parsed.errors));
-        }
-        // OPA answers 500 for evaluation errors; they are permanent, unlike
-        // the 5xx of an overloaded or restarting server.
-        if status == StatusCode::INTERNAL_SERVER_ERROR && codes().any(is_policy_evaluation_error) {
-            let located: Vec<String> = located_errors(&parsed.errors)
-                .iter()
-                .map(ToString::to_string)
-                .collect();
-            return EngineError::Evaluation(bounded(located.join("; ")));
-        }
-    }
-    let message = match parsed {
-        Some(OpaErrorBody {
-            code,
-            message,
-            errors,
-        }) => {
-            let mut msg = match (code, message) {
-                (Some(c), Some(m)) => format!("{c}: {m}"),
-                (None, Some(m)) => m,
-                (Some(c), None) => c,
-                (None, None) => String::new(),
-            };
-            for d in errors {
-                msg.push_str("; ");
-                msg.push_str(d.message.as_deref().unwrap_or_default());
-            }
-            bounded(msg)
-        }
-        None => String::from_utf8_lossy(&body[..body.len().min(512)])
-            .trim()
-            .to_owned(),
-    };
-    EngineError::Http {
-        endpoint,
-        status: status.as_u16(),
-        message,
-        retry_after,
-    }
-}
-
 #[async_trait]
 impl PolicyEngine for Opa {
     fn name(&self) -> &'static str {
@@ -642,6 +377,7 @@ fn uuid_like(id: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use base64::Engine as _;
 
     #[tokio::test]
     async fn a_document_in_pieces_is_sent_whole_with_its_length() {

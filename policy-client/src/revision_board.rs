@@ -30,10 +30,8 @@ use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::EngineError;
-use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
-use crate::input::PolicyInput;
-use crate::memo::DecisionCacheStats;
+use crate::delegating;
+use crate::engine::{EncodedJson, EngineError, PolicyEngine};
 
 /// How long a reader may trust a revision after it asked (and so after the
 /// answer was sent): the longest a write waits for a reader that is gone.
@@ -368,28 +366,11 @@ impl AnnouncedWrites {
     }
 }
 
+/// Every write announced; everything else as the inner engine does it.
 #[async_trait]
-impl PolicyEngine for AnnouncedWrites {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    async fn query(
-        &self,
-        path: &str,
-        input: &Value,
-        deadline: Instant,
-    ) -> Result<QueryOutcome, EngineError> {
-        self.inner.query(path, input, deadline).await
-    }
-
-    async fn query_input(
-        &self,
-        path: &str,
-        input: &PolicyInput<'_>,
-        deadline: Instant,
-    ) -> Result<QueryOutcome, EngineError> {
-        self.inner.query_input(path, input, deadline).await
+impl delegating::Delegating for AnnouncedWrites {
+    fn inner(&self) -> &dyn PolicyEngine {
+        &*self.inner
     }
 
     async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
@@ -420,22 +401,6 @@ impl PolicyEngine for AnnouncedWrites {
     async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
         let write = self.board.begin_write(WriteKind::Modules).await;
         write.finish(self.inner.delete_policy(id).await)
-    }
-
-    async fn policies(&self) -> Result<std::collections::BTreeMap<String, String>, EngineError> {
-        self.inner.policies().await
-    }
-
-    async fn health(&self) -> Result<(), EngineError> {
-        self.inner.health().await
-    }
-
-    async fn instance_id(&self) -> Result<Option<String>, EngineError> {
-        self.inner.instance_id().await
-    }
-
-    fn decision_cache(&self) -> Option<DecisionCacheStats> {
-        self.inner.decision_cache()
     }
 }
 

@@ -11,21 +11,21 @@
 //! can outlive the revision it was computed under. When the board does not
 //! answer, the lease runs out and every review is evaluated.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use reqwest::Url;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::engine::{EncodedJson, PolicyEngine, QueryOutcome};
+use crate::delegating;
+use crate::engine::{DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome};
 use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
-use crate::memo::{DecisionCacheStats, DecisionMemo};
+use crate::memo::DecisionMemo;
 use crate::revision_board::{Announcement, HOLD, LEASE, Revision};
-use crate::{EngineError, Url};
 
 /// An engine whose decisions are remembered while its writer's revisions are
 /// followed. See the module documentation.
@@ -319,10 +319,12 @@ fn reader_id() -> String {
     format!("webhook-{:016x}", crate::revision_board::random_u64())
 }
 
+/// Queries answered from memory where that is sound; everything else as the
+/// inner engine does it.
 #[async_trait]
-impl PolicyEngine for RememberingEngine {
-    fn name(&self) -> &'static str {
-        self.inner.name()
+impl delegating::Delegating for RememberingEngine {
+    fn inner(&self) -> &dyn PolicyEngine {
+        &*self.inner
     }
 
     async fn query(
@@ -345,42 +347,6 @@ impl PolicyEngine for RememberingEngine {
         self.remembered(path, input.root(), asked).await
     }
 
-    async fn put_data(&self, path: &str, value: &Value) -> Result<(), EngineError> {
-        self.inner.put_data(path, value).await
-    }
-
-    async fn put_data_encoded(&self, path: &str, json: EncodedJson) -> Result<(), EngineError> {
-        self.inner.put_data_encoded(path, json).await
-    }
-
-    async fn patch_data(&self, path: &str, patch: &json_patch::Patch) -> Result<(), EngineError> {
-        self.inner.patch_data(path, patch).await
-    }
-
-    async fn delete_data(&self, path: &str) -> Result<(), EngineError> {
-        self.inner.delete_data(path).await
-    }
-
-    async fn put_policy(&self, id: &str, source: &str) -> Result<(), EngineError> {
-        self.inner.put_policy(id, source).await
-    }
-
-    async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
-        self.inner.delete_policy(id).await
-    }
-
-    async fn policies(&self) -> Result<BTreeMap<String, String>, EngineError> {
-        self.inner.policies().await
-    }
-
-    async fn health(&self) -> Result<(), EngineError> {
-        self.inner.health().await
-    }
-
-    async fn instance_id(&self) -> Result<Option<String>, EngineError> {
-        self.inner.instance_id().await
-    }
-
     fn decision_cache(&self) -> Option<DecisionCacheStats> {
         let off = self.lock().off();
         Some(self.memo.stats(off))
@@ -390,7 +356,7 @@ impl PolicyEngine for RememberingEngine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Embedded;
+    use crate::embedded::Embedded;
     use serde_json::json;
 
     const MODULE: &str = r#"package t

@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use policy_client::embedded::set_memory_limit;
-use policy_client::{Embedded, EngineError, PolicyEngine};
+use policy_client::embedded::{Embedded, set_memory_limit};
+use policy_client::engine::{EngineError, PolicyEngine};
 use serde_json::json;
 use tokio::time::Instant;
 

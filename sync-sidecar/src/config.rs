@@ -6,7 +6,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
-use policy_client::{DEFAULT_DECISION_PATH, Token};
+use policy_client::DEFAULT_DECISION_PATH;
+use policy_client::configmaps::{
+    ConfigMapFlags, ConfigMapFlagsEnv, ConfigMapSelection, DEFAULT_POLICY_NAMESPACE,
+};
+use policy_client::opa::Token;
+use policy_client::ownership_keys::OwnershipKeys;
 
 use crate::error::SyncError;
 use crate::reconcile::KarmadaSettings;
@@ -14,10 +19,6 @@ use crate::reconcile::blast::BlastRadius;
 use crate::reconcile::health::PartitionRule;
 use crate::reconcile::scope::Scope;
 use crate::replication::gvr::Gvr;
-use policy_client::OwnershipKeys;
-use policy_client::configmaps::{
-    ConfigMapFlags, ConfigMapFlagsEnv, ConfigMapSelection, DEFAULT_POLICY_NAMESPACE,
-};
 
 /// Default engine path below which replicated objects are stored.
 const DEFAULT_REPLICATE_PATH: &str = "kubernetes";

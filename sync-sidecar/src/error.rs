@@ -1,6 +1,6 @@
 //! Errors of the sync sidecar.
 
-use policy_client::EngineError;
+use policy_client::engine::EngineError;
 
 /// Everything that can go wrong in the sidecar. Messages never contain the OPA token.
 #[derive(Debug, thiserror::Error)]

@@ -31,7 +31,9 @@ mod server;
 use std::sync::Arc;
 
 use kube::runtime::events::{Recorder, Reporter};
-use policy_client::{AnnouncedWrites, Opa, OpaConfig, PolicyEngine, RevisionBoard};
+use policy_client::engine::PolicyEngine;
+use policy_client::opa::{Opa, OpaConfig};
+use policy_client::revision_board::{AnnouncedWrites, RevisionBoard};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;

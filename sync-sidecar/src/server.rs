@@ -15,8 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use placement_endpoint::{ConnectionLimits, Listener, Stopping};
-use policy_client::RevisionBoard;
-use policy_client::revision_board::{HOLD, Poll, PollError};
+use policy_client::revision_board::{HOLD, Poll, PollError, RevisionBoard};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

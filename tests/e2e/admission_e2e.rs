@@ -7,7 +7,7 @@ use std::time::Duration;
 use placement_tests::{
     ControlPlane, FaultProxy, Identity, OpaServer, WebhookProcess, repo_root, unique_name, wait_for,
 };
-use policy_client::PolicyEngine;
+use policy_client::engine::PolicyEngine;
 use serde_json::{Value, json};
 
 use placement_tests::PREFS;
@@ -600,8 +600,10 @@ async fn an_update_under_existing_violations_keeps_the_stored_placement() {
         true,
     )
     .await;
-    let keys = policy_client::OwnershipKeys::from_text(&std::fs::read_to_string(key_file).unwrap())
-        .unwrap();
+    let keys = policy_client::ownership_keys::OwnershipKeys::from_text(
+        &std::fs::read_to_string(key_file).unwrap(),
+    )
+    .unwrap();
     let example =
         std::fs::read_to_string(repo_root().join("examples/replicaset-eu-pci.yaml")).unwrap();
     let out = env.create(&example);

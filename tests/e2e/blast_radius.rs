@@ -248,14 +248,14 @@ fn an_outage_re_places_at_once_and_an_edit_waits_for_one_confirmation() {
     );
     assert!(status.contains("\"error\""), "{status}");
     // The last good set is still whole in OPA: the decision has its rules.
-    let decision = runtime.block_on(policy_client::PolicyEngine::query(
+    let decision = runtime.block_on(policy_client::engine::PolicyEngine::query(
         &opa.client(),
         "io/k8s/federation/admission",
         &json!({}),
         tokio::time::Instant::now() + Duration::from_secs(5),
     ));
     assert!(
-        matches!(&decision, Ok(policy_client::QueryOutcome::Defined(d)) if d.get("annotations").is_some()),
+        matches!(&decision, Ok(policy_client::engine::QueryOutcome::Defined(d)) if d.get("annotations").is_some()),
         "the last good set is in force: {decision:?}"
     );
     std::thread::sleep(Duration::from_secs(3));
@@ -512,7 +512,7 @@ fn queries_never_see_half_a_policy_set() {
         async move {
             while !stop.load(Ordering::Relaxed) {
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
-                let outcome = policy_client::PolicyEngine::query(
+                let outcome = policy_client::engine::PolicyEngine::query(
                     &client,
                     "io/k8s/federation/admission",
                     &json!({}),
@@ -520,7 +520,7 @@ fn queries_never_see_half_a_policy_set() {
                 )
                 .await;
                 let mut v = None;
-                if let Ok(policy_client::QueryOutcome::Defined(result)) = outcome {
+                if let Ok(policy_client::engine::QueryOutcome::Defined(result)) = outcome {
                     let whole =
                         result.get("annotations").is_some() && result.get("errors").is_some();
                     if !whole {
@@ -606,8 +606,8 @@ fn queries_never_see_half_a_policy_set() {
 fn re_signing_records_after_a_key_rotation_is_not_held() {
     let (runtime, plane, ns) = guarded_bed("rotation", &["a", "b"]);
     let opa = OpaServer::start();
-    let old_key = policy_client::OwnershipKeys::generate_text().unwrap();
-    let new_key = policy_client::OwnershipKeys::generate_text().unwrap();
+    let old_key = policy_client::ownership_keys::OwnershipKeys::generate_text().unwrap();
+    let new_key = policy_client::ownership_keys::OwnershipKeys::generate_text().unwrap();
     let keys_secret = |text: &str| {
         apply(
             &plane,
@@ -647,7 +647,7 @@ fn re_signing_records_after_a_key_rotation_is_not_held() {
         "a",
         "team=platform",
     ]);
-    let new_only = policy_client::OwnershipKeys::from_text(&new_key).unwrap();
+    let new_only = policy_client::ownership_keys::OwnershipKeys::from_text(&new_key).unwrap();
     let list = || -> Vec<Value> {
         serde_json::from_str::<Value>(&plane.kubectl_ok(&["get", "rs", "-n", &ns, "-o", "json"]))
             .unwrap()["items"]
@@ -683,14 +683,16 @@ const MORE_RULES: &str = "package test.rules\n\nextra := true\n";
 
 /// The decision as OPA answers it, `None` when undefined or incomplete.
 async fn decided(opa: &OpaServer) -> Option<Value> {
-    use policy_client::PolicyEngine;
+    use policy_client::engine::PolicyEngine;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     match opa
         .client()
         .query("io/k8s/federation/admission", &json!({}), deadline)
         .await
     {
-        Ok(policy_client::QueryOutcome::Defined(doc)) if doc.get("annotations").is_some() => {
+        Ok(policy_client::engine::QueryOutcome::Defined(doc))
+            if doc.get("annotations").is_some() =>
+        {
             Some(doc)
         }
         _ => None,
@@ -781,7 +783,7 @@ fn the_policy_set_survives_what_users_do() {
             .then_some(())
     });
     let modules = runtime
-        .block_on(policy_client::PolicyEngine::policies(&opa.client()))
+        .block_on(policy_client::engine::PolicyEngine::policies(&opa.client()))
         .unwrap();
     assert!(
         modules

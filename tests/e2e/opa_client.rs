@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use placement_tests::OpaServer;
-use policy_client::{Embedded, EngineError, PolicyEngine, QueryOutcome};
+use policy_client::embedded::Embedded;
+use policy_client::engine::{EngineError, PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -147,8 +148,10 @@ async fn opa_and_embedded_behave_the_same() {
 async fn opa_without_the_token_is_unauthorized() {
     let opa = OpaServer::start();
     placement_tests::install_crypto();
-    let anonymous =
-        policy_client::Opa::new(policy_client::OpaConfig::new(opa.url().parse().unwrap())).unwrap();
+    let anonymous = policy_client::opa::Opa::new(policy_client::opa::OpaConfig::new(
+        opa.url().parse().unwrap(),
+    ))
+    .unwrap();
     let err = anonymous.put_data("x", &json!(1)).await.unwrap_err();
     assert!(
         matches!(err, EngineError::Unauthorized { status: 401 }),

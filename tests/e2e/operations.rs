@@ -1279,7 +1279,7 @@ fn ownership_keys(cluster: &Cluster) -> Option<String> {
 /// What the developer had asked for of the placement annotation, by the
 /// object's ownership record (verified with `keys`).
 fn requested_in_record(object: &Value, keys: &str) -> Option<String> {
-    let keys = policy_client::OwnershipKeys::from_text(keys).ok()?;
+    let keys = policy_client::ownership_keys::OwnershipKeys::from_text(keys).ok()?;
     policy_client::placement::ownership(object, &keys)
         .get(placement_tests::PREFS)?
         .requested

@@ -208,7 +208,7 @@ fn the_ownership_keys_outlive_their_secret() {
     });
     let key = secret_keys(&plane).expect("the webhook filled the Secret");
     let verifies = |object: &Value, text: &str| {
-        let keys = policy_client::OwnershipKeys::from_text(text).unwrap();
+        let keys = policy_client::ownership_keys::OwnershipKeys::from_text(text).unwrap();
         policy_client::placement::ownership(object, &keys)
             .get(PLACE)
             .and_then(|owned| owned.requested.clone())
@@ -388,7 +388,7 @@ fn a_key_revoked_by_recreating_the_secret_stays_revoked() {
     let original = create_placed("original");
     let revoked = secret_keys(&plane).expect("the webhook filled the Secret");
     let requested = |object: &Value, text: &str| {
-        let keys = policy_client::OwnershipKeys::from_text(text).unwrap();
+        let keys = policy_client::ownership_keys::OwnershipKeys::from_text(text).unwrap();
         policy_client::placement::ownership(object, &keys)
             .get(PLACE)
             .and_then(|owned| owned.requested.clone())
@@ -397,7 +397,7 @@ fn a_key_revoked_by_recreating_the_secret_stays_revoked() {
 
     // Revoked: the Secret deleted and created again with a new key, in one
     // command.
-    let new_key = policy_client::OwnershipKeys::generate_text().unwrap();
+    let new_key = policy_client::ownership_keys::OwnershipKeys::generate_text().unwrap();
     let secret = json!({"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {"name": KEY_SECRET, "namespace": SYSTEM_NAMESPACE},
         "stringData": {"ownership.keys": new_key}});

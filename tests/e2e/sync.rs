@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use placement_tests::control_plane::POLICY_NAMESPACE;
 use placement_tests::{ControlPlane, Identity, OpaServer, WebhookProcess, unique_name};
-use policy_client::{PolicyEngine, QueryOutcome};
+use policy_client::engine::{PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
 
 use placement_tests::PREFS;
@@ -37,12 +37,12 @@ use placement_tests::SidecarProcess as Sidecar;
 // Helpers
 // ---------------------------------------------------------------------------
 
-fn opa_client(opa: &OpaServer) -> policy_client::Opa {
+fn opa_client(opa: &OpaServer) -> policy_client::opa::Opa {
     opa.client()
 }
 
 /// The document at `path` in OPA, `None` when undefined.
-async fn opa_data(opa: &policy_client::Opa, path: &str) -> Option<Value> {
+async fn opa_data(opa: &policy_client::opa::Opa, path: &str) -> Option<Value> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     match opa.query(path, &json!({}), deadline).await {
         Ok(QueryOutcome::Defined(v)) => Some(v),
@@ -476,7 +476,7 @@ async fn a_fresh_opa_gets_policies_and_data_back_without_a_sidecar_restart_body(
         "metadata": {"name": "probe", "namespace": "default"}
     });
     let expected = json!({PREFS: prefs_value(&["eu-a", "eu-b"])});
-    let decide = |client: &policy_client::Opa| {
+    let decide = |client: &policy_client::opa::Opa| {
         let client = client.clone();
         let input = input.clone();
         async move {
@@ -732,7 +732,7 @@ async fn policy_compile_errors_are_reported_and_the_last_good_version_stays_body
             "package io.k8s.federation.admission\n\nannotations[\"example.com/policy-version\"] := \"{v}\"\n\nerrors := []\n"
         )
     };
-    let decided_version = |client: &policy_client::Opa| {
+    let decided_version = |client: &policy_client::opa::Opa| {
         let client = client.clone();
         async move {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(2);

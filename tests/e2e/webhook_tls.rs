@@ -540,7 +540,7 @@ async fn serving_certificate_files_are_reloaded_when_they_change() {
 
 /// Load `source` as the only module of a fresh OPA.
 async fn opa_with_policy(source: &str) -> OpaServer {
-    use policy_client::PolicyEngine;
+    use policy_client::engine::PolicyEngine;
     let opa = OpaServer::start();
     opa.client()
         .put_policy("tests/policy.rego", source)

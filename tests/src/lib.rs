@@ -182,7 +182,8 @@ pub fn ownership_key_file() -> &'static Path {
         // A random key whose bytes are ASCII (its hex digits): the bench's
         // OPA-itself contender signs records with it, and OPA's HMAC takes
         // the key as a string.
-        let random = policy_client::OwnershipKeys::generate_text().expect("an ownership key");
+        let random = policy_client::ownership_keys::OwnershipKeys::generate_text()
+            .expect("an ownership key");
         let hex: String = random.trim().bytes().map(|b| format!("{b:02x}")).collect();
         let text = format!(
             "{}\n",

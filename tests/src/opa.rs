@@ -135,20 +135,20 @@ impl OpaServer {
     }
 
     /// A policy-client for this OPA.
-    pub fn client(&self) -> policy_client::Opa {
+    pub fn client(&self) -> policy_client::opa::Opa {
         crate::install_crypto();
-        let mut config = policy_client::OpaConfig::new(self.url().parse().expect("OPA URL"));
-        config.token = Some(policy_client::Token::new(OPA_TOKEN));
+        let mut config = policy_client::opa::OpaConfig::new(self.url().parse().expect("OPA URL"));
+        config.token = Some(policy_client::opa::Token::new(OPA_TOKEN));
         config.ca_pem = self
             .ca_file()
             .map(|ca| std::fs::read(ca).expect("read OPA's CA"));
-        policy_client::Opa::new(config).expect("OPA client")
+        policy_client::opa::Opa::new(config).expect("OPA client")
     }
 
     /// Load every `*.rego` (not `*_test.rego`) of the repo's `policies/`, and the
     /// example data, the way the sync sidecar would.
     pub async fn load_shipped_policies(&self, with_example_clusters: bool) {
-        use policy_client::PolicyEngine;
+        use policy_client::engine::PolicyEngine;
         let client = self.client();
         for (name, source) in crate::shipped_policy_modules() {
             client

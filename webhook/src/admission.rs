@@ -5,14 +5,14 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use policy_client::decision::{Decision, DecisionError};
+use policy_client::engine::{EngineError, PolicyEngine, QueryOutcome};
+use policy_client::input::{PolicyInput, RequestMeta};
 use policy_client::karmada::{BoundError, bound, is_binding, template_input};
+use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys};
 use policy_client::placement::MergeError;
 use policy_client::text::bounded;
 use policy_client::verdict::{Plan, plan, request_changed};
-use policy_client::{
-    Decision, DecisionError, EngineError, LoadingKeys, OwnershipKeys, PolicyEngine, PolicyInput,
-    QueryOutcome, RequestMeta,
-};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -594,7 +594,7 @@ enum Placement {
 }
 
 /// The policy input for `object` under `request` (one function for the
-/// webhook and the remediator: [`policy_client::PolicyInput`]).
+/// webhook and the remediator: [`policy_client::input::PolicyInput`]).
 pub(crate) fn request_input<'a>(
     request: &AdmissionRequest,
     object: &'a Value,

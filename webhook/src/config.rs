@@ -6,8 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use policy_client::DEFAULT_DECISION_PATH;
 use policy_client::configmaps::{ConfigMapFlags, ConfigMapFlagsEnv};
-use policy_client::{DEFAULT_DECISION_PATH, Embedded, Opa, OpaConfig, PolicyEngine, Token, Url};
+use policy_client::embedded::Embedded;
+use policy_client::engine::PolicyEngine;
+use policy_client::opa::{Opa, OpaConfig, Token};
+use reqwest::Url;
 use serde::Deserialize;
 
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +33,7 @@ pub enum ConfigError {
     #[error("loading policies from {dir}: {message}")]
     Policies { dir: PathBuf, message: String },
     #[error("policy engine: {0}")]
-    Engine(#[from] policy_client::EngineError),
+    Engine(#[from] policy_client::engine::EngineError),
     #[error("{0}")]
     Limits(String),
     #[error("{0}")]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use placement_endpoint::ListenerMetrics;
-use policy_client::PolicyEngine;
+use policy_client::engine::PolicyEngine;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -327,7 +327,7 @@ mod tests {
 
     #[tokio::test]
     async fn exports_the_decision_cache_as_it_stands() {
-        let engine = Arc::new(policy_client::Embedded::new());
+        let engine = Arc::new(policy_client::embedded::Embedded::new());
         engine
             .put_policy("p.rego", "package p\n\nx := input.kind\n")
             .await

@@ -6,7 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use kube::api::{ApiResource, GroupVersionKind};
-use policy_client::{LoadingKeys, OwnershipKeys, SharedKeys};
+use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -5,9 +5,10 @@ use std::sync::Arc;
 
 use kube::{Api, Client, Config};
 use placement_endpoint::{ConnectionLimits, connection_cap};
-use policy_client::ownership_keys::KeyError;
+use policy_client::ownership_keys::{KeyError, LoadingKeys, OwnershipKeys, SharedKeys};
 use policy_client::ownership_secret::KeySecret;
-use policy_client::{LoadingKeys, OwnershipKeys, RememberingEngine, SharedKeys, Url};
+use policy_client::revision_feed::RememberingEngine;
+use reqwest::Url;
 
 use crate::admission::{Admission, AdmissionSettings};
 use crate::config::{CertsArgs, ConfigError, EngineKind, ResolvedEngine, ServeArgs};

@@ -4,7 +4,7 @@
 //! `--rounds 1`).
 //!
 //! Each review's policy input is built as the webhook builds it
-//! (`policy_client::PolicyInput`) and asked of the engine
+//! (`policy_client::input::PolicyInput`) and asked of the engine
 //! (`Embedded::query_input`), the decision memory off unless
 //! `--decision-cache-memory` says otherwise. Setup (loading the policy,
 //! building the reviews) and one warm-up round run whatever `--rounds` is,
@@ -24,9 +24,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use policy_client::{
-    Embedded, OwnershipKeys, PolicyEngine, PolicyInput, QueryOutcome, RequestMeta,
-};
+use policy_client::embedded::Embedded;
+use policy_client::engine::{PolicyEngine, QueryOutcome};
+use policy_client::input::{PolicyInput, RequestMeta};
+use policy_client::ownership_keys::OwnershipKeys;
 use serde_json::Value;
 
 #[derive(Debug, Parser)]

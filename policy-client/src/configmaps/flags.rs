@@ -6,7 +6,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use super::{
+use super::selection::{
     ConfigMapSelection, DEFAULT_DATA_LABEL, DEFAULT_DATA_VALUE, DEFAULT_POLICY_LABEL,
     DEFAULT_POLICY_VALUE,
 };

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use policy_client::{PolicyEngine, QueryOutcome};
+use policy_client::engine::{PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
@@ -362,7 +362,7 @@ pub(crate) async fn monitor_engine(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use policy_client::Embedded;
+    use policy_client::embedded::Embedded;
 
     const SENTINEL: &str = "system/placement-sync/sentinel";
 

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
-use policy_client::{CompileError, EngineError, PolicyEngine};
+use policy_client::engine::{CompileError, EngineError, PolicyEngine};
 use serde_json::Value;
 
 use crate::policies::status::{ModuleSync, PolicyStatus};
@@ -121,7 +121,7 @@ impl DataSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use policy_client::{Embedded, QueryOutcome};
+    use policy_client::{embedded::Embedded, engine::QueryOutcome};
     use serde_json::json;
     use std::time::Duration;
 

@@ -39,7 +39,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
-use policy_client::{EngineError, PolicyEngine};
+use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
+use policy_client::engine::{EngineError, PolicyEngine};
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
@@ -55,7 +56,6 @@ use crate::replication::demand::Demand;
 use data::DataSet;
 use last_good::LastGood;
 use modules::ModuleSet;
-use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 use rego_refs::{DataReads, PolicyReads, data_reads};
 use status::{
     KUBE_MGMT_RETRIES_ANNOTATION, KUBE_MGMT_STATUS_ANNOTATION, ModuleSync, PolicyStatus,

@@ -3,7 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
-use policy_client::{CompileError, EngineError, PolicyEngine};
+use policy_client::engine::{CompileError, EngineError, PolicyEngine};
 
 use crate::policies::rego_refs::{self};
 use crate::policies::status::{ModuleSync, PolicyStatus};
@@ -400,7 +400,7 @@ impl ModuleSet {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use policy_client::{Embedded, QueryOutcome};
+    use policy_client::{embedded::Embedded, engine::QueryOutcome};
     use serde_json::{Value, json};
     use std::time::Duration;
 

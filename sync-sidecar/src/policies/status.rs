@@ -2,7 +2,7 @@
 //! annotations that carry it back onto the ConfigMap (ours, and kube-mgmt's for
 //! the tools that read those).
 
-use policy_client::CompileError;
+use policy_client::engine::CompileError;
 use serde::Serialize;
 use serde_json::json;
 

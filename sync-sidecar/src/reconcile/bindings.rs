@@ -13,7 +13,7 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, Patch, PatchParams};
 use kube::runtime::events::EventType;
-use policy_client::QueryOutcome;
+use policy_client::engine::QueryOutcome;
 use policy_client::karmada::{TemplateRef, propagation_policy, template_input};
 use serde_json::{Value, json};
 use tokio::time::Instant;

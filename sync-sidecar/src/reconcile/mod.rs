@@ -54,9 +54,12 @@ use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::Client;
 use kube::api::{Api, ApiResource, PostParams};
 use kube::runtime::events::Recorder;
+use policy_client::engine::PolicyEngine;
+use policy_client::input::{RequestMeta, policy_input};
 use policy_client::karmada::Templates;
+use policy_client::ownership_keys::{OwnershipKeys, SharedKeys};
 use policy_client::ownership_secret::KeySecret;
-use policy_client::{OwnershipKeys, PolicyEngine, RequestMeta, SharedKeys, policy_input};
+use policy_client::retry::Backoff;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -81,7 +84,6 @@ use crate::reconcile::leader::AppliedRecord;
 use crate::reconcile::revision::{ReplicatedTypes, configured_revision};
 use crate::reconcile::scope::{Scope, ScopeFilter, parse_label_selector};
 use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
-use policy_client::retry::Backoff;
 
 /// Field manager of the reconciler's writes.
 pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";

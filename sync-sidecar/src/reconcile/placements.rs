@@ -18,7 +18,7 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
-use policy_client::{PLACEMENT_INPUT_KEY, RequestMeta, policy_input};
+use policy_client::input::{PLACEMENT_INPUT_KEY, RequestMeta, policy_input};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -10,11 +10,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use kube::api::DynamicObject;
 use kube::core::{Selector, SelectorExt};
+use policy_client::decision::Decision;
+use policy_client::engine::QueryOutcome;
+use policy_client::ownership_keys::OwnershipKeys;
 use policy_client::placement::{
     OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view,
 };
 use policy_client::verdict::{Plan, plan};
-use policy_client::{Decision, OwnershipKeys, QueryOutcome};
 use serde_json::{Value, json};
 
 use super::changes::fingerprint;

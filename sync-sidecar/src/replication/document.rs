@@ -6,7 +6,7 @@
 
 use bytes::Bytes;
 use kube::api::{ApiResource, DynamicObject};
-use policy_client::EncodedJson;
+use policy_client::engine::EncodedJson;
 use serde_json::Value;
 
 /// Identifies one object of a type.

@@ -19,7 +19,7 @@ pub(crate) mod watched;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use policy_client::PolicyEngine;
+use policy_client::engine::PolicyEngine;
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::RwLock;
 
 use bytes::Bytes;
-use policy_client::EncodedJson;
+use policy_client::engine::EncodedJson;
 use tokio::sync::watch;
 
 use crate::replication::document::ObjectKey;

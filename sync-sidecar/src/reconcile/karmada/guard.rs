@@ -7,10 +7,11 @@
 //! ([`policy_client::karmada`]), so neither side can widen what the other
 //! bounded.
 
+use policy_client::decision::Decision;
+use policy_client::engine::QueryOutcome;
 use policy_client::karmada::{
     ALLOWED_CLUSTERS_ANNOTATION, Bound, bound, guarded, scheduled_clusters,
 };
-use policy_client::{Decision, QueryOutcome};
 use serde_json::Value;
 
 /// What the guardrail does with one binding.

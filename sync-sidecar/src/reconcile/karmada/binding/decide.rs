@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use policy_client::Decision;
+use policy_client::decision::Decision;
 use policy_client::karmada::PREFERENCES_ANNOTATION;
 use policy_client::placement::desired_annotations;
-use policy_client::{OwnershipKeys, QueryOutcome};
+use policy_client::engine::QueryOutcome;
+use policy_client::ownership_keys::OwnershipKeys;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

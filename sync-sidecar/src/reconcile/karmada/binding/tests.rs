@@ -1,5 +1,6 @@
 use policy_client::karmada::PREFERENCES_ANNOTATION;
-use policy_client::{OwnershipKeys, QueryOutcome};
+use policy_client::engine::QueryOutcome;
+use policy_client::ownership_keys::OwnershipKeys;
 use serde_json::json;
 
 use super::*;

@@ -1,0 +1,293 @@
+use super::*;
+use serde_json::json;
+
+fn reads(sources: &[&str]) -> Result<InputReads, Uncacheable> {
+    let modules = sources
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("m{i}.rego"), (*s).to_owned()))
+        .collect();
+    InputReads::of(&modules)
+}
+
+fn paths(sources: &[&str]) -> Vec<String> {
+    reads(sources).unwrap().paths()
+}
+
+fn refused(sources: &[&str]) -> String {
+    reads(sources).unwrap_err().to_string()
+}
+
+#[test]
+fn constant_references_are_read_up_to_their_first_variable() {
+    assert_eq!(
+        paths(&[r#"package p
+x if input.metadata.labels["app.kubernetes.io/name"] == "a"
+y contains k if some k, _ in input.spec.template.metadata.annotations
+z := input.spec.containers[i].image
+"#]),
+        [
+            "metadata.labels.app.kubernetes.io/name",
+            "spec.containers",
+            "spec.template.metadata.annotations"
+        ]
+    );
+}
+
+#[test]
+fn a_prefix_covers_the_longer_paths_under_it() {
+    assert_eq!(
+        paths(&["package p\na := input.metadata\nb := input.metadata.name\n"]),
+        ["metadata"]
+    );
+}
+
+#[test]
+fn object_get_reads_exactly_its_constant_key() {
+    assert_eq!(
+        paths(&[r#"package p
+a := object.get(input, ["metadata", "annotations", "x/y"], "false")
+b := object.get(input.spec, "replicas", 1)
+c := object.get(input.status, [k], 1)
+"#]),
+        ["metadata.annotations.x/y", "spec.replicas", "status"]
+    );
+    // A module that names something `object` makes `object.get` its own.
+    assert!(
+        refused(&[r#"package p
+import data.lib.object
+a := object.get(input, ["metadata"], "false")
+"#])
+        .contains("whole input")
+    );
+}
+
+#[test]
+fn comments_strings_and_fields_named_input_are_not_reads() {
+    assert_eq!(
+        paths(&[r#"package p
+# input is the object
+msg := "input"
+raw := `input`
+a := data.x.input
+b := input.kind
+"#]),
+        ["kind"]
+    );
+}
+
+#[test]
+fn imports_of_input_read_their_path() {
+    assert_eq!(
+        paths(&["package p\nimport input.metadata as meta\na := meta.name\n"]),
+        ["metadata"]
+    );
+}
+
+#[test]
+fn the_whole_input_and_impure_builtins_refuse_the_set() {
+    assert_eq!(
+        refused(&["package p\n\nx := walk(input)\n"]),
+        "m0.rego:3: reads the whole input (`input` without a constant path after it)"
+    );
+    assert!(refused(&["package p\nx := input[k]\n"]).contains("whole input"));
+    assert!(refused(&["package p\nimport input\n"]).contains("whole input"));
+    assert!(refused(&["package p\nx := f(input)\n"]).contains("whole input"));
+    assert!(refused(&["package p\nx := time.now_ns()\n"]).contains("`time.now_ns`"));
+    assert!(refused(&["package p\nx if print(input.a)\n"]).contains("`print`"));
+    assert!(refused(&["package p\nx := $\"{input.a}\"\n"]).contains("template string"));
+    // The second module refuses the set.
+    assert!(
+        refused(&[
+            "package p\na := input.a\n",
+            "package q\nb := rand.intn(\"x\", 2)\n"
+        ])
+        .starts_with("m1.rego:2")
+    );
+}
+
+/// `with` replacing a function makes the calls it replaces read something
+/// else (`object.get` reading the whole input through `f`, a pure-looking
+/// `g` calling out through `http.send`): refused. Replacing `input` or
+/// data is followed like any reference.
+#[test]
+fn with_replacing_a_function_refuses_the_set() {
+    let replaced = refused(&[r#"package p
+f(x, _, _) := x
+a := object.get(input, ["metadata"], "") with object.get as f
+"#]);
+    assert!(replaced.contains("`with object.get as ...`"), "{replaced}");
+    assert!(
+        refused(&["package p
+g(x) := x
+b := g({\"url\": input.a}) with g as http.send\n"])
+        .contains("`with g as ...`")
+    );
+    // A function of another module, replaced through data.
+    assert!(
+        refused(&[
+            "package lib\n\nf(x) := x\n",
+            "package p\nimport data.lib\na := lib.f(input.a) with data.lib.f as time.now_ns\n",
+        ])
+        .contains("`with data.lib.f as ...`")
+    );
+    // Replacing input or data is no function.
+    assert_eq!(
+        paths(&[
+            "package p\nx := data.q.y with input.kind as \"Pod\" with data.clusters as input.spec\n"
+        ]),
+        ["kind", "spec"]
+    );
+    // `with` in a string or a comment is no replacement.
+    assert_eq!(
+        paths(&["package p\n# with object.get as f\nm := \"with g as http.send\"\na := input.a\n"]),
+        ["a"]
+    );
+}
+
+#[test]
+fn signing_with_a_random_nonce_is_impure() {
+    for call in ["io.jwt.encode_sign", "io.jwt.encode_sign_raw"] {
+        let module = format!("package p\nt := {call}({{}}, {{\"a\": input.a}}, {{}})\n");
+        assert!(refused(&[&module]).contains(call), "{call}");
+    }
+}
+
+#[test]
+fn the_key_holds_the_value_at_each_path_and_where_it_ends() {
+    let reads = reads(&["package p\na := input.metadata.labels.app\nb := input.kind\n"]).unwrap();
+    let key = |input: Value| reads.key("q", InputRoot::Value(&input)).unwrap();
+    let base = json!({"kind": "ReplicaSet", "metadata": {"name": "a", "labels": {"app": "x", "tier": "y"}}});
+    // What is not read does not change the key.
+    let mut renamed = base.clone();
+    renamed["metadata"]["name"] = json!("b");
+    renamed["metadata"]["labels"]["tier"] = json!("z");
+    assert_eq!(key(base.clone()), key(renamed));
+    // Every read path does.
+    let mut other_app = base.clone();
+    other_app["metadata"]["labels"]["app"] = json!("w");
+    assert_ne!(key(base.clone()), key(other_app));
+    let mut other_kind = base.clone();
+    other_kind["kind"] = json!("Deployment");
+    assert_ne!(key(base.clone()), key(other_kind));
+    // Absent, null and a non-object on the way are three different keys.
+    let absent = key(json!({"kind": "ReplicaSet", "metadata": {"labels": {}}}));
+    let null = key(json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": null}}}));
+    let scalar = key(json!({"kind": "ReplicaSet", "metadata": {"labels": "app"}}));
+    let no_labels = key(json!({"kind": "ReplicaSet", "metadata": {}}));
+    assert_ne!(absent, null);
+    assert_ne!(absent, scalar);
+    assert_ne!(null, scalar);
+    assert_ne!(absent, no_labels);
+    // The query is part of the key.
+    assert_ne!(
+        reads.key("q", InputRoot::Value(&base)),
+        reads.key("r", InputRoot::Value(&base))
+    );
+}
+
+#[test]
+fn the_projection_keeps_what_is_read_and_where_each_path_ends() {
+    let reads = reads(&[
+        "package p\na := input.metadata.labels.app\nb := input.kind\nc := input.spec.template\n",
+    ])
+    .unwrap();
+    let project = |input: Value| reads.project(InputRoot::Value(&input));
+    let base = json!({
+        "kind": "ReplicaSet",
+        "metadata": {"name": "a", "labels": {"app": "x", "tier": "y"}},
+        "spec": {"replicas": 3, "template": {"spec": {"containers": [{"image": "i"}]}}},
+        "_admission": {"uid": "u"},
+    });
+    assert_eq!(
+        project(base.clone()),
+        to_rego(&json!({
+            "kind": "ReplicaSet",
+            "metadata": {"labels": {"app": "x"}},
+            "spec": {"template": {"spec": {"containers": [{"image": "i"}]}}},
+        }))
+    );
+    // Where a path ends early: an object without the key stays an
+    // object, anything else is kept whole; an absent root key is absent.
+    let early = json!({"metadata": {"labels": {}}, "spec": [1]});
+    assert_eq!(
+        project(early),
+        to_rego(&json!({"metadata": {"labels": {}}, "spec": [1]}))
+    );
+    assert_eq!(project(json!("text")), to_rego(&json!("text")));
+    // Inputs with one key have one projection, and the other way round.
+    let inputs = [
+        base.clone(),
+        json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": "x"}}, "spec": {"template": base["spec"]["template"]}}),
+        json!({"kind": "ReplicaSet", "metadata": {"labels": {}}}),
+        json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": null}}}),
+        json!({"kind": "ReplicaSet", "metadata": {"labels": "app"}}),
+        json!({"kind": "ReplicaSet", "metadata": {}}),
+        json!({"kind": "ReplicaSet"}),
+    ];
+    for a in &inputs {
+        for b in &inputs {
+            assert_eq!(
+                reads.key("q", InputRoot::Value(a)) == reads.key("q", InputRoot::Value(b)),
+                reads.project(InputRoot::Value(a)) == reads.project(InputRoot::Value(b)),
+                "{a} / {b}"
+            );
+        }
+    }
+}
+
+/// The webhook's input is read in its parts (the object, the request's
+/// metadata beside it): keys and projections are those of the input put
+/// together.
+#[test]
+fn the_parts_of_an_input_read_as_the_input() {
+    let reads = reads(&[
+        "package p\na := input.metadata.labels.app\nb := input._admission.operation\nc := input.kind\nd := input.absent.x\n",
+    ])
+    .unwrap();
+    let keys = crate::ownership_keys::OwnershipKeys::ephemeral().unwrap();
+    let (kind, resource, user) = (json!({"kind": "ReplicaSet"}), json!({}), json!({}));
+    let meta = |operation| crate::input::RequestMeta {
+        uid: "u",
+        operation,
+        kind: &kind,
+        resource: &resource,
+        namespace: None,
+        name: None,
+        user_info: &user,
+        dry_run: false,
+        old_object: None,
+        keys: &keys,
+    };
+    let objects = [
+        json!({"kind": "ReplicaSet", "metadata": {"labels": {"app": "a", "tier": "t"}}}),
+        json!({"kind": "ReplicaSet", "metadata": {"labels": "app"}}),
+        // Its own `_admission` is replaced by the request's.
+        json!({"kind": "Deployment", "_admission": {"operation": "forged"}}),
+        json!("not an object"),
+    ];
+    for object in &objects {
+        for operation in ["CREATE", "UPDATE"] {
+            let parts = crate::input::PolicyInput::new(object, &meta(operation));
+            let whole = parts.clone().into_value();
+            assert_eq!(
+                reads.key("q", parts.root()),
+                reads.key("q", InputRoot::Value(&whole)),
+                "{whole}"
+            );
+            assert_eq!(
+                reads.project(parts.root()),
+                reads.project(InputRoot::Value(&whole)),
+                "{whole}"
+            );
+            assert_eq!(parts.root().to_rego(), to_rego(&whole), "{whole}");
+        }
+    }
+}
+
+#[test]
+fn a_key_too_large_is_not_made() {
+    let reads = reads(&["package p\na := input.spec\n"]).unwrap();
+    let big = json!({"spec": {"blob": "x".repeat(MAX_KEY_BYTES)}});
+    assert_eq!(reads.key("q", InputRoot::Value(&big)), None);
+}
