@@ -18,14 +18,18 @@
 
 #![deny(unreachable_pub)]
 
+mod cause;
 mod config;
 mod engine_sync;
 mod error;
+mod gvr;
+mod hex;
 mod metrics;
 mod policies;
 mod queue;
 mod reconcile;
 mod replication;
+mod scope;
 mod server;
 
 use std::sync::Arc;
@@ -42,10 +46,11 @@ pub use error::SyncError;
 
 use config::RemediationMode;
 use engine_sync::SyncState;
+use gvr::Gvr;
 use metrics::Metrics;
-use reconcile::{blast, cause, health, leader, revision};
-use replication::gvr::Gvr;
-use replication::{demand, watched};
+use policies::demand;
+use reconcile::{blast, leader};
+use replication::{health, revision, watched};
 
 /// Build the Kubernetes client: `--kubeconfig` when given, else in-cluster config
 /// or `KUBECONFIG`/`~/.kube/config`.

@@ -43,7 +43,7 @@ impl DataSet {
     pub(super) fn revision(&self) -> String {
         let written = serde_json::to_vec(&*self.written()).unwrap_or_default();
         let digest = ring::digest::digest(&ring::digest::SHA256, &written);
-        crate::reconcile::cause::hex(digest.as_ref(), 8)
+        crate::hex::hex(digest.as_ref(), 8)
     }
 
     /// ConfigMaps (`namespace/name`) with data written.

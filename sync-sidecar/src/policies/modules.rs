@@ -101,7 +101,7 @@ impl ModuleSet {
                 context.update(part);
             }
         }
-        crate::reconcile::cause::hex(context.finish().as_ref(), 8)
+        crate::hex::hex(context.finish().as_ref(), 8)
     }
 
     /// The modules in force: each one's accepted source.

@@ -131,7 +131,7 @@ async fn campaign(
     set(&tx, &metrics, false, &settings);
 }
 
-/// Annotation on the Lease: the configured revision ([`crate::reconcile::revision`])
+/// Annotation on the Lease: the configured revision ([`crate::replication::revision`])
 /// the leader last applied a pass over everything at.
 pub(crate) const APPLIED_ANNOTATION: &str = "placement-policy.io/applied-revision";
 

@@ -31,18 +31,14 @@
 
 mod bindings;
 pub(crate) mod blast;
-pub(crate) mod cause;
 mod changes;
 mod events;
-pub(crate) mod health;
 pub(crate) mod karmada;
 pub(crate) mod leader;
 pub(crate) mod ocm;
 mod pass;
 mod placements;
 mod rate;
-pub(crate) mod revision;
-pub(crate) mod scope;
 mod target;
 mod workloads;
 
@@ -65,22 +61,22 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS, PROPAGATION_POLICY_TYPES};
 use changes::{Changes, ItemKey};
 use events::PassEvents;
-pub(crate) use karmada::binding::KarmadaSettings;
 pub(crate) use placements::OcmSubscriptions;
 use rate::RateLimiter;
 use target::{Kind, Target};
 
+use crate::cause::{Cause, Causes, Trigger};
+use crate::config::writers::KarmadaSettings;
 use crate::config::{OwnershipKeySource, RemediationMode};
 use crate::engine_sync::SyncState;
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::policies::rego_refs::PolicyReads;
 use crate::reconcile::blast::{Guard, PolicyConfigMaps};
-use crate::reconcile::cause::{Cause, Causes, Trigger};
 use crate::reconcile::leader::AppliedRecord;
-use crate::reconcile::revision::{ReplicatedTypes, configured_revision};
-use crate::reconcile::scope::{Scope, ScopeFilter, parse_label_selector};
+use crate::replication::revision::{ReplicatedTypes, configured_revision};
 use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
+use crate::scope::{Scope, ScopeFilter, parse_label_selector};
 use policy_client::retry::Backoff;
 
 /// Field manager of the reconciler's writes.

@@ -21,10 +21,11 @@ use super::placements::PlacementEvaluation;
 use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
+use crate::cause::Causes;
 use crate::config::RemediationMode;
 use crate::error::SyncError;
+use crate::hex::hex;
 use crate::reconcile::blast::{self, Hold};
-use crate::reconcile::cause::{Causes, hex};
 use crate::replication::document::{ObjectKey, object_value};
 
 /// Objects evaluated and written at once in a pass.

@@ -30,8 +30,9 @@ use super::events::reference;
 use super::pass::Step;
 use super::target::{Item, Kind};
 use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
+use crate::cause::{Cause, Trigger};
 use crate::error::SyncError;
-use crate::reconcile::cause::{Cause, Trigger};
+use crate::gvr::Gvr;
 use crate::reconcile::ocm::clusters::{
     Candidates, ClusterSet, Inventory, ManagedCluster, candidates, cluster_fingerprint,
 };
@@ -42,7 +43,6 @@ use crate::reconcile::ocm::placement::Placement;
 use crate::reconcile::ocm::policy::{Allowed, Subject, combine, read};
 use crate::reconcile::ocm::sig::{self, Slice, SliceWrite};
 use crate::replication::document::ObjectKey;
-use crate::replication::gvr::Gvr;
 use crate::replication::watched::{Need, Subscription, TypeWatches, WatchChange, WatchedType};
 
 /// OCM's types the decider watches.

@@ -18,8 +18,8 @@ use policy_client::{Decision, OwnershipKeys, QueryOutcome};
 use serde_json::{Value, json};
 
 use super::changes::fingerprint;
-use crate::reconcile::scope::Scope;
 use crate::replication::watched::Need;
+use crate::scope::Scope;
 
 /// How an object's placement compares with the current decision.
 #[derive(Debug, Clone, PartialEq)]

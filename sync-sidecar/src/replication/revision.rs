@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::Value;
 
+use crate::hex::hex;
 use crate::policies::rego_refs::PolicyReads;
-use crate::reconcile::cause::{configured, hex};
-use crate::reconcile::health::ClusterKind;
+use crate::replication::classify::configured;
+use crate::replication::health::ClusterKind;
 use crate::replication::watched::WatchedType;
 
 /// A replicated type: its cluster kind, if it is one, and its objects.
@@ -87,8 +88,8 @@ pub(crate) fn configured_revision(policy_revision: &str, data_revision: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::health::cluster_kind;
     use crate::replication::document::ObjectKey;
+    use crate::replication::health::cluster_kind;
     use crate::replication::objects::TypeObjects;
     use bytes::Bytes;
     use kube::api::{ApiResource, GroupVersionKind};

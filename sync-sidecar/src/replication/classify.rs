@@ -1,0 +1,158 @@
+//! How a replicated object's change is told apart: a person's edit, a
+//! change of cluster health, or other status ([`Cause`]).
+
+use serde_json::Value;
+
+use crate::cause::Cause;
+use crate::hex::hex;
+use crate::replication::document::ObjectKey;
+use crate::replication::health::ClusterKind;
+
+/// What an administrator configures of an object: everything but its status
+/// and the metadata the API server keeps (labels and annotations stay); for
+/// a cluster, its health fields aside.
+pub(crate) fn configured(kind: Option<&ClusterKind>, object: &Value) -> Value {
+    let mut view = object.clone();
+    if let Value::Object(map) = &mut view {
+        map.remove("status");
+        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
+            meta.retain(|k, _| {
+                matches!(k.as_str(), "labels" | "annotations" | "name" | "namespace")
+            });
+        }
+    }
+    for field in kind.map(|k| k.health_fields).unwrap_or_default() {
+        if let Some((parent, last)) = field.rsplit_once('/')
+            && let Some(Value::Object(parent)) = view.pointer_mut(parent)
+        {
+            parent.remove(last);
+        }
+    }
+    view
+}
+
+/// Why a change of replicated object `key` of type `resource` (`kind`: its
+/// cluster kind, if it is one) from `before` to `after` (`None`: absent)
+/// would re-place workloads.
+pub(crate) fn classify(
+    kind: Option<&ClusterKind>,
+    resource: &str,
+    key: &ObjectKey,
+    before: Option<&Value>,
+    after: Option<&Value>,
+) -> Cause {
+    let edit = |revision: String| Cause::Data {
+        object: format!("{resource}/{key}"),
+        revision,
+    };
+    let (Some(before), Some(after)) = (before, after) else {
+        return edit(match after {
+            Some(after) => revision(&configured(kind, after)),
+            None => "deleted".to_owned(),
+        });
+    };
+    let configured_after = configured(kind, after);
+    if configured(kind, before) != configured_after {
+        return edit(revision(&configured_after));
+    }
+    match kind {
+        Some(kind) if (kind.healthy)(before) != (kind.healthy)(after) => Cause::Health,
+        _ => Cause::Status,
+    }
+}
+
+/// A short digest of a JSON value.
+fn revision(value: &Value) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, value.to_string().as_bytes());
+    hex(digest.as_ref(), 6)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replication::health::cluster_kind;
+    use serde_json::json;
+
+    fn ours() -> Option<&'static ClusterKind> {
+        cluster_kind("placement-policy.io", "clusters")
+    }
+
+    fn cluster(phase: &str, pci: &str) -> Value {
+        json!({"kind": "Cluster", "metadata": {"name": "eu-1", "resourceVersion": "7",
+            "labels": {"placement-policy.io/pci-compliance-level": pci}},
+            "spec": {"region": "europe-west1"},
+            "status": {"phase": phase, "capacity": {"cpu": "64"}}})
+    }
+
+    #[test]
+    fn health_status_and_edits_are_told_apart() {
+        let key = ObjectKey::new(None, "eu-1");
+        let classify = |before: Option<&Value>, after: Option<&Value>| {
+            classify(ours(), "clusters", &key, before, after)
+        };
+        let running = cluster("running", "2");
+        assert_eq!(
+            classify(Some(&running), Some(&cluster("offline", "2"))),
+            Cause::Health
+        );
+        let mut capacity = running.clone();
+        capacity["status"]["capacity"]["cpu"] = json!("32");
+        capacity["metadata"]["resourceVersion"] = json!("8");
+        assert_eq!(classify(Some(&running), Some(&capacity)), Cause::Status);
+        // A label edit, also one made together with a phase change, is guarded.
+        let relabelled = cluster("offline", "3");
+        let Cause::Data { object, revision } = classify(Some(&running), Some(&relabelled)) else {
+            panic!("an edit")
+        };
+        assert_eq!(object, "clusters/eu-1");
+        assert_eq!(
+            classify(
+                Some(&cluster("running", "2")),
+                Some(&cluster("running", "3"))
+            ),
+            Cause::Data {
+                object,
+                revision: revision.clone()
+            },
+            "the revision names what it changed to, not the status"
+        );
+        assert!(matches!(classify(None, Some(&running)), Cause::Data { .. }));
+        assert_eq!(
+            classify(Some(&running), None),
+            Cause::Data {
+                object: "clusters/eu-1".into(),
+                revision: "deleted".into()
+            }
+        );
+        // Any other type: status is status, the rest an edit.
+        let rs =
+            json!({"metadata": {"name": "rs"}, "spec": {"replicas": 1}, "status": {"replicas": 0}});
+        let mut scaled = rs.clone();
+        scaled["status"]["replicas"] = json!(1);
+        assert_eq!(
+            super::classify(None, "replicasets", &key, Some(&rs), Some(&scaled)),
+            Cause::Status
+        );
+    }
+
+    #[test]
+    fn a_taint_of_karmadas_clusters_is_health_not_an_edit() {
+        let karmada = cluster_kind("cluster.karmada.io", "clusters");
+        let key = ObjectKey::new(None, "member1");
+        let ready = json!({"metadata": {"name": "member1"}, "spec": {"syncMode": "Push"},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        let mut tainted = ready.clone();
+        tainted["spec"]["taints"] =
+            json!([{"key": "cluster.karmada.io/not-ready", "effect": "NoSchedule"}]);
+        assert_eq!(
+            classify(karmada, "clusters", &key, Some(&ready), Some(&tainted)),
+            Cause::Health
+        );
+        let mut pulled = ready.clone();
+        pulled["spec"]["syncMode"] = json!("Pull");
+        assert!(matches!(
+            classify(karmada, "clusters", &key, Some(&ready), Some(&pulled)),
+            Cause::Data { .. }
+        ));
+    }
+}
