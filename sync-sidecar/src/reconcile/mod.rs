@@ -39,6 +39,7 @@ pub(crate) mod ocm;
 mod pass;
 mod placements;
 mod rate;
+mod step;
 mod target;
 mod workloads;
 

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use super::bindings::BindingEvaluation;
 use super::changes::ItemKey;
 use super::placements::PlacementEvaluation;
+use super::step::Step;
 use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
@@ -48,22 +49,6 @@ pub(crate) struct PassReport {
     /// The objects that failed (query, write or unusable decision): the only
     /// ones a retry evaluates again.
     pub(crate) failed_objects: BTreeSet<ItemKey>,
-}
-
-/// What happened to one object in a pass.
-pub(crate) enum Step {
-    /// Leadership or the engine's sync was lost, or the sidecar is stopping.
-    Aborted,
-    /// Written already; the watch cache has not caught up.
-    InFlight,
-    Failed,
-    Placed,
-    Undefined,
-    Unplaceable,
-    Stale {
-        patched: bool,
-        failed: bool,
-    },
 }
 
 /// One workload's evaluation, before anything is patched.

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::changes::{Changes, ItemKey, fingerprint};
 use super::events::reference;
-use super::pass::Step;
+use super::step::Step;
 use super::target::{Item, Kind};
 use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
 use crate::cause::{Cause, Trigger};
