@@ -225,10 +225,7 @@ impl Settings {
         let remediation = args.remediation.mode(&configmaps)?;
         let karmada = args.karmada.settings()?;
         let ocm_decider = args.ocm.decider(&args.karmada.scheduler_name)?;
-        // Whoever writes placements elects one replica to do it: remediation,
-        // the Karmada scheduler or guardrail, or the OCM decider (with
-        // remediation off too).
-        let writes = remediation != RemediationMode::Off || karmada.any() || ocm_decider.is_some();
+        let writes = writes_placements(remediation, &karmada, ocm_decider.as_ref());
         let leader = args
             .leader
             .settings(writes, configmaps.policy_namespace.as_deref())?;
@@ -273,6 +270,45 @@ impl Settings {
             workers,
         })
     }
+
+    /// Whether this sidecar writes placements, and so elects one replica to
+    /// do it (see [`writes_placements`]).
+    pub(crate) fn writes_placements(&self) -> bool {
+        writes_placements(self.remediation, &self.karmada, self.ocm_decider.as_ref())
+    }
+
+    /// `--replicate-path` as its segments (`kubernetes/objects`:
+    /// `kubernetes`, `objects`): where replicated objects are in the
+    /// engine's data.
+    pub(crate) fn replicate_root(&self) -> Vec<String> {
+        self.replicate_path
+            .split('/')
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// The engine's top-level data documents that hold replicated data
+    /// (the first segment of `--replicate-path`), never packages of policy.
+    pub(crate) fn data_roots(&self) -> Vec<String> {
+        self.replicate_path
+            .split('/')
+            .next()
+            .map(str::to_owned)
+            .into_iter()
+            .collect()
+    }
+}
+
+/// Whoever writes placements elects one replica to do it: remediation, the
+/// Karmada scheduler or guardrail, or the OCM decider (with remediation off
+/// too).
+fn writes_placements(
+    remediation: RemediationMode,
+    karmada: &KarmadaSettings,
+    ocm_decider: Option<&OcmDecider>,
+) -> bool {
+    remediation != RemediationMode::Off || karmada.any() || ocm_decider.is_some()
 }
 
 /// `NAMESPACE/NAME` of an object a flag names.

@@ -251,3 +251,14 @@ fn the_placement_decider_elects_a_leader_and_shares_the_scheduler_name() {
     assert!(!s.karmada.any(), "deciding Placements schedules no binding");
     assert_eq!(s.leader.unwrap().identity, "pod-a");
 }
+
+#[test]
+fn the_replicate_path_gives_the_data_root_and_the_segments() {
+    let s = Settings::from_args(args(&["--replicate-path=/kube/objects/"])).unwrap();
+    assert_eq!(s.replicate_path, "kube/objects");
+    assert_eq!(s.replicate_root(), ["kube", "objects"]);
+    assert_eq!(s.data_roots(), ["kube"]);
+    let s = Settings::from_args(args(&[])).unwrap();
+    assert_eq!(s.replicate_root(), ["kubernetes"]);
+    assert_eq!(s.data_roots(), ["kubernetes"]);
+}
