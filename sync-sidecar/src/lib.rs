@@ -11,7 +11,14 @@
 //!   the current policy (remediation, behind the blast-radius guard),
 //!   schedules Karmada bindings that name it as their scheduler and decides
 //!   the OCM Placements that opt in;
-//! - `server`: serves `/metrics`, `/healthz` and `/readyz`.
+//! - `server`: serves `/metrics`, `/healthz` and `/readyz`;
+//! - `config`: the flags and the validated settings.
+//!
+//! They form layers, each importing only from those below it: `reconcile`
+//! over `replication` over `policies` over `engine_sync` over `config`, and
+//! beneath them all what they share: `cause` (why placements may be stale,
+//! and the trigger that carries it), `gvr`, `scope`, `hex`, `queue`,
+//! `metrics` and `error`.
 //!
 //! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; nothing
 //! else is public.

@@ -25,9 +25,12 @@
 //! reconciles every status update.
 //!
 //! Beside the reconciler live what only it uses: the blast-radius guard
-//! ([`blast`]) and what it weighs ([`cause`], [`health`], [`revision`]), the
-//! workloads in scope ([`scope`]), leader election ([`leader`]) and the
-//! Karmada binding model ([`karmada`]).
+//! ([`blast`]), leader election ([`leader`]), the loop's decisions
+//! ([`schedule`]) and the Karmada binding model ([`karmada`]). What it weighs
+//! comes from below: the causes ([`crate::cause`]), cluster health and the
+//! configured revision ([`crate::replication::health`],
+//! [`crate::replication::revision`]) and the workloads in scope
+//! ([`crate::scope`]).
 
 mod bindings;
 pub(crate) mod blast;
