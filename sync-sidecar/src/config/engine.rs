@@ -9,12 +9,29 @@ use std::time::Duration;
 use policy_client::Token;
 use policy_client::configmaps::{ConfigMapFlags, ConfigMapFlagsEnv, ConfigMapSelection};
 
-use super::{
-    DEFAULT_REPLICATE_PATH, DEFAULT_SENTINEL_PATH, ReplicaScope, ReplicateSpec, normalize_path,
-    trimmed_list,
-};
+use super::values::{normalize_path, trimmed_list};
 use crate::error::SyncError;
 use crate::gvr::Gvr;
+
+/// Default engine path below which replicated objects are stored.
+const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
+/// Default engine document the sidecar uses to notice engine restarts.
+const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
+
+/// Whether a replicated type is namespaced (`--replicate`) or cluster-scoped
+/// (`--replicate-cluster`); it decides the engine path layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReplicaScope {
+    Namespaced,
+    Cluster,
+}
+
+/// One `--replicate`/`--replicate-cluster` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ReplicateSpec {
+    pub(crate) gvr: Gvr,
+    pub(crate) scope: ReplicaScope,
+}
 
 /// Which objects are replicated into the engine, and where.
 #[derive(Debug, Clone, clap::Args)]

@@ -3,10 +3,11 @@
 //! into the engine and how ([`engine`]), what the replica that writes
 //! placements does ([`writers`]), and the blast-radius guard ([`guard`]).
 
-mod engine;
+pub(crate) mod engine;
 pub(crate) mod guard;
 #[cfg(test)]
 mod tests;
+mod values;
 pub(crate) mod writers;
 
 use std::collections::BTreeSet;
@@ -14,51 +15,20 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use policy_client::configmaps::ConfigMapSelection;
 use policy_client::{DEFAULT_DECISION_PATH, Token};
 
 use crate::error::SyncError;
 use crate::gvr::Gvr;
 use crate::scope::Scope;
-use engine::{BundleArgs, ConfigMapArgs, EngineSyncArgs, OpaArgs, ReplicationArgs};
+use engine::{BundleArgs, ConfigMapArgs, EngineSyncArgs, OpaArgs, ReplicateSpec, ReplicationArgs};
 use guard::{BlastRadius, PartitionRule};
-use policy_client::OwnershipKeys;
-use policy_client::configmaps::ConfigMapSelection;
-use writers::{KarmadaArgs, KarmadaSettings, LeaderArgs, OcmArgs, OcmDecider, RemediationArgs};
-
-/// Default engine path below which replicated objects are stored.
-const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
-/// Default engine document the sidecar uses to notice engine restarts.
-const DEFAULT_SENTINEL_PATH: &str = "system/placement-sync/sentinel";
-/// Default Lease name for remediation leader election.
-const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
-/// Default `--scheduler-name`: the `spec.schedulerName` a PropagationPolicy sets
-/// to hand its bindings to placement-policy.
-const DEFAULT_SCHEDULER_NAME: &str = "placement-policy";
-
-/// What the remediator does with objects whose placement is stale.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum RemediationMode {
-    /// PATCH stale objects to the current decision.
-    Auto,
-    /// Emit an Event per stale object and count them; patch nothing.
-    Report,
-    /// No remediation at all (no leader election either).
-    Off,
-}
-
-/// Where the keys of the ownership record come from.
-#[derive(Debug, Clone)]
-pub(crate) enum OwnershipKeySource {
-    /// A Secret the webhook fills.
-    Secret {
-        namespace: String,
-        name: String,
-    },
-    Fixed(OwnershipKeys),
-    /// A key of this process only (records nobody else verifies).
-    Ephemeral,
-}
+use values::{namespaced_name, normalize_path};
+use writers::{
+    KarmadaArgs, KarmadaSettings, LeaderArgs, LeaderSettings, OcmArgs, OcmDecider,
+    OwnershipKeySource, RemediationArgs, RemediationMode,
+};
 
 /// Flags of `placement-sync`, in groups by job; each group checks its own
 /// values. Every flag also reads an environment variable.
@@ -134,30 +104,6 @@ pub struct Args {
 
     #[command(flatten)]
     engine_sync: EngineSyncArgs,
-}
-
-/// Whether a replicated type is namespaced (`--replicate`) or cluster-scoped
-/// (`--replicate-cluster`); it decides the engine path layout.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ReplicaScope {
-    Namespaced,
-    Cluster,
-}
-
-/// One `--replicate`/`--replicate-cluster` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ReplicateSpec {
-    pub(crate) gvr: Gvr,
-    pub(crate) scope: ReplicaScope,
-}
-
-/// Leader election parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct LeaderSettings {
-    pub(crate) lease_name: String,
-    pub(crate) lease_namespace: String,
-    pub(crate) identity: String,
-    pub(crate) lease_duration: Duration,
 }
 
 /// Validated settings of the sidecar.
@@ -309,32 +255,4 @@ fn writes_placements(
     ocm_decider: Option<&OcmDecider>,
 ) -> bool {
     remediation != RemediationMode::Off || karmada.any() || ocm_decider.is_some()
-}
-
-/// `NAMESPACE/NAME` of an object a flag names.
-fn namespaced_name(flag: &str, text: &str) -> Result<(String, String), SyncError> {
-    match text.split_once('/') {
-        Some((namespace, name)) if !namespace.is_empty() && !name.is_empty() => {
-            Ok((namespace.to_owned(), name.to_owned()))
-        }
-        _ => Err(SyncError::Config(format!(
-            "{flag} must be NAMESPACE/NAME, got {text:?}"
-        ))),
-    }
-}
-
-/// A comma-separated list's entries, trimmed, empty ones left out.
-fn trimmed_list(items: &[String]) -> BTreeSet<String> {
-    items
-        .iter()
-        .map(|s| s.trim())
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Trim slashes; `None` when nothing is left.
-fn normalize_path(path: &str) -> Option<String> {
-    let trimmed = path.trim().trim_matches('/');
-    (!trimmed.is_empty()).then(|| trimmed.to_owned())
 }

@@ -1,6 +1,7 @@
 use policy_client::configmaps::DEFAULT_POLICY_NAMESPACE;
 
-use super::engine::parse_opa_url;
+use super::engine::{ReplicaScope, parse_opa_url};
+use super::writers::DEFAULT_LEASE_NAME;
 use super::*;
 
 fn args(extra: &[&str]) -> Args {

@@ -9,13 +9,49 @@ use policy_client::OwnershipKeys;
 use policy_client::configmaps::{ConfigMapSelection, DEFAULT_POLICY_NAMESPACE};
 
 use super::guard::GuardArgs;
-use super::{
-    DEFAULT_LEASE_NAME, DEFAULT_SCHEDULER_NAME, LeaderSettings, OwnershipKeySource,
-    RemediationMode, namespaced_name, trimmed_list,
-};
+use super::values::{namespaced_name, trimmed_list};
 use crate::error::SyncError;
 use crate::gvr::Gvr;
 use crate::scope::Scope;
+
+/// Default Lease name for remediation leader election.
+pub(super) const DEFAULT_LEASE_NAME: &str = "placement-policy-remediator";
+/// Default `--scheduler-name`: the `spec.schedulerName` a PropagationPolicy sets
+/// to hand its bindings to placement-policy.
+const DEFAULT_SCHEDULER_NAME: &str = "placement-policy";
+
+/// What the remediator does with objects whose placement is stale.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum RemediationMode {
+    /// PATCH stale objects to the current decision.
+    Auto,
+    /// Emit an Event per stale object and count them; patch nothing.
+    Report,
+    /// No remediation at all (no leader election either).
+    Off,
+}
+
+/// Where the keys of the ownership record come from.
+#[derive(Debug, Clone)]
+pub(crate) enum OwnershipKeySource {
+    /// A Secret the webhook fills.
+    Secret {
+        namespace: String,
+        name: String,
+    },
+    Fixed(OwnershipKeys),
+    /// A key of this process only (records nobody else verifies).
+    Ephemeral,
+}
+
+/// Leader election parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LeaderSettings {
+    pub(crate) lease_name: String,
+    pub(crate) lease_namespace: String,
+    pub(crate) identity: String,
+    pub(crate) lease_duration: Duration,
+}
 
 /// What the remediator does, to which workloads, and how fast.
 #[derive(Debug, Clone, clap::Args)]

@@ -21,7 +21,7 @@ use kube::discovery::Scope;
 use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ReplicaScope;
+use crate::config::engine::ReplicaScope;
 use crate::engine_sync::SyncState;
 use crate::error::SyncError;
 use crate::gvr::Gvr;

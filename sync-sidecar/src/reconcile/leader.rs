@@ -16,7 +16,7 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LeaderSettings;
+use crate::config::writers::LeaderSettings;
 use crate::metrics::Metrics;
 use policy_client::retry::Backoff;
 

@@ -72,8 +72,7 @@ use schedule::{Observed, Plan, Schedule, Wake};
 use target::{Kind, Target};
 
 use crate::cause::Trigger;
-use crate::config::writers::KarmadaSettings;
-use crate::config::{OwnershipKeySource, RemediationMode};
+use crate::config::writers::{KarmadaSettings, OwnershipKeySource, RemediationMode};
 use crate::engine_sync::SyncState;
 use crate::error::SyncError;
 use crate::metrics::Metrics;

@@ -23,7 +23,7 @@ use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
 use crate::cause::Causes;
-use crate::config::RemediationMode;
+use crate::config::writers::RemediationMode;
 use crate::error::SyncError;
 use crate::hex::hex;
 use crate::reconcile::blast::{self, Hold};

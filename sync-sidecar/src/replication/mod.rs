@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cause::{Cause, Trigger};
-use crate::config::{ReplicaScope, ReplicateSpec};
+use crate::config::engine::{ReplicaScope, ReplicateSpec};
 use crate::engine_sync::SyncState;
 use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ReplicaScope;
+use crate::config::engine::ReplicaScope;
 use crate::engine_sync::component::discover_until_found;
 use crate::error::SyncError;
 use crate::gvr::Gvr;
