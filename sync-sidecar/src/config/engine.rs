@@ -39,16 +39,16 @@ pub(super) struct ReplicationArgs {
     /// Namespaced resource type to replicate, `[group/]version/resource`
     /// (repeatable, or comma-separated).
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE", value_delimiter = ',')]
-    pub(super) replicate: Vec<Gvr>,
+    pub(crate) replicate: Vec<Gvr>,
 
     /// Cluster-scoped resource type to replicate, `[group/]version/resource`
     /// (repeatable, or comma-separated).
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_CLUSTER", value_delimiter = ',')]
-    pub(super) replicate_cluster: Vec<Gvr>,
+    pub(crate) replicate_cluster: Vec<Gvr>,
 
     /// Engine data path under which replicated objects are written.
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_PATH", default_value = DEFAULT_REPLICATE_PATH)]
-    pub(super) replicate_path: String,
+    pub(crate) replicate_path: String,
 
     /// Namespaces whose objects are not replicated (comma-separated).
     #[arg(
@@ -56,14 +56,14 @@ pub(super) struct ReplicationArgs {
         env = "PLACEMENT_SYNC_REPLICATE_IGNORE_NAMESPACES",
         value_delimiter = ','
     )]
-    pub(super) replicate_ignore_namespaces: Vec<String>,
+    pub(crate) replicate_ignore_namespaces: Vec<String>,
 
     /// Write only the replicated types the loaded policies read (found in
     /// their source, e.g. `data.kubernetes.clusters`); the others are watched
     /// but kept out of the engine. A policy that starts reading a type is
     /// loaded only after that type is written.
     #[arg(long, env = "PLACEMENT_SYNC_REPLICATE_ONLY_READ_TYPES")]
-    pub(super) replicate_only_read_types: bool,
+    pub(crate) replicate_only_read_types: bool,
 }
 
 impl ReplicationArgs {
@@ -111,7 +111,7 @@ pub(super) struct OpaArgs {
         env = "PLACEMENT_SYNC_OPA_URL",
         default_value = "http://127.0.0.1:8181"
     )]
-    pub(super) opa_url: String,
+    pub(crate) opa_url: String,
 
     /// File holding the bearer token for OPA (never logged). kube-mgmt's
     /// `--opa-auth-token-file` is the same flag.
@@ -120,7 +120,7 @@ pub(super) struct OpaArgs {
         env = "PLACEMENT_SYNC_OPA_TOKEN_FILE",
         alias = "opa-auth-token-file"
     )]
-    pub(super) opa_token_file: Option<PathBuf>,
+    pub(crate) opa_token_file: Option<PathBuf>,
 
     /// The bearer token for OPA itself (kube-mgmt's flag; prefer the file,
     /// which keeps it out of the process list). Never logged.
@@ -130,19 +130,19 @@ pub(super) struct OpaArgs {
         conflicts_with = "opa_token_file",
         hide_env_values = true
     )]
-    pub(super) opa_auth_token: Option<String>,
+    pub(crate) opa_auth_token: Option<String>,
 
     /// Accept any certificate from an https OPA (kube-mgmt's flag; for tests).
     #[arg(long, env = "PLACEMENT_SYNC_OPA_ALLOW_INSECURE")]
-    pub(super) opa_allow_insecure: bool,
+    pub(crate) opa_allow_insecure: bool,
 
     /// PEM file of a CA to trust for an https OPA.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_CA_FILE")]
-    pub(super) opa_ca_file: Option<PathBuf>,
+    pub(crate) opa_ca_file: Option<PathBuf>,
 
     /// Limit for one request to OPA, e.g. `5s`.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub(super) opa_timeout: Duration,
+    pub(crate) opa_timeout: Duration,
 }
 
 impl OpaArgs {
@@ -194,11 +194,11 @@ impl OpaArgs {
 #[derive(Debug, Clone, clap::Args)]
 pub(super) struct ConfigMapArgs {
     #[command(flatten)]
-    pub(super) selection: ConfigMapFlags<SyncEnv>,
+    pub(crate) selection: ConfigMapFlags<SyncEnv>,
 
     /// Load JSON/YAML data from ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_DATA", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub(super) enable_data: bool,
+    pub(crate) enable_data: bool,
 }
 
 /// The sidecar's environment variables of the ConfigMap selection flags.
@@ -230,11 +230,11 @@ pub(super) struct BundleArgs {
     /// kube-mgmt's bundle-driven replication (`--opa-config`), which
     /// placement-sync does not do: refused with a message rather than ignored.
     #[arg(long, hide = true)]
-    pub(super) opa_config: Option<PathBuf>,
+    pub(crate) opa_config: Option<PathBuf>,
 
     /// kube-mgmt's decision analysed for that replication; refused likewise.
     #[arg(long, hide = true)]
-    pub(super) analysis_entrypoint: Option<String>,
+    pub(crate) analysis_entrypoint: Option<String>,
 }
 
 impl BundleArgs {
@@ -254,15 +254,15 @@ impl BundleArgs {
 pub(super) struct EngineSyncArgs {
     /// How often the engine is checked for a restart, e.g. `2s`.
     #[arg(long, env = "PLACEMENT_SYNC_ENGINE_CHECK_INTERVAL", default_value = "2s", value_parser = humantime::parse_duration)]
-    pub(super) engine_check_interval: Duration,
+    pub(crate) engine_check_interval: Duration,
 
     /// Engine data path of the sentinel document used to notice engine restarts.
     #[arg(long, env = "PLACEMENT_SYNC_SENTINEL_PATH", default_value = DEFAULT_SENTINEL_PATH)]
-    pub(super) sentinel_path: String,
+    pub(crate) sentinel_path: String,
 
     /// Engine writes in flight at once.
     #[arg(long, env = "PLACEMENT_SYNC_WORKERS", default_value_t = 16)]
-    pub(super) workers: usize,
+    pub(crate) workers: usize,
 }
 
 impl EngineSyncArgs {

@@ -17,7 +17,7 @@ pub(super) struct GuardArgs {
         env = "PLACEMENT_SYNC_REMEDIATION_HOLD_SHARE",
         default_value_t = 0.5
     )]
-    pub(super) remediation_hold_share: f64,
+    pub(crate) remediation_hold_share: f64,
 
     /// Passes changing at most this many placements are never held.
     #[arg(
@@ -25,7 +25,7 @@ pub(super) struct GuardArgs {
         env = "PLACEMENT_SYNC_REMEDIATION_HOLD_MIN",
         default_value_t = 10
     )]
-    pub(super) remediation_hold_min: usize,
+    pub(crate) remediation_hold_min: usize,
 
     /// Cluster health changes re-place without confirmation, unless at least
     /// this share of the clusters (and at least 3) turned unhealthy within
@@ -37,11 +37,11 @@ pub(super) struct GuardArgs {
         env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_THRESHOLD",
         default_value_t = 0.55
     )]
-    pub(super) remediation_partition_threshold: f64,
+    pub(crate) remediation_partition_threshold: f64,
 
     /// The window of --remediation-partition-threshold, e.g. `60s`.
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_PARTITION_WINDOW", default_value = "60s", value_parser = humantime::parse_duration)]
-    pub(super) remediation_partition_window: Duration,
+    pub(crate) remediation_partition_window: Duration,
 }
 
 impl GuardArgs {

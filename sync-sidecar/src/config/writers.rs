@@ -60,7 +60,7 @@ pub(super) struct RemediationArgs {
     /// kube-mgmt's mode (`--namespaces` without `--policy-namespace`), whose
     /// deployments have neither the webhook nor the RBAC to re-place workloads].
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION", value_enum)]
-    pub(super) remediation: Option<RemediationMode>,
+    pub(crate) remediation: Option<RemediationMode>,
 
     /// Workload type the remediator keeps placed, `[group/]version/resource`
     /// (repeatable, or comma-separated).
@@ -70,24 +70,24 @@ pub(super) struct RemediationArgs {
         value_delimiter = ',',
         default_value = "apps/v1/replicasets,apps/v1/deployments"
     )]
-    pub(super) remediate: Vec<Gvr>,
+    pub(crate) remediate: Vec<Gvr>,
 
     #[command(flatten)]
-    pub(super) scope: ScopeArgs,
+    pub(crate) scope: ScopeArgs,
 
     #[command(flatten)]
-    pub(super) guard: GuardArgs,
+    pub(crate) guard: GuardArgs,
 
     #[command(flatten)]
-    pub(super) ownership: OwnershipArgs,
+    pub(crate) ownership: OwnershipArgs,
 
     /// Maximum remediation patches per second (0 = unlimited).
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_RATE", default_value_t = 200.0)]
-    pub(super) remediation_rate: f64,
+    pub(crate) remediation_rate: f64,
 
     /// Quiet time that coalesces remediation triggers, e.g. `500ms`.
     #[arg(long, env = "PLACEMENT_SYNC_REMEDIATION_DEBOUNCE", default_value = "500ms", value_parser = humantime::parse_duration)]
-    pub(super) remediation_debounce: Duration,
+    pub(crate) remediation_debounce: Duration,
 }
 
 impl RemediationArgs {
@@ -135,17 +135,17 @@ pub(super) struct ScopeArgs {
         env = "PLACEMENT_SYNC_SCOPE_EXCLUDE_NAMESPACES",
         value_delimiter = ','
     )]
-    pub(super) scope_exclude_namespaces: Vec<String>,
+    pub(crate) scope_exclude_namespaces: Vec<String>,
 
     /// Only workloads in namespaces matching this label selector are remediated
     /// (the webhook configuration's namespaceSelector).
     #[arg(long, env = "PLACEMENT_SYNC_SCOPE_NAMESPACE_SELECTOR")]
-    pub(super) scope_namespace_selector: Option<String>,
+    pub(crate) scope_namespace_selector: Option<String>,
 
     /// Only workloads matching this label selector are remediated (the webhook
     /// configuration's objectSelector).
     #[arg(long, env = "PLACEMENT_SYNC_SCOPE_OBJECT_SELECTOR")]
-    pub(super) scope_object_selector: Option<String>,
+    pub(crate) scope_object_selector: Option<String>,
 }
 
 impl ScopeArgs {
@@ -176,11 +176,11 @@ pub(super) struct OwnershipArgs {
         env = "PLACEMENT_SYNC_OWNERSHIP_SECRET",
         conflicts_with = "ownership_key_file"
     )]
-    pub(super) ownership_secret: Option<String>,
+    pub(crate) ownership_secret: Option<String>,
 
     /// File holding those keys (one base64 key per line, the signing key first).
     #[arg(long, env = "PLACEMENT_SYNC_OWNERSHIP_KEY_FILE")]
-    pub(super) ownership_key_file: Option<PathBuf>,
+    pub(crate) ownership_key_file: Option<PathBuf>,
 }
 
 impl OwnershipArgs {
@@ -214,20 +214,20 @@ pub(super) struct KarmadaArgs {
     /// ignores them). Replicate Karmada's Clusters with
     /// `--replicate-cluster=cluster.karmada.io/v1alpha1/clusters`.
     #[arg(long, env = "PLACEMENT_SYNC_SCHEDULE_KARMADA_BINDINGS")]
-    pub(super) schedule_karmada_bindings: bool,
+    pub(crate) schedule_karmada_bindings: bool,
 
     /// Guardrail: keep the placement of every other binding (karmada-
     /// scheduler's) within the clusters the policy allows its template,
     /// admitting it again when the answer changes. The webhook, registered
     /// with Karmada's API server for bindings, narrows every binding write.
     #[arg(long, env = "PLACEMENT_SYNC_GUARD_KARMADA_BINDINGS")]
-    pub(super) guard_karmada_bindings: bool,
+    pub(crate) guard_karmada_bindings: bool,
 
     /// The scheduler name of the bindings this sidecar schedules (the
     /// guardrail leaves them alone), and the
     /// `placement-policy.io/scheduler-name` of the OCM Placements it decides.
     #[arg(long, env = "PLACEMENT_SYNC_SCHEDULER_NAME", default_value = DEFAULT_SCHEDULER_NAME)]
-    pub(super) scheduler_name: String,
+    pub(crate) scheduler_name: String,
 }
 
 impl KarmadaArgs {
@@ -258,13 +258,13 @@ pub(super) struct OcmArgs {
     /// decides their PlacementDecisions. Replicate the ManagedClusters with
     /// `--replicate-cluster=cluster.open-cluster-management.io/v1/managedclusters`.
     #[arg(long, env = "PLACEMENT_SYNC_DECIDE_OCM_PLACEMENTS")]
-    pub(super) decide_ocm_placements: bool,
+    pub(crate) decide_ocm_placements: bool,
 
     /// Also publish each decision of a Placement as a SIG-Multicluster
     /// PlacementDecision (`multicluster.x-k8s.io/v1alpha1`, KEP-5313; its
     /// CRD must be installed on the hub).
     #[arg(long, env = "PLACEMENT_SYNC_SIG_PLACEMENT_DECISIONS")]
-    pub(super) sig_placement_decisions: bool,
+    pub(crate) sig_placement_decisions: bool,
 }
 
 impl OcmArgs {
@@ -302,23 +302,23 @@ pub(super) struct LeaderArgs {
     /// Whether to elect a remediation leader through a Lease (turn off only for a
     /// single replica run outside a cluster).
     #[arg(long, env = "PLACEMENT_SYNC_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
-    pub(super) leader_election: bool,
+    pub(crate) leader_election: bool,
 
     /// Name of the Lease used for leader election.
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAME", default_value = DEFAULT_LEASE_NAME)]
-    pub(super) lease_name: String,
+    pub(crate) lease_name: String,
 
     /// Namespace of the Lease (default: `POD_NAMESPACE`, else the policy namespace).
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_NAMESPACE")]
-    pub(super) lease_namespace: Option<String>,
+    pub(crate) lease_namespace: Option<String>,
 
     /// Leader election identity (default: `POD_NAME`, else the host name).
     #[arg(long, env = "POD_NAME")]
-    pub(super) identity: Option<String>,
+    pub(crate) identity: Option<String>,
 
     /// Lease duration, e.g. `15s`.
     #[arg(long, env = "PLACEMENT_SYNC_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
-    pub(super) lease_duration: Duration,
+    pub(crate) lease_duration: Duration,
 }
 
 impl LeaderArgs {
