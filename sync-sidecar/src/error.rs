@@ -28,6 +28,8 @@ pub enum SyncError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("a placement-sync task panicked: {0}")]
+    TaskPanicked(String),
     #[error("{0}")]
     Serialize(#[from] serde_json::Error),
     #[error("a Karmada binding's resource template: {0}")]

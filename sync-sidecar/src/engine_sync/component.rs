@@ -21,10 +21,10 @@ use kube::discovery::Scope;
 use tokio::sync::{Notify, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ReplicaScope;
+use crate::config::engine::ReplicaScope;
 use crate::engine_sync::SyncState;
 use crate::error::SyncError;
-use crate::replication::gvr::Gvr;
+use crate::gvr::Gvr;
 use policy_client::retry::Backoff;
 
 /// Serializes full syncs against single-key writes of one component.

@@ -25,6 +25,7 @@
 //! and both report in the terms of [`status`].
 
 mod data;
+pub(crate) mod demand;
 pub(crate) mod last_good;
 mod modules;
 pub(crate) mod rego_refs;
@@ -44,15 +45,15 @@ use policy_client::engine::{EngineError, PolicyEngine};
 use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::reconcile::cause::{Cause, Trigger};
+use crate::cause::{Cause, Trigger};
 use tokio_util::sync::CancellationToken;
 
 use crate::engine_sync::SyncState;
 use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
+use crate::policies::demand::Demand;
 use crate::queue::{KEY_BACKOFF, KeyedQueue};
-use crate::replication::demand::Demand;
 use data::DataSet;
 use last_good::LastGood;
 use modules::ModuleSet;
@@ -217,7 +218,7 @@ impl ConfigMapLoader {
         context.update(self.modules.revision().as_bytes());
         context.update(&[0]);
         context.update(self.data.revision().as_bytes());
-        crate::reconcile::cause::hex(context.finish().as_ref(), 8)
+        crate::hex::hex(context.finish().as_ref(), 8)
     }
 
     /// What the engine's modules and `more` sources read of the replicated

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::changes::fingerprint;
 use super::events::reference;
-use super::pass::Step;
+use super::step::Step;
 use super::target::{BindingItem, Item, Kind, describe};
 use super::workloads::guarded_patch;
 use super::{FIELD_MANAGER, Reconciler, now_rfc3339};

@@ -1,6 +1,6 @@
 //! The blast-radius guard of remediation. A pass over every workload is
 //! weighed as one change before anything is patched, by its causes
-//! ([`crate::reconcile::cause`]):
+//! ([`crate::cause`]):
 //!
 //! - a person's edit (a policy ConfigMap, a replicated object's spec, labels
 //!   or annotations), or an unknown cause, that would rewrite or remove the
@@ -12,7 +12,7 @@
 //!   takes an unhealthy cluster out of a placement), whatever edits are held
 //!   beside it: the outage's moves are weighed apart from the edits', so one
 //!   tenant's edit cannot hold a failover; unless a large share of the
-//!   clusters turned unhealthy together ([`crate::reconcile::health::PartitionRule`]),
+//!   clusters turned unhealthy together ([`crate::config::guard::PartitionRule`]),
 //!   which is then guarded like an edit, every move with it.
 //!
 //! ```sh
@@ -48,8 +48,9 @@ use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::reconcile::cause::Causes;
-use crate::reconcile::health::{ClusterHealth, PartitionRule};
+use crate::cause::Causes;
+use crate::config::guard::{BlastRadius, PartitionRule};
+use crate::replication::health::ClusterHealth;
 
 /// Annotation on the policy ConfigMaps reporting a held change.
 pub(crate) const HELD_ANNOTATION: &str = "placement-policy.io/remediation-held";
@@ -58,23 +59,6 @@ pub(crate) const HELD_ANNOTATION: &str = "placement-policy.io/remediation-held";
 pub(crate) const CONFIRM_ANNOTATION: &str = "placement-policy.io/confirm-remediation";
 /// Objects named in the report; the count is always complete.
 const LISTED: usize = 50;
-
-/// How much of the placed workloads one change may re-place unconfirmed.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct BlastRadius {
-    /// Share of the placed workloads (0 to 1).
-    pub share: f64,
-    /// Changes of at most this many placements are never held.
-    pub min: usize,
-}
-
-impl BlastRadius {
-    /// Whether re-placing `affected` of `placed` workloads is beyond the
-    /// radius.
-    pub(crate) fn holds(&self, affected: usize, placed: usize) -> bool {
-        affected > self.min && affected as f64 > self.share * placed as f64
-    }
-}
 
 /// The guard's rule, one place for every kind of target.
 #[derive(Debug, Clone)]
@@ -170,7 +154,7 @@ fn new_id() -> String {
     ring::rand::SystemRandom::new()
         .fill(&mut bytes)
         .expect("the system's random source works");
-    crate::reconcile::cause::hex(&bytes, 8)
+    crate::hex::hex(&bytes, 8)
 }
 
 /// The report written on the policy ConfigMaps.
@@ -398,7 +382,7 @@ mod tests {
     /// partition.
     #[test]
     fn the_guard_weighs_edits_and_partitions_not_outages() {
-        use crate::reconcile::cause::Cause;
+        use crate::cause::Cause;
         use crate::replication::document::ObjectKey;
         let health = Arc::new(ClusterHealth::default());
         let guard = Guard {

@@ -16,7 +16,7 @@ use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::LeaderSettings;
+use crate::config::writers::LeaderSettings;
 use crate::metrics::Metrics;
 use policy_client::retry::Backoff;
 
@@ -131,7 +131,7 @@ async fn campaign(
     set(&tx, &metrics, false, &settings);
 }
 
-/// Annotation on the Lease: the configured revision ([`crate::reconcile::revision`])
+/// Annotation on the Lease: the configured revision ([`crate::replication::revision`])
 /// the leader last applied a pass over everything at.
 pub(crate) const APPLIED_ANNOTATION: &str = "placement-policy.io/applied-revision";
 

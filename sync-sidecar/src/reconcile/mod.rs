@@ -25,24 +25,25 @@
 //! reconciles every status update.
 //!
 //! Beside the reconciler live what only it uses: the blast-radius guard
-//! ([`blast`]) and what it weighs ([`cause`], [`health`], [`revision`]), the
-//! workloads in scope ([`scope`]), leader election ([`leader`]) and the
-//! Karmada binding model ([`karmada`]).
+//! ([`blast`]), leader election ([`leader`]), the loop's decisions
+//! ([`schedule`]) and the Karmada binding model ([`karmada`]). What it weighs
+//! comes from below: the causes ([`crate::cause`]), cluster health and the
+//! configured revision ([`crate::replication::health`],
+//! [`crate::replication::revision`]) and the workloads in scope
+//! ([`crate::scope`]).
 
 mod bindings;
 pub(crate) mod blast;
-pub(crate) mod cause;
 mod changes;
 mod events;
-pub(crate) mod health;
 pub(crate) mod karmada;
 pub(crate) mod leader;
 pub(crate) mod ocm;
 mod pass;
 mod placements;
 mod rate;
-pub(crate) mod revision;
-pub(crate) mod scope;
+mod schedule;
+mod step;
 mod target;
 mod workloads;
 
@@ -59,7 +60,6 @@ use policy_client::input::{RequestMeta, policy_input};
 use policy_client::karmada::Templates;
 use policy_client::ownership_keys::{OwnershipKeys, SharedKeys};
 use policy_client::ownership_secret::KeySecret;
-use policy_client::retry::Backoff;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -68,22 +68,22 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS, PROPAGATION_POLICY_TYPES};
 use changes::{Changes, ItemKey};
 use events::PassEvents;
-pub(crate) use karmada::binding::KarmadaSettings;
 pub(crate) use placements::OcmSubscriptions;
 use rate::RateLimiter;
+use schedule::{Observed, Plan, Schedule, Wake};
 use target::{Kind, Target};
 
-use crate::config::{OwnershipKeySource, RemediationMode};
+use crate::cause::Trigger;
+use crate::config::writers::{KarmadaSettings, OwnershipKeySource, RemediationMode};
 use crate::engine_sync::SyncState;
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::policies::rego_refs::PolicyReads;
 use crate::reconcile::blast::{Guard, PolicyConfigMaps};
-use crate::reconcile::cause::{Cause, Causes, Trigger};
 use crate::reconcile::leader::AppliedRecord;
-use crate::reconcile::revision::{ReplicatedTypes, configured_revision};
-use crate::reconcile::scope::{Scope, ScopeFilter, parse_label_selector};
+use crate::replication::revision::{ReplicatedTypes, configured_revision};
 use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
+use crate::scope::{Scope, ScopeFilter, parse_label_selector};
 
 /// Field manager of the reconciler's writes.
 pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";
@@ -97,13 +97,6 @@ pub(crate) fn now_rfc3339() -> String {
     .and_then(|v| v.as_str().map(str::to_owned))
     .unwrap_or_default()
 }
-
-/// The longest a pass of changed objects (not a policy or data change)
-/// waits for more of them.
-const CHANGES_COALESCE: Duration = Duration::from_millis(50);
-
-/// How often a held change looks for its confirmation.
-const HELD_RECHECK: Duration = Duration::from_secs(5);
 
 /// What the reconciler needs of the watch of a workload type.
 pub(crate) fn workload_need(scope: &Scope) -> Need {
@@ -189,28 +182,6 @@ pub(crate) struct Reconciler {
     propagation_policies: Option<bindings::PropagationPolicies>,
     /// What the OCM decider reads besides its Placements.
     ocm: Option<placements::OcmState>,
-}
-
-/// What a pass evaluates.
-#[derive(Debug, Clone, PartialEq)]
-enum Work {
-    /// Every target object in scope (a policy or data change, a new leader).
-    All,
-    /// These objects only (created or changed, or failed before).
-    Only(BTreeSet<ItemKey>),
-}
-
-impl Work {
-    fn merge(pending: Option<Work>, more: Work) -> Option<Work> {
-        Some(match (pending, more) {
-            (Some(Work::Only(mut a)), Work::Only(b)) => {
-                a.extend(b);
-                Work::Only(a)
-            }
-            (None, more) => more,
-            _ => Work::All,
-        })
-    }
 }
 
 /// The ownership keys of the reconciler's source; `None` when stopping first.
@@ -551,213 +522,177 @@ impl Reconciler {
             .retain(|(i, key), rv| self.targets[*i].resource_version(key).as_ref() == Some(rv));
     }
 
+    /// Keep the targets placed until `cancel`: wait for work, let it
+    /// settle, and pass over it when this replica may act.
     async fn run(&self, cancel: CancellationToken) {
-        let mut leader = self.ctx.leader.clone();
-        let mut synced = self.ctx.state.subscribe_synced();
-        let fresh_delays = || {
-            Backoff {
-                min_delay: Duration::from_secs(1),
-                max_delay: Duration::from_secs(60),
-            }
-            .delays()
+        let mut signals = Signals {
+            leader: self.ctx.leader.clone(),
+            synced: self.ctx.state.subscribe_synced(),
         };
-        let mut retry_delays = fresh_delays();
-        // Work to do later: a held change looks for its confirmation, failed
-        // objects are retried alone (one failing object must not cost a pass
-        // over every target).
-        let mut retry: Option<(Instant, Work)> = None;
-        let mut pending = Some(Work::All);
-        // Why the targets may need re-placing, since the last pass over
-        // everything that was applied (a held change keeps its causes).
-        let mut owed = Causes::default();
-        // This replica starts, or takes the lease over: what changed before
-        // is known from the revision the last leader recorded.
-        let mut takeover = true;
-        // The configured revision of the last pass this replica applied.
-        let mut applied: Option<String> = None;
+        let mut schedule = Schedule::default();
         loop {
-            if pending.is_none() {
-                let retry_due = async {
-                    match &retry {
-                        Some((at, _)) => tokio::time::sleep_until(*at).await,
-                        None => std::future::pending().await,
-                    }
-                };
-                tokio::select! {
-                    _ = self.ctx.trigger.fired() => {
-                        pending = Some(Work::All);
-                        retry = None;
-                    }
-                    _ = self.changes.notify.notified() => {
-                        pending = Some(Work::Only(self.changes.take()));
-                    }
-                    r = leader.changed() => {
-                        if r.is_err() { return }
-                        if *leader.borrow_and_update() {
-                            pending = Some(Work::All);
-                            retry = None;
-                        }
-                    }
-                    r = synced.changed() => {
-                        if r.is_err() { return }
-                        if *synced.borrow_and_update() {
-                            pending = Some(Work::All);
-                            retry = None;
-                        }
-                    }
-                    _ = retry_due => pending = retry.take().map(|(_, work)| work),
-                    _ = cancel.cancelled() => return,
+            if schedule.is_idle() {
+                match self.wake(&mut signals, schedule.retry_at(), &cancel).await {
+                    Some(wake) => schedule.wake(wake),
+                    None => return,
                 }
                 continue;
             }
-            // A policy or data change waits for the quiet time that coalesces
-            // its bursts into one pass; a few changed objects are each one
-            // query, and a new binding waits for nothing but its schedule.
-            let quiet = match pending {
-                Some(Work::Only(_)) => self.ctx.debounce.min(CHANGES_COALESCE),
-                _ => self.ctx.debounce,
-            };
-            tokio::select! {
-                _ = tokio::time::sleep(quiet) => {}
-                _ = cancel.cancelled() => return,
+            if !sleep_or_cancel(schedule.quiet(self.ctx.debounce), &cancel).await {
+                return;
             }
             if !self.may_act() {
-                // Wait for leadership / sync; a new leader or a fresh sync
-                // starts over with every target.
-                tokio::select! {
-                    _ = leader.changed() => {}
-                    _ = synced.changed() => {}
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = cancel.cancelled() => return,
+                if !wait_to_act(&mut signals, &cancel).await {
+                    return;
                 }
-                pending = Some(Work::All);
+                schedule.cannot_act();
                 continue;
             }
-            // The pass reads the engine and the leadership as they are now, so
-            // it covers the triggers, leadership and sync changes signalled
-            // before it starts: they make it a pass over everything, and are
-            // consumed. Left pending, each cost one more pass over everything
-            // once this one ended (a fresh remediator passed three times).
-            let fired = self.ctx.trigger.take();
-            let revision = self.ctx.trigger.policy_revision();
-            let triggered = !fired.is_empty();
-            let leader_changed = leader.has_changed().unwrap_or(false);
-            let synced_changed = synced.has_changed().unwrap_or(false);
-            leader.borrow_and_update();
-            synced.borrow_and_update();
-            if leader_changed && *leader.borrow() {
-                takeover = true;
-            }
-            let mut work = pending.take();
-            if triggered || leader_changed || synced_changed {
-                work = Work::merge(work, Work::All);
-            }
-            // Changes seen during the debounce join this pass.
-            let changed = self.changes.take();
-            if !changed.is_empty() {
-                work = Work::merge(work, Work::Only(changed));
-            }
-            let work = work.unwrap_or(Work::All);
-            let only = match &work {
-                Work::All => None,
-                Work::Only(keys) if keys.is_empty() => continue,
-                Work::Only(keys) => Some(keys),
-            };
-            // The revision a pass over everything applies (work for one
-            // only at a takeover or before such a pass).
-            let configured = if takeover || only.is_none() {
-                self.configured_revision(&revision)
-            } else {
-                String::new()
-            };
-            if takeover {
-                // The edits seen while another replica led (or before this one
-                // started) were that leader's to apply: it did, unless the
-                // revision it recorded differs from now or it held a change.
-                owed = owed.without_edits();
-                owed.merge(fired.without_edits());
-                let recorded = match &self.ctx.applied {
-                    Some(record) => record.get().await,
-                    None => applied.clone(),
-                };
-                if recorded.as_deref() != Some(configured.as_str())
-                    || self.ctx.policy_configmaps.held().await
-                {
-                    owed.add(Cause::Resync);
-                }
-                takeover = false;
-            } else {
-                owed.merge(fired);
-            }
-            let started = Instant::now();
-            let report = self.pass(&cancel, only, &mut owed, &revision).await;
-            self.ctx.metrics.remediation_passes.inc();
-            tracing::info!(
-                mode = ?self.ctx.mode,
-                only = only.map(BTreeSet::len),
-                evaluated = report.evaluated,
-                stale = report.stale,
-                patched = report.patched,
-                failed = report.failed,
-                unplaceable = report.unplaceable,
-                undefined = report.undefined,
-                held = report.held,
-                aborted = report.aborted,
-                cause = only.is_none().then(|| owed.describe(&revision)),
-                took_ms = started.elapsed().as_millis() as u64,
-                "remediation pass"
-            );
-            if report.aborted {
-                pending = Work::merge(pending, work);
+            let (seen, revision) = self.observe(&mut signals);
+            let Some(plan) = schedule.begin(seen) else {
                 continue;
+            };
+            self.pass_and_record(&mut schedule, plan, &revision, &cancel)
+                .await;
+        }
+    }
+
+    /// What wakes the idle loop; `None` when it must stop.
+    async fn wake(
+        &self,
+        signals: &mut Signals,
+        retry_at: Option<Instant>,
+        cancel: &CancellationToken,
+    ) -> Option<Wake> {
+        let retry_due = async {
+            match retry_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
             }
-            if work == Work::All && report.held == 0 {
-                // Applied: what caused it is done with.
-                owed = Causes::default();
-                if self.guards() && applied.as_deref() != Some(configured.as_str()) {
-                    let recorded = match &self.ctx.applied {
-                        Some(record) => record.set(&configured).await,
-                        None => true,
-                    };
-                    if recorded {
-                        applied = Some(configured);
-                    }
-                }
+        };
+        Some(tokio::select! {
+            _ = self.ctx.trigger.fired() => Wake::Fired,
+            _ = self.changes.notify.notified() => Wake::Changed(self.changes.take()),
+            r = signals.leader.changed() => {
+                r.ok()?;
+                Wake::Leader(*signals.leader.borrow_and_update())
             }
-            if report.held > 0 {
-                // Look for a confirmation again soon.
-                retry = Some((Instant::now() + HELD_RECHECK, Work::All));
-            } else if !report.failed_objects.is_empty() {
-                let delay = retry_delays.next().unwrap_or(Duration::from_secs(60));
-                let failed = Work::Only(report.failed_objects);
-                // A later full pass still owes its retry to the failed ones.
-                let merged = match retry.take() {
-                    Some((_, Work::All)) => Work::All,
-                    _ => failed,
-                };
-                retry = Some((Instant::now() + delay, merged));
-            } else if work == Work::All {
-                retry_delays = fresh_delays();
+            r = signals.synced.changed() => {
+                r.ok()?;
+                Wake::Synced(*signals.synced.borrow_and_update())
+            }
+            _ = retry_due => Wake::RetryDue,
+            _ = cancel.cancelled() => return None,
+        })
+    }
+
+    /// What happened up to now, consumed, and the revision of the policy
+    /// set in force: the pass reads the engine and the leadership as they
+    /// are now, so it covers what was signalled before it starts.
+    fn observe(&self, signals: &mut Signals) -> (Observed, String) {
+        let fired = self.ctx.trigger.take();
+        let revision = self.ctx.trigger.policy_revision();
+        let leader_changed = signals.leader.has_changed().unwrap_or(false);
+        let synced_changed = signals.synced.has_changed().unwrap_or(false);
+        let leader = *signals.leader.borrow_and_update();
+        signals.synced.borrow_and_update();
+        let seen = Observed {
+            fired,
+            leader_changed,
+            leader,
+            synced_changed,
+            changed: self.changes.take(),
+        };
+        (seen, revision)
+    }
+
+    /// Run the pass of `plan` under policy revision `revision`, after a
+    /// takeover's look at what the last leader applied, and record the
+    /// revision it applied.
+    async fn pass_and_record(
+        &self,
+        schedule: &mut Schedule,
+        plan: Plan,
+        revision: &str,
+        cancel: &CancellationToken,
+    ) {
+        let Plan {
+            work,
+            needs_revision,
+            takeover,
+        } = plan;
+        let configured = match needs_revision {
+            true => self.configured_revision(revision),
+            false => String::new(),
+        };
+        if let Some(fired) = takeover {
+            let recorded = match &self.ctx.applied {
+                Some(record) => record.get().await,
+                None => schedule.applied().map(str::to_owned),
+            };
+            if schedule.take_over(fired, recorded.as_deref(), &configured)
+                && self.ctx.policy_configmaps.held().await
+            {
+                schedule.last_leader_held();
             }
         }
+        let only = work.only();
+        let started = Instant::now();
+        let report = self.pass(cancel, only, schedule.owed_mut(), revision).await;
+        self.ctx.metrics.remediation_passes.inc();
+        tracing::info!(
+            mode = ?self.ctx.mode,
+            only = only.map(BTreeSet::len),
+            evaluated = report.evaluated,
+            stale = report.stale,
+            patched = report.patched,
+            failed = report.failed,
+            unplaceable = report.unplaceable,
+            undefined = report.undefined,
+            held = report.held,
+            aborted = report.aborted,
+            cause = only.is_none().then(|| schedule.owed().describe(revision)),
+            took_ms = started.elapsed().as_millis() as u64,
+            "remediation pass"
+        );
+        if report.aborted {
+            schedule.aborted(work);
+            return;
+        }
+        if let Some(configured) = schedule.completed(&work, report.held, self.guards(), configured)
+        {
+            let recorded = match &self.ctx.applied {
+                Some(record) => record.set(&configured).await,
+                None => true,
+            };
+            if recorded {
+                schedule.recorded(configured);
+            }
+        }
+        schedule.retry_after(&work, report.held, report.failed_objects, Instant::now());
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::replication::document::ObjectKey;
+/// The leadership and the engine's sync, as the loop watches them.
+struct Signals {
+    leader: watch::Receiver<bool>,
+    synced: watch::Receiver<bool>,
+}
 
-    #[test]
-    fn work_merges_toward_everything() {
-        let only =
-            |ids: &[&str]| Work::Only(ids.iter().map(|id| (0, ObjectKey::new(None, id))).collect());
-        assert_eq!(Work::merge(None, only(&["a"])), Some(only(&["a"])));
-        assert_eq!(
-            Work::merge(Some(only(&["a"])), only(&["b"])),
-            Some(only(&["a", "b"]))
-        );
-        assert_eq!(Work::merge(Some(only(&["a"])), Work::All), Some(Work::All));
-        assert_eq!(Work::merge(Some(Work::All), only(&["a"])), Some(Work::All));
+/// Sleep for `quiet`; `false` when cancelled first.
+async fn sleep_or_cancel(quiet: Duration, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(quiet) => true,
+        _ = cancel.cancelled() => false,
+    }
+}
+
+/// Wait a while for leadership or sync; `false` when cancelled first.
+async fn wait_to_act(signals: &mut Signals, cancel: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = signals.leader.changed() => true,
+        _ = signals.synced.changed() => true,
+        _ = tokio::time::sleep(Duration::from_secs(1)) => true,
+        _ = cancel.cancelled() => false,
     }
 }

@@ -18,13 +18,15 @@ use tokio_util::sync::CancellationToken;
 use super::bindings::BindingEvaluation;
 use super::changes::ItemKey;
 use super::placements::PlacementEvaluation;
+use super::step::Step;
 use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
 use super::{FIELD_MANAGER, Reconciler};
-use crate::config::RemediationMode;
+use crate::cause::Causes;
+use crate::config::writers::RemediationMode;
 use crate::error::SyncError;
+use crate::hex::hex;
 use crate::reconcile::blast::{self, Hold};
-use crate::reconcile::cause::{Causes, hex};
 use crate::replication::document::{ObjectKey, object_value};
 
 /// Objects evaluated and written at once in a pass.
@@ -47,22 +49,6 @@ pub(crate) struct PassReport {
     /// The objects that failed (query, write or unusable decision): the only
     /// ones a retry evaluates again.
     pub(crate) failed_objects: BTreeSet<ItemKey>,
-}
-
-/// What happened to one object in a pass.
-pub(crate) enum Step {
-    /// Leadership or the engine's sync was lost, or the sidecar is stopping.
-    Aborted,
-    /// Written already; the watch cache has not caught up.
-    InFlight,
-    Failed,
-    Placed,
-    Undefined,
-    Unplaceable,
-    Stale {
-        patched: bool,
-        failed: bool,
-    },
 }
 
 /// One workload's evaluation, before anything is patched.

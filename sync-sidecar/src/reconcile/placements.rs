@@ -28,7 +28,7 @@ pub(crate) use self::watch::{OcmState, OcmSubscriptions, placement_fingerprint, 
 use self::watch::{decision_fingerprint, replica_set_refs};
 use super::changes::ItemKey;
 use super::events::reference;
-use super::pass::Step;
+use super::step::Step;
 use super::target::{Item, Kind};
 use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
 use crate::error::SyncError;

@@ -10,10 +10,11 @@
 //! [`KeyedQueue`]. With `--replicate-only-read-types`, only the types the
 //! policies read are written ([`demand`]).
 
-pub(crate) mod demand;
+mod classify;
 pub(crate) mod document;
-pub(crate) mod gvr;
+pub(crate) mod health;
 pub(crate) mod objects;
+pub(crate) mod revision;
 pub(crate) mod watched;
 
 use std::collections::{BTreeSet, HashMap};
@@ -25,18 +26,18 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ReplicaScope, ReplicateSpec};
+use crate::cause::{Cause, Trigger};
+use crate::config::engine::{ReplicaScope, ReplicateSpec};
 use crate::engine_sync::SyncState;
 use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
+use crate::policies::demand::Demand;
 use crate::policies::rego_refs::PolicyReads;
 use crate::queue::{KEY_BACKOFF, KeyedQueue};
-use crate::reconcile::cause::{self, Cause, Trigger};
-use crate::reconcile::health::{ClusterHealth, ClusterKind, cluster_kind};
-use crate::reconcile::revision::ReplicatedTypes;
-use crate::replication::demand::Demand;
 use crate::replication::document::{ObjectKey, object_path, type_path};
+use crate::replication::health::{ClusterHealth, ClusterKind, cluster_kind};
+use crate::replication::revision::ReplicatedTypes;
 use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
 
 /// What every replicated type shares.
@@ -141,7 +142,7 @@ impl TypeReplicator {
         }
         if read {
             let cause =
-                cause::classify(self.cluster, resource, key, before.as_ref(), after.as_ref());
+                classify::classify(self.cluster, resource, key, before.as_ref(), after.as_ref());
             self.lock_causes()
                 .entry(key.clone())
                 .or_default()
@@ -428,7 +429,7 @@ pub(crate) async fn run_type(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::replication::gvr::Gvr;
+    use crate::gvr::Gvr;
 
     #[test]
     fn ignored_namespaces_become_a_field_selector() {

@@ -9,7 +9,7 @@
 //! selector, both evaluated by the API server). A type both need is watched
 //! whole and each applies its own filter: the replicator skips ignored
 //! namespaces, the remediator matches its object selector
-//! ([`parse_label_selector`](crate::reconcile::scope::parse_label_selector)).
+//! ([`parse_label_selector`](crate::scope::parse_label_selector)).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -23,12 +23,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ReplicaScope;
+use crate::config::engine::ReplicaScope;
 use crate::engine_sync::component::discover_until_found;
 use crate::error::SyncError;
+use crate::gvr::Gvr;
 use crate::metrics::Metrics;
 use crate::replication::document::{ObjectKey, object_json};
-use crate::replication::gvr::Gvr;
 use crate::replication::objects::TypeObjects;
 
 /// A discovered type and its objects.

@@ -17,6 +17,7 @@ use serde_json::Value;
 
 pub(crate) use self::decide::{Placement, placement};
 pub(crate) use self::write::{BindingWrite, plan};
+use crate::config::writers::KarmadaSettings;
 
 /// The annotation holding the placement a binding was scheduled with (the
 /// taint manager evicts only bindings that carry it).
@@ -142,23 +143,6 @@ pub(crate) enum Mode {
     /// Another scheduler's (karmada-scheduler's): the guardrail keeps its
     /// placement narrowed to the clusters the policy allows.
     Guard,
-}
-
-/// Which of Karmada's bindings placement-sync acts on.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct KarmadaSettings {
-    /// Our scheduler's name (`spec.schedulerName` of the bindings we schedule).
-    pub(crate) scheduler_name: String,
-    /// Schedule the bindings naming it.
-    pub(crate) schedule: bool,
-    /// Guard every other binding.
-    pub(crate) guard: bool,
-}
-
-impl KarmadaSettings {
-    pub(crate) fn any(&self) -> bool {
-        self.schedule || self.guard
-    }
 }
 
 impl Binding {

@@ -13,14 +13,14 @@ use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::reconcile::cause::{Cause, Trigger};
+use crate::cause::{Cause, Trigger};
+use crate::gvr::Gvr;
 use crate::reconcile::changes::{Changes, ItemKey, fingerprint};
 use crate::reconcile::ocm::clusters::cluster_fingerprint;
 use crate::reconcile::ocm::decisions::PLACEMENT_LABEL;
 use crate::reconcile::ocm::placement::Placement;
 use crate::reconcile::ocm::sig;
 use crate::replication::document::ObjectKey;
-use crate::replication::gvr::Gvr;
 use crate::replication::watched::{Need, Subscription, TypeWatches, WatchChange, WatchedType};
 
 /// OCM's types the decider watches.

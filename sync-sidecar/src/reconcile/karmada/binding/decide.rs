@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use policy_client::decision::Decision;
-use policy_client::karmada::PREFERENCES_ANNOTATION;
-use policy_client::placement::desired_annotations;
 use policy_client::engine::QueryOutcome;
+use policy_client::karmada::PREFERENCES_ANNOTATION;
 use policy_client::ownership_keys::OwnershipKeys;
+use policy_client::placement::desired_annotations;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -1,5 +1,5 @@
-use policy_client::karmada::PREFERENCES_ANNOTATION;
 use policy_client::engine::QueryOutcome;
+use policy_client::karmada::PREFERENCES_ANNOTATION;
 use policy_client::ownership_keys::OwnershipKeys;
 use serde_json::json;
 

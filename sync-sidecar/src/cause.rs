@@ -1,6 +1,7 @@
 //! Why the remediator passes over every workload, carried with its trigger
 //! from whatever saw the change (the policy loader; a replicator, which sees an
-//! object's old and new state) to the remediator. The blast-radius guard
+//! object's old and new state: [`crate::replication::classify`]) to the
+//! remediator. The blast-radius guard
 //! ([`crate::reconcile::blast`]) decides by cause:
 //!
 //! - a person's edit (the policy set, or replicated data the policies read:
@@ -8,21 +9,17 @@
 //!   *guarded*: held when it would re-place too many workloads, until an
 //!   administrator confirms that change;
 //! - a change of cluster health (a cluster's phase, `Ready` condition, taints:
-//!   [`crate::reconcile::health`]) or of other status (the world's report, not anyone's
+//!   [`crate::replication::health`]) or of other status (the world's report, not anyone's
 //!   edit) is not, unless a large share of the clusters turned unhealthy
 //!   together (a partition);
 //! - a pass whose causes are unknown (a relist; a replica that takes over
 //!   while the policy or the data differ from what the last leader applied:
-//!   [`crate::reconcile::revision`]) is guarded.
+//!   [`crate::replication::revision`]) is guarded.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use futures::FutureExt;
-use serde_json::Value;
 use tokio::sync::Notify;
-
-use crate::reconcile::health::ClusterKind;
-use crate::replication::document::ObjectKey;
 
 /// One cause of remediation.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +82,7 @@ impl Causes {
     /// These causes without the edits and unknown causes: what a replica
     /// that takes over keeps of what it saw while another one led (that
     /// leader applied the edits, unless the revision it recorded says
-    /// otherwise: [`crate::reconcile::revision`]).
+    /// otherwise: [`crate::replication::revision`]).
     pub(crate) fn without_edits(&self) -> Causes {
         Causes {
             health: self.health,
@@ -190,161 +187,9 @@ impl Trigger {
     }
 }
 
-/// What an administrator configures of an object: everything but its status
-/// and the metadata the API server keeps (labels and annotations stay); for
-/// a cluster, its health fields aside.
-pub(crate) fn configured(kind: Option<&ClusterKind>, object: &Value) -> Value {
-    let mut view = object.clone();
-    if let Value::Object(map) = &mut view {
-        map.remove("status");
-        if let Some(Value::Object(meta)) = map.get_mut("metadata") {
-            meta.retain(|k, _| {
-                matches!(k.as_str(), "labels" | "annotations" | "name" | "namespace")
-            });
-        }
-    }
-    for field in kind.map(|k| k.health_fields).unwrap_or_default() {
-        if let Some((parent, last)) = field.rsplit_once('/')
-            && let Some(Value::Object(parent)) = view.pointer_mut(parent)
-        {
-            parent.remove(last);
-        }
-    }
-    view
-}
-
-/// Why a change of replicated object `key` of type `resource` (`kind`: its
-/// cluster kind, if it is one) from `before` to `after` (`None`: absent)
-/// would re-place workloads.
-pub(crate) fn classify(
-    kind: Option<&ClusterKind>,
-    resource: &str,
-    key: &ObjectKey,
-    before: Option<&Value>,
-    after: Option<&Value>,
-) -> Cause {
-    let edit = |revision: String| Cause::Data {
-        object: format!("{resource}/{key}"),
-        revision,
-    };
-    let (Some(before), Some(after)) = (before, after) else {
-        return edit(match after {
-            Some(after) => revision(&configured(kind, after)),
-            None => "deleted".to_owned(),
-        });
-    };
-    let configured_after = configured(kind, after);
-    if configured(kind, before) != configured_after {
-        return edit(revision(&configured_after));
-    }
-    match kind {
-        Some(kind) if (kind.healthy)(before) != (kind.healthy)(after) => Cause::Health,
-        _ => Cause::Status,
-    }
-}
-
-/// A short digest of a JSON value.
-fn revision(value: &Value) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, value.to_string().as_bytes());
-    hex(digest.as_ref(), 6)
-}
-
-pub(crate) fn hex(bytes: &[u8], take: usize) -> String {
-    bytes
-        .iter()
-        .take(take)
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::health::cluster_kind;
-    use serde_json::json;
-
-    fn ours() -> Option<&'static ClusterKind> {
-        cluster_kind("placement-policy.io", "clusters")
-    }
-
-    fn cluster(phase: &str, pci: &str) -> Value {
-        json!({"kind": "Cluster", "metadata": {"name": "eu-1", "resourceVersion": "7",
-            "labels": {"placement-policy.io/pci-compliance-level": pci}},
-            "spec": {"region": "europe-west1"},
-            "status": {"phase": phase, "capacity": {"cpu": "64"}}})
-    }
-
-    #[test]
-    fn health_status_and_edits_are_told_apart() {
-        let key = ObjectKey::new(None, "eu-1");
-        let classify = |before: Option<&Value>, after: Option<&Value>| {
-            classify(ours(), "clusters", &key, before, after)
-        };
-        let running = cluster("running", "2");
-        assert_eq!(
-            classify(Some(&running), Some(&cluster("offline", "2"))),
-            Cause::Health
-        );
-        let mut capacity = running.clone();
-        capacity["status"]["capacity"]["cpu"] = json!("32");
-        capacity["metadata"]["resourceVersion"] = json!("8");
-        assert_eq!(classify(Some(&running), Some(&capacity)), Cause::Status);
-        // A label edit, also one made together with a phase change, is guarded.
-        let relabelled = cluster("offline", "3");
-        let Cause::Data { object, revision } = classify(Some(&running), Some(&relabelled)) else {
-            panic!("an edit")
-        };
-        assert_eq!(object, "clusters/eu-1");
-        assert_eq!(
-            classify(
-                Some(&cluster("running", "2")),
-                Some(&cluster("running", "3"))
-            ),
-            Cause::Data {
-                object,
-                revision: revision.clone()
-            },
-            "the revision names what it changed to, not the status"
-        );
-        assert!(matches!(classify(None, Some(&running)), Cause::Data { .. }));
-        assert_eq!(
-            classify(Some(&running), None),
-            Cause::Data {
-                object: "clusters/eu-1".into(),
-                revision: "deleted".into()
-            }
-        );
-        // Any other type: status is status, the rest an edit.
-        let rs =
-            json!({"metadata": {"name": "rs"}, "spec": {"replicas": 1}, "status": {"replicas": 0}});
-        let mut scaled = rs.clone();
-        scaled["status"]["replicas"] = json!(1);
-        assert_eq!(
-            super::classify(None, "replicasets", &key, Some(&rs), Some(&scaled)),
-            Cause::Status
-        );
-    }
-
-    #[test]
-    fn a_taint_of_karmadas_clusters_is_health_not_an_edit() {
-        let karmada = cluster_kind("cluster.karmada.io", "clusters");
-        let key = ObjectKey::new(None, "member1");
-        let ready = json!({"metadata": {"name": "member1"}, "spec": {"syncMode": "Push"},
-            "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
-        let mut tainted = ready.clone();
-        tainted["spec"]["taints"] =
-            json!([{"key": "cluster.karmada.io/not-ready", "effect": "NoSchedule"}]);
-        assert_eq!(
-            classify(karmada, "clusters", &key, Some(&ready), Some(&tainted)),
-            Cause::Health
-        );
-        let mut pulled = ready.clone();
-        pulled["spec"]["syncMode"] = json!("Pull");
-        assert!(matches!(
-            classify(karmada, "clusters", &key, Some(&ready), Some(&pulled)),
-            Cause::Data { .. }
-        ));
-    }
 
     #[test]
     fn only_edits_unknown_causes_and_partitions_are_guarded() {

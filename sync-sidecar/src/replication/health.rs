@@ -4,18 +4,18 @@
 //! entry of [`CLUSTER_KINDS`].
 //!
 //! The remediator re-places workloads without confirmation when cluster health
-//! changes ([`crate::reconcile::cause`]), unless a large share of the clusters turned
+//! changes ([`crate::cause`]), unless a large share of the clusters turned
 //! unhealthy within a short window ([`ClusterHealth::partition`]): that looks
 //! like the control plane cut off from its clusters rather than an outage
 //! (kube-controller-manager's `--unhealthy-zone-threshold`, below).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use serde_json::Value;
 use tokio::time::Instant;
 
+use crate::config::guard::PartitionRule;
 use crate::replication::document::ObjectKey;
 
 /// A replicated type that is a cluster registry.
@@ -78,39 +78,6 @@ fn karmada_ready(cluster: &Value) -> bool {
         .flatten()
         .any(|t| matches!(t["effect"].as_str(), Some("NoSchedule" | "NoExecute")));
     ready && !tainted
-}
-
-/// When a share of the clusters turning unhealthy together looks like a
-/// partition of the control plane rather than an outage.
-///
-/// Learnt from kube-controller-manager's node lifecycle controller: a zone is
-/// partially disrupted when at least `--unhealthy-zone-threshold` (0.55) of
-/// its nodes, and more than two, are not ready; it then evicts from no node
-/// (in clusters up to `--large-cluster-size-threshold`), and when every node
-/// is not ready it stops evicting altogether, since the controller itself is
-/// more likely cut off than every node down. Healthy, it evicts at
-/// `--node-eviction-rate` (0.1 nodes/s), so that a disruption shows itself
-/// before much has moved. Here the clusters that turned unhealthy within
-/// `window` count: a handful going down one after another is a series of
-/// outages, each re-placed at once; a large share going down together is held
-/// (the blast-radius guard) until confirmed or until they come back.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct PartitionRule {
-    /// Share of all clusters (0 to 1).
-    pub threshold: f64,
-    pub window: Duration,
-}
-
-/// Clusters that must turn unhealthy together, at least, to look like a
-/// partition (kube-controller-manager's "more than two").
-const PARTITION_MIN: usize = 3;
-
-impl PartitionRule {
-    /// Whether `recent` of `total` clusters turning unhealthy within the
-    /// window looks like a partition.
-    pub(crate) fn applies(&self, recent: usize, total: usize) -> bool {
-        recent >= PARTITION_MIN && recent as f64 >= self.threshold * total as f64
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -187,6 +154,8 @@ impl ClusterHealth {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
     use serde_json::json;
 
