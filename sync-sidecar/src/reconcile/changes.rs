@@ -5,9 +5,12 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use serde_json::Value;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::replication::document::ObjectKey;
+use crate::replication::watched::{Subscription, WatchChange};
 
 /// One target object: the index of its watched type and its key.
 pub(crate) type ItemKey = (usize, ObjectKey);
@@ -69,6 +72,38 @@ pub(crate) fn fingerprint(value: &serde_json::Value) -> u64 {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     value.to_string().hash(&mut hasher);
     hasher.finish()
+}
+
+/// Follow a watch, handing each object (or `None`, deleted) to `seen`, with
+/// whether it is news (not part of the first list, which the first pass
+/// covers).
+pub(crate) fn follow(
+    mut watch: Subscription,
+    cancel: CancellationToken,
+    seen: impl Fn(&ObjectKey, Option<&Value>, bool) + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut listed_once = false;
+        loop {
+            let change = tokio::select! {
+                c = watch.changes.recv() => c,
+                _ = cancel.cancelled() => break,
+            };
+            match change {
+                Some(WatchChange::Applied {
+                    key, json, listed, ..
+                }) => {
+                    let Ok(object) = serde_json::from_slice::<Value>(&json) else {
+                        continue;
+                    };
+                    seen(&key, Some(&object), !listed || listed_once);
+                }
+                Some(WatchChange::Deleted { key, .. }) => seen(&key, None, true),
+                Some(WatchChange::ListDone { .. }) => listed_once = true,
+                None => break,
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -66,7 +66,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS, PROPAGATION_POLICY_TYPES};
-use changes::{Changes, ItemKey};
+use changes::{Changes, ItemKey, follow};
 use events::PassEvents;
 pub(crate) use placements::OcmSubscriptions;
 use rate::RateLimiter;
@@ -82,7 +82,7 @@ use crate::policies::rego_refs::PolicyReads;
 use crate::reconcile::blast::{Guard, PolicyConfigMaps};
 use crate::reconcile::leader::AppliedRecord;
 use crate::replication::revision::{ReplicatedTypes, configured_revision};
-use crate::replication::watched::{Need, Subscription, WatchChange, WatchedType};
+use crate::replication::watched::{Need, Subscription, WatchedType};
 use crate::scope::{Scope, ScopeFilter, parse_label_selector};
 
 /// Field manager of the reconciler's writes.
@@ -250,35 +250,17 @@ impl Fingerprinter {
 /// its placement changed. The first list is covered by the first pass;
 /// later lists (after a disconnect) may carry objects changed meanwhile.
 fn watch_changes(
-    mut watch: Subscription,
+    watch: Subscription,
     i: usize,
     fingerprinter: Fingerprinter,
     changes: Arc<Changes>,
     cancel: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut listed_once = false;
-        loop {
-            let change = tokio::select! {
-                c = watch.changes.recv() => c,
-                _ = cancel.cancelled() => break,
-            };
-            match change {
-                Some(WatchChange::Applied {
-                    key, json, listed, ..
-                }) => {
-                    let Ok(object) = serde_json::from_slice::<Value>(&json) else {
-                        continue;
-                    };
-                    match fingerprinter.print(&object) {
-                        Some(print) => changes.observe((i, key), print, !listed || listed_once),
-                        None => changes.forget(&(i, key)),
-                    }
-                }
-                Some(WatchChange::Deleted { key, .. }) => changes.forget(&(i, key)),
-                Some(WatchChange::ListDone { .. }) => listed_once = true,
-                None => break,
-            }
+    follow(watch, cancel, move |key, object, news| {
+        let key = (i, key.clone());
+        match object.and_then(|object| fingerprinter.print(object)) {
+            Some(print) => changes.observe(key, print, news),
+            None => changes.forget(&key),
         }
     })
 }

@@ -33,36 +33,12 @@ use super::target::{Item, Kind};
 use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
 use crate::error::SyncError;
 use crate::reconcile::ocm::clusters::{Candidates, Inventory, candidates};
-use crate::reconcile::ocm::decisions::{Existing, Outcome, PlacementWrite, choose, decided, plan};
+use crate::reconcile::ocm::decisions::{Outcome, PlacementWrite, choose, decided, plan};
+use crate::reconcile::ocm::item::{PlacementItem, Workload};
 use crate::reconcile::ocm::placement::Placement;
 use crate::reconcile::ocm::policy::{Allowed, Subject, combine, read};
-use crate::reconcile::ocm::sig::{self, Slice, SliceWrite};
+use crate::reconcile::ocm::sig::{self, SliceWrite};
 use crate::replication::document::ObjectKey;
-
-/// One workload a Placement's ManifestWorkReplicaSets deliver.
-#[derive(Debug, Clone)]
-pub(crate) struct Workload {
-    pub(crate) subject: Subject,
-    pub(crate) manifest: Value,
-}
-
-/// A Placement of a pass, with what deciding it reads.
-pub(crate) struct PlacementItem {
-    pub(crate) key: ObjectKey,
-    pub(crate) raw: Value,
-    pub(crate) placement: Placement,
-    existing: Vec<Existing>,
-    workloads: Vec<Workload>,
-    inventory: Arc<Inventory>,
-    sig: Vec<Slice>,
-}
-
-impl PlacementItem {
-    /// Whether it has decided clusters.
-    pub(crate) fn is_placed(&self) -> bool {
-        !decided(&self.existing).is_empty()
-    }
-}
 
 /// One Placement's evaluation, before anything is written.
 pub(crate) struct PlacementEvaluation {

@@ -9,7 +9,7 @@ use kube::core::Selector;
 use serde_json::Value;
 
 use crate::reconcile::karmada::binding::{Binding, Mode};
-use crate::reconcile::placements::PlacementItem;
+use crate::reconcile::ocm::item::PlacementItem;
 use crate::replication::document::ObjectKey;
 use crate::replication::watched::WatchedType;
 

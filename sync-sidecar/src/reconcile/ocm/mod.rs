@@ -8,6 +8,7 @@
 
 pub(crate) mod clusters;
 pub(crate) mod decisions;
+pub(crate) mod item;
 pub(crate) mod placement;
 pub(crate) mod policy;
 pub(crate) mod sig;

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use kube::api::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 
-use super::Workload;
 use super::watch::{OcmState, replica_set_refs};
 use crate::reconcile::ocm::clusters::{ClusterSet, Inventory, ManagedCluster};
 use crate::reconcile::ocm::decisions::{Existing, PLACEMENT_LABEL};
+use crate::reconcile::ocm::item::Workload;
 use crate::reconcile::ocm::policy::Subject;
 use crate::reconcile::ocm::sig::{self, Slice};
 use crate::replication::document::ObjectKey;

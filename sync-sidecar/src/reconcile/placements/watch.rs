@@ -15,13 +15,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cause::{Cause, Trigger};
 use crate::gvr::Gvr;
-use crate::reconcile::changes::{Changes, ItemKey, fingerprint};
+use crate::reconcile::changes::{Changes, ItemKey, fingerprint, follow};
 use crate::reconcile::ocm::clusters::cluster_fingerprint;
 use crate::reconcile::ocm::decisions::PLACEMENT_LABEL;
 use crate::reconcile::ocm::placement::Placement;
 use crate::reconcile::ocm::sig;
 use crate::replication::document::ObjectKey;
-use crate::replication::watched::{Need, Subscription, TypeWatches, WatchChange, WatchedType};
+use crate::replication::watched::{Need, Subscription, TypeWatches, WatchedType};
 
 /// OCM's types the decider watches.
 const PLACEMENTS: (&str, &str, &str) = (
@@ -324,38 +324,6 @@ pub(crate) async fn start(
 /// whether it is there.
 fn spec_fingerprint(object: &Value) -> Value {
     json!([object.get("spec"), object.pointer("/metadata/labels")])
-}
-
-/// Follow a watch, handing each object (or `None`, deleted) to `seen`, with
-/// whether it is news (not part of the first list, which the first pass
-/// covers).
-fn follow(
-    mut watch: Subscription,
-    cancel: CancellationToken,
-    seen: impl Fn(&ObjectKey, Option<&Value>, bool) + Send + 'static,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut listed_once = false;
-        loop {
-            let change = tokio::select! {
-                c = watch.changes.recv() => c,
-                _ = cancel.cancelled() => break,
-            };
-            match change {
-                Some(WatchChange::Applied {
-                    key, json, listed, ..
-                }) => {
-                    let Ok(object) = serde_json::from_slice::<Value>(&json) else {
-                        continue;
-                    };
-                    seen(&key, Some(&object), !listed || listed_once);
-                }
-                Some(WatchChange::Deleted { key, .. }) => seen(&key, None, true),
-                Some(WatchChange::ListDone { .. }) => listed_once = true,
-                None => break,
-            }
-        }
-    })
 }
 
 #[cfg(test)]
