@@ -16,13 +16,13 @@ use policy_client::verdict::{Plan, plan, request_changed};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-use crate::events::{Caller, EventSink};
+use crate::events::EventSink;
 use crate::guardrail::{self, Guardrail, TemplateFailure};
 use crate::metrics::{Metrics, Outcome};
 use crate::presence::PolicyPresence;
 use crate::review::{
-    AdmissionRequest, AdmissionResponse, AdmissionReviewResponse, Operation, Parsed, ReviewError,
-    parse,
+    AdmissionRequest, AdmissionResponse, AdmissionReviewResponse, Caller, Operation, Parsed,
+    ReviewError, parse,
 };
 
 /// Why no placement could be computed.

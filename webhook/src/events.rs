@@ -28,7 +28,7 @@ use serde_json::Value;
 use tokio::sync::{Semaphore, mpsc};
 
 use crate::metrics::Metrics;
-use crate::review::AdmissionRequest;
+use crate::review::{AdmissionRequest, Caller};
 use placement_endpoint::Throttle;
 
 /// The Events API caps notes at 1 kB.
@@ -43,16 +43,6 @@ const MAX_CALLERS: usize = 16;
 /// All callers without a verified certificate together: this many callers'
 /// budgets at most.
 pub(crate) const CALLERS_CEILING: u32 = 4;
-
-/// Who sent a review, as far as its Events go.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Caller {
-    /// Its peer (`placement_endpoint::peer_key`); `None`: not over the
-    /// network (the offline `review`).
-    pub(crate) peer: Option<IpAddr>,
-    /// It presented a client certificate the TLS layer verified.
-    pub(crate) verified: bool,
-}
 
 /// How many Events may be published, and how often the same one.
 #[derive(Debug, Clone, Copy)]

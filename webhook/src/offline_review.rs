@@ -12,10 +12,11 @@ use serde_json::{Value, json};
 
 use crate::admission::{Admission, AdmissionSettings, Mode};
 use crate::config::{EngineKind, OutputFormat, ReviewArgs};
-use crate::events::{Caller, EventSink};
+use crate::events::EventSink;
 use crate::guardrail::Guardrail;
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
+use crate::review::Caller;
 use crate::run::{RunError, ownership_error};
 
 /// What `review` found, for the exit status.

@@ -4,6 +4,8 @@
 //! the API server sent it (it is the policy's input), and the patch goes out as a
 //! base64 string, which kube-rs's `AdmissionResponse` does not produce.
 
+use std::net::IpAddr;
+
 use base64::Engine as _;
 use policy_client::text::{bounded, truncate};
 use serde::{Deserialize, Serialize};
@@ -49,6 +51,17 @@ pub(crate) struct GroupVersionResource {
     pub resource: String,
 }
 
+/// Who sent a review: its peer and whether its certificate was verified (its
+/// Events are limited by it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Caller {
+    /// Its peer (`placement_endpoint::peer_key`); `None`: not over the
+    /// network (the offline `review`).
+    pub(crate) peer: Option<IpAddr>,
+    /// It presented a client certificate the TLS layer verified.
+    pub(crate) verified: bool,
+}
+
 /// The fields of `AdmissionRequest` this webhook reads.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -73,7 +86,7 @@ pub(crate) struct AdmissionRequest {
     pub dry_run: Option<bool>,
     /// Who sent it (not part of the review: set by whoever received it).
     #[serde(skip)]
-    pub caller: crate::events::Caller,
+    pub caller: Caller,
 }
 
 #[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]

@@ -28,8 +28,8 @@ use serde_json::json;
 
 use crate::admission::{Admission, Mode};
 use crate::budget::{Charge, JsonShape, MemoryBudget, Refusal};
-use crate::events::Caller;
 use crate::readiness::{Readiness, ReadyState};
+use crate::review::Caller;
 use crate::review::ReviewError;
 
 #[derive(Debug, thiserror::Error)]
