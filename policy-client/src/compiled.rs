@@ -1,14 +1,16 @@
 //! Queries compiled to regorus's bytecode VM (RVM), the embedded engine's fast
 //! path. The interpreter resolves every rule reference by building and looking
 //! up path strings; the compiled form calls rules by index and keeps their
-//! values in a table, at about a sixth of the instructions for the shipped
+//! values in a table, at about a fifth of the instructions for the shipped
 //! decision (BENCHMARKS.md, scenario 1).
 //!
 //! The interpreter stays the reference: a query whose modules the compiler
-//! does not take (it refuses some forms, e.g. `annotations["key"] := value`)
-//! is interpreted; so is every query once its compiled form failed where the
-//! interpreter answered; and an answer the VM leaves undefined, wholly or in
-//! part, is the interpreter's to give (see [`run`]).
+//! does not take (it refuses some forms, e.g. `annotations["key"] := value`),
+//! or whose program has a form the VM is known to evaluate wrongly
+//! ([`comprehension_in_a_loop`]), is interpreted; so is every query once its
+//! compiled form failed, or answered otherwise than the interpreter in one of
+//! the first [`CHECKED_ANSWERS`] checked; and an answer the VM leaves
+//! undefined, wholly or in part, is the interpreter's to give (see [`run`]).
 //!
 //! A query is compiled as the one rule of a package of its own,
 //! `result := data.<path>`, so that a package document (the decision) is one
