@@ -1,6 +1,8 @@
 //! Serving one listening socket so that no client can hold it: connection
-//! slots shared fairly between peers (`slots.rs`), a few more kept for
-//! probes, a clock on the TLS handshake, on request headers, on connections
+//! slots shared fairly between peers (`slots.rs`), a few more kept beyond
+//! them (for the TLS handshakes of connections that found every slot taken,
+//! a verified one then taking a slot as trusted, and for probes), a clock on
+//! the TLS handshake, on request headers, on connections
 //! with no request in progress and on a connection's age, a cap on HTTP/2
 //! streams, and accept errors (the open-files limit reached) survived, logged
 //! and counted.
@@ -30,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt as _;
 
 use crate::metrics::ListenerMetrics;
-use crate::slots::{Activity, Slot, Slots, peer_key};
+use crate::slots::{Activity, Peers, Slot, Slots};
 use crate::throttle::Throttle;
 
 /// Largest HTTP/1 head (request line and headers) and HTTP/2 header list; an
@@ -52,12 +54,20 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How often a repeated warning of a listener reaches the log.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
-/// Connections kept beyond the slots for probes, and how many of them one
-/// peer holds at most (the kubelet probes liveness and readiness at once).
-const PROBE_SLOTS: usize = 8;
-const PROBE_SLOTS_PER_PEER: usize = 2;
+/// Connections kept beyond the slots (their TLS handshake, then one probe),
+/// and how many of them one peer holds at most: enough for a burst of the
+/// API server's connections to show their certificates.
+const BEYOND_SLOTS: usize = 64;
+const BEYOND_SLOTS_PER_PEER: usize = 32;
 
-/// A connection on a probe slot with no request for this long is closed.
+/// A connection's opening: from its accept to its first request, at most
+/// this long, during which it is never taken for another. Real clients send
+/// their first request at once; the kubelet gives up on a probe after a
+/// second (`timeoutSeconds`), so a connection silent for longer is no
+/// probe's.
+const OPENING: Duration = Duration::from_secs(1);
+
+/// A connection beyond the slots with no request for this long is closed.
 const PROBE_IDLE: Duration = Duration::from_secs(2);
 
 /// The limits of one listener.
@@ -132,14 +142,16 @@ pub struct Listener {
     /// How long open connections get to finish after `stop`.
     pub drain: Duration,
     /// The paths probes `GET` (`/healthz`, `/readyz`): a connection that finds
-    /// every slot taken may still take one of a few slots kept for them, to
-    /// be answered one such request, so that probes are answered whatever
-    /// other clients hold. Empty: no slots kept.
+    /// every slot taken may still take one of a few slots kept beyond them,
+    /// to be answered one such request, so that probes are answered whatever
+    /// other clients hold. Empty (and no TLS): no slots kept.
     pub probes: &'static [&'static str],
     /// Callers from this host (`127.0.0.1`, `::1`: the pod's own containers)
     /// are trusted: they count toward no peer's share and get in whenever
     /// another peer has an idle connection to give.
     pub trust_this_host: bool,
+    /// How callers are grouped into peers (IPv6 per /64 by default).
+    pub peers: Peers,
 }
 
 /// How the listeners stop.
@@ -173,11 +185,15 @@ pub async fn serve(
         drain,
         probes,
         trust_this_host,
+        peers,
     } = listener;
     let socket = TcpListener::from_std(socket)?;
-    let slots = Slots::new(limits.max_connections, limits.max_per_peer);
-    let probe_slots = Slots::reserve(PROBE_SLOTS, PROBE_SLOTS_PER_PEER);
-    // The connections on probe slots, apart in the metrics (once per
+    let slots = Slots::new(limits.max_connections, limits.max_per_peer, OPENING);
+    // Beyond the slots: a TLS handshake (a verified client then takes a
+    // slot), then one probe.
+    let keeps_beyond = tls.is_some() || !probes.is_empty();
+    let beyond = Slots::beyond(BEYOND_SLOTS, BEYOND_SLOTS_PER_PEER, OPENING);
+    // The connections beyond the slots, apart in the metrics (once per
     // listener: a name for the process's lifetime).
     let probes_name: &'static str = Box::leak(format!("{name}_probes").into_boxed_str());
     let builder = Arc::new(http_builder(&limits));
@@ -195,21 +211,21 @@ pub async fn serve(
                 continue;
             }
         };
-        let key = peer_key(peer.ip());
+        let key = peers.key(peer.ip());
         let this_host = trust_this_host && is_this_host(peer.ip());
         let acquired = slots.acquire(key, this_host).map(|slot| (slot, false));
         if let Err(refusal) = &acquired {
             metrics.refused(name, refusal.reason());
         }
-        // Every slot taken: one kept for probes, if the listener has any.
+        // Every slot taken, or the peer's share: one kept beyond them.
         let acquired = match acquired {
-            Err(refusal) if !probes.is_empty() => probe_slots
+            Err(refusal) if keeps_beyond => beyond
                 .acquire(key, false)
                 .map(|slot| (slot, true))
                 .map_err(|_| refusal),
             other => other,
         };
-        let (slot, probes_only) = match acquired {
+        let (slot, beyond_the_slots) = match acquired {
             Ok(acquired) => acquired,
             Err(refusal) => {
                 if let Some(held_back) = refused.admit() {
@@ -220,7 +236,7 @@ pub async fn serve(
                         max_connections = limits.max_connections,
                         max_per_peer = limits.max_per_peer,
                         held_back,
-                        "connection refused: every slot of this listener is taken and no peer holds two more than this one, or this peer holds its share (the webhook's --max-connections, --max-connections-per-peer), and every slot kept for probes is busy"
+                        "connection refused: every slot of this listener is taken and no peer holds two more than this one, or this peer holds its share (the webhook's --max-connections, --max-connections-per-peer), and every slot kept beyond them is taken"
                     );
                 }
                 drop(tcp);
@@ -228,16 +244,19 @@ pub async fn serve(
             }
         };
         let connection = Connection {
-            name: if probes_only { probes_name } else { name },
+            name,
+            probes_name,
             peer,
+            key,
             tls: tls.as_ref().map(TlsSettings::acceptor),
             app: app.clone(),
             builder: Arc::clone(&builder),
             limits: limits.clone(),
             metrics: metrics.clone(),
             stopping: stopping.clone(),
+            slots: Arc::clone(&slots),
             slot,
-            probes: probes_only.then_some(probes),
+            probes: beyond_the_slots.then_some(probes),
         };
         tokio::spawn(connection.run(tcp));
     }
@@ -245,7 +264,7 @@ pub async fn serve(
     drop(socket);
     // Every connection holds a slot until it ends.
     let _ = tokio::time::timeout(drain, async {
-        while slots.held() + probe_slots.held() > 0 {
+        while slots.held() + beyond.held() > 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -303,44 +322,62 @@ fn http_builder(limits: &ConnectionLimits) -> auto::Builder<TokioExecutor> {
 }
 
 struct Connection {
+    /// The listener's name.
     name: &'static str,
+    /// Its name for connections beyond the slots.
+    probes_name: &'static str,
     peer: SocketAddr,
+    /// The peer it counts for.
+    key: IpAddr,
     tls: Option<TlsAcceptor>,
     app: Router,
     builder: Arc<auto::Builder<TokioExecutor>>,
     limits: ConnectionLimits,
     metrics: ListenerMetrics,
     stopping: Stopping,
+    /// The listener's slots, which a verified connection beyond them joins.
+    slots: Arc<Slots>,
     /// Held for as long as the connection is open.
     slot: Slot,
-    /// On a slot kept for probes: the paths it may ask for, once.
+    /// Beyond the slots: the paths it may ask for, once.
     probes: Option<&'static [&'static str]>,
 }
 
 impl Connection {
-    async fn run(self, tcp: TcpStream) {
-        let _open = self.metrics.opened(self.name);
+    /// Its name in logs and metrics.
+    fn label(&self) -> &'static str {
+        if self.probes.is_some() {
+            self.probes_name
+        } else {
+            self.name
+        }
+    }
+
+    async fn run(mut self, tcp: TcpStream) {
+        let mut open = self.metrics.opened(self.label());
         let _ = tcp.set_nodelay(true);
         let Some(acceptor) = self.tls.clone() else {
-            return self.serve(tcp, ClientCertificate(false)).await;
+            self.serve(tcp, ClientCertificate(false)).await;
+            drop(open);
+            return;
         };
         let handshake = tokio::time::timeout(self.limits.handshake_timeout, acceptor.accept(tcp));
         let stream = tokio::select! {
             () = self.stopping.stop.cancelled() => return,
             () = self.slot.activity.evicted.cancelled() => {
-                self.metrics.closed(self.name, "evicted");
+                self.metrics.closed(self.label(), "evicted");
                 return;
             }
             handshake = handshake => match handshake {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(e)) => {
-                    self.metrics.refused(self.name, "tls_handshake_error");
-                    tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "TLS handshake failed");
+                    self.metrics.refused(self.label(), "tls_handshake_error");
+                    tracing::debug!(listener = self.label(), peer = %self.peer, error = %e, "TLS handshake failed");
                     return;
                 }
                 Err(_) => {
-                    self.metrics.refused(self.name, "tls_handshake_timeout");
-                    tracing::debug!(listener = self.name, peer = %self.peer, "TLS handshake timed out");
+                    self.metrics.refused(self.label(), "tls_handshake_timeout");
+                    tracing::debug!(listener = self.label(), peer = %self.peer, "TLS handshake timed out");
                     return;
                 }
             },
@@ -351,9 +388,23 @@ impl Connection {
             .peer_certificates()
             .is_some_and(|chain| !chain.is_empty());
         if verified {
-            self.slot.trust();
+            if self.probes.is_none() {
+                self.slot.trust();
+            } else if let Ok(slot) = self.slots.acquire(self.key, true) {
+                // Beyond the slots, recognised by its certificate (the API
+                // server, whatever its peer holds): a slot as trusted.
+                self.slot = slot;
+                self.probes = None;
+                open = self.metrics.opened(self.label());
+            }
+        }
+        if self.probes.is_some_and(<[_]>::is_empty) {
+            // Beyond the slots of a listener without probes: nothing to
+            // answer.
+            return;
         }
         self.serve(stream, ClientCertificate(verified)).await;
+        drop(open);
     }
 
     async fn serve<I>(self, io: I, certificate: ClientCertificate)
@@ -423,10 +474,10 @@ impl Connection {
         let reason = tokio::select! {
             result = connection.as_mut() => {
                 if let Err(e) = result {
-                    tracing::debug!(listener = self.name, peer = %self.peer, error = %e, "connection ended with an error");
+                    tracing::debug!(listener = self.label(), peer = %self.peer, error = %e, "connection ended with an error");
                 }
                 if retired.is_cancelled() {
-                    self.metrics.closed(self.name, closing_reason());
+                    self.metrics.closed(self.label(), closing_reason());
                 }
                 return;
             }
@@ -436,8 +487,8 @@ impl Connection {
             () = retire_after(&closing, self.limits.max_age) => unreachable!("retire_after never ends"),
             () = self.stopping.stop.cancelled() => "shutdown",
         };
-        self.metrics.closed(self.name, reason);
-        tracing::debug!(listener = self.name, peer = %self.peer, reason, "closing connection");
+        self.metrics.closed(self.label(), reason);
+        tracing::debug!(listener = self.label(), peer = %self.peer, reason, "closing connection");
         // A request in progress is answered first: HTTP/1 with
         // `Connection: close`, HTTP/2 after a GOAWAY.
         connection.as_mut().graceful_shutdown();
@@ -460,7 +511,7 @@ fn is_probe(request: &Request<Incoming>, paths: &[&str]) -> bool {
     request.method() == Method::GET && paths.contains(&request.uri().path())
 }
 
-/// The answer to anything but a probe on a slot kept for probes.
+/// The answer to anything but a probe beyond the slots.
 fn beyond_the_slots() -> axum::response::Response {
     let mut response = (
         StatusCode::SERVICE_UNAVAILABLE,
@@ -478,6 +529,7 @@ struct Busy(Arc<Activity>);
 
 impl Busy {
     fn start(activity: &Arc<Activity>) -> Busy {
+        activity.request_started();
         activity.in_flight.send_modify(|n| *n += 1);
         Busy(Arc::clone(activity))
     }
@@ -576,7 +628,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn idle_only_counts_time_without_requests() {
-        let slot = Slots::new(1, 1)
+        let slot = Slots::new(1, 1, OPENING)
             .acquire([127, 0, 0, 1].into(), false)
             .unwrap();
         let busy = Busy::start(&slot.activity);

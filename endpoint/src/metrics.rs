@@ -39,8 +39,8 @@ impl ListenerMetrics {
             "connections_refused",
             "Connections refused a slot: limit (every slot taken and no peer holds more than this one), \
              peer_limit (the peer holds its share, --max-connections-per-peer), or closed before serving a request: \
-             tls_handshake_timeout, tls_handshake_error. A connection refused a slot may still be answered one probe \
-             on a slot kept for probes (listener <name>_probes)",
+             tls_handshake_timeout, tls_handshake_error. A connection refused a slot may still be taken beyond the slots \
+             (listener <name>_probes): its TLS handshake, then a slot if its client certificate verified, else one probe",
             metrics.refused.clone(),
         );
         registry.register(

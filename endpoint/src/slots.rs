@@ -1,53 +1,109 @@
 //! Connection slots shared fairly between peers. A peer (an IPv4 address, or
-//! an IPv6 /64: [`peer_key`]) holds at most its share; when every slot is
-//! taken, a newcomer from a peer that holds at least two fewer connections
-//! than the largest holder takes one of that holder's idle connections (the
-//! oldest), which closes. So one peer, or several, holding every slot they
-//! can leaves any other peer (the API server comes from few addresses) a way
-//! in, and the holder cannot win its slots back by reconnecting.
+//! an IPv6 prefix, a /64 by default: [`Peers`]) holds at most its share;
+//! when every slot is taken, a newcomer from a peer that holds at least two
+//! fewer connections than the largest holder takes one of that holder's idle
+//! connections (the oldest), which closes. So one peer, or several, holding
+//! every slot they can leaves any other peer (the API server comes from few
+//! addresses) a way in, and the holder cannot win its slots back by
+//! reconnecting.
+//!
+//! A connection is idle, and may be taken, only once it is open: past its
+//! TLS handshake and its first request, or past its opening window (real
+//! clients, the kubelet's probes and the API server, send their first
+//! request at once; a connection still silent after the window is not
+//! theirs), and with no request in progress.
 //!
 //! Trusted connections (a client certificate the TLS layer verified, or a
 //! caller from this host on a listener that trusts it) are the API server's
-//! or the pod's own: they count toward no peer's share, a peer that holds one
-//! takes an idle untrusted connection whenever every slot is taken, and no
-//! untrusted newcomer ever takes theirs.
+//! or the pod's own: they count toward no peer's share, take an idle
+//! untrusted connection whenever every slot is taken, and no untrusted
+//! newcomer ever takes theirs. Trust belongs to a connection, never to its
+//! address: a connection is trusted once its own certificate verified.
 //!
-//! Beyond the slots, a few are kept for probes ([`Slots::reserve`]): a
-//! connection that finds every slot taken may still take one of them, to be
-//! answered one probe request; a newcomer there takes the oldest idle one
-//! (its own peer's first), so that idle connections never keep the kubelet
-//! out.
+//! Beyond the slots, a few more are kept ([`Slots::beyond`]) for connections
+//! that found no slot: there they complete their TLS handshake (after which
+//! a verified one takes a slot as trusted, so the API server is recognised
+//! by its certificate whatever its peer holds) and are answered one probe
+//! request. A newcomer there takes the oldest idle connection (its own
+//! peer's, at its share), or else, when a peer holds at least two more than
+//! its own, that peer's oldest connection not serving a request, so that
+//! neither idle connections nor fresh ones of a few peers keep the kubelet
+//! out, and churn never takes a probe's connection before its request.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-/// The peer a connection from `ip` counts for: the address itself (IPv4,
-/// also when written as IPv4-mapped IPv6), or its /64 (IPv6: one host gets a
+/// How connections are grouped into peers: an IPv4 address (also when
+/// written as IPv4-mapped IPv6) is a peer of its own; an IPv6 address counts
+/// for its prefix of `ipv6_prefix` bits (a /64 by default: one host gets a
 /// /64 and picks addresses in it at will, so per-address counting would let
-/// it count as many peers; rate limiters count IPv6 per /64 alike).
-pub fn peer_key(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => {
-                let prefix = u128::from(v6) & !((1u128 << 64) - 1);
-                IpAddr::V6(Ipv6Addr::from(prefix))
-            }
-        },
+/// it count as many peers; rate limiters count IPv6 per /64 alike). Where
+/// the cluster's pods share the API server's /64, count per address (128):
+/// the API server is then no peer of theirs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peers {
+    ipv6_prefix: u8,
+}
+
+impl Peers {
+    /// The default IPv6 prefix of a peer.
+    pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+    /// Peers of IPv6 prefix length `ipv6_prefix` (1 to 128; 128: each
+    /// address apart).
+    pub fn new(ipv6_prefix: u8) -> Result<Peers, String> {
+        if !(1..=128).contains(&ipv6_prefix) {
+            return Err(format!(
+                "an IPv6 peer prefix is 1 to 128 bits long (128: each address apart), not {ipv6_prefix}"
+            ));
+        }
+        Ok(Peers { ipv6_prefix })
+    }
+
+    /// The peer a connection from `ip` counts for.
+    pub fn key(self, ip: IpAddr) -> IpAddr {
+        match ip {
+            IpAddr::V4(_) => ip,
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                Some(v4) => IpAddr::V4(v4),
+                None => {
+                    let host_bits = 128 - u32::from(self.ipv6_prefix);
+                    let mask = u128::MAX.checked_shl(host_bits).unwrap_or(0);
+                    IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+                }
+            },
+        }
+    }
+
+    /// The IPv6 prefix length of a peer.
+    pub fn ipv6_prefix(self) -> u8 {
+        self.ipv6_prefix
+    }
+}
+
+impl Default for Peers {
+    fn default() -> Self {
+        Peers {
+            ipv6_prefix: Peers::DEFAULT_IPV6_PREFIX,
+        }
     }
 }
 
 /// What a connection shares with the slots: whether a request is in
-/// progress (only idle connections are taken), and the signal that it was.
+/// progress (only idle connections are taken), whether one came yet, and
+/// the signal that it was taken.
 #[derive(Debug)]
 pub(crate) struct Activity {
     pub(crate) in_flight: watch::Sender<usize>,
     pub(crate) evicted: CancellationToken,
+    opened: Instant,
+    requested: AtomicBool,
 }
 
 impl Activity {
@@ -55,11 +111,28 @@ impl Activity {
         Arc::new(Activity {
             in_flight: watch::Sender::new(0),
             evicted: CancellationToken::new(),
+            opened: Instant::now(),
+            requested: AtomicBool::new(false),
         })
     }
 
-    fn idle(&self) -> bool {
-        *self.in_flight.borrow() == 0
+    /// A request started on the connection: its opening is over.
+    pub(crate) fn request_started(&self) {
+        self.requested.store(true, Ordering::Relaxed);
+    }
+
+    /// Still opening: no request yet, within `window` of its accept.
+    fn opening(&self, window: Duration) -> bool {
+        !self.requested.load(Ordering::Relaxed) && self.opened.elapsed() < window
+    }
+
+    fn busy(&self) -> bool {
+        *self.in_flight.borrow() > 0
+    }
+
+    /// Open (past its opening) with no request in progress.
+    fn idle(&self, window: Duration) -> bool {
+        !self.busy() && !self.opening(window)
     }
 }
 
@@ -87,14 +160,18 @@ impl Refused {
 enum Sharing {
     /// Fairly between peers (the module documentation).
     Fair,
-    /// Kept for probes: a newcomer takes the oldest idle connection.
-    Probes,
+    /// Kept beyond the others, for handshakes and probes: a newcomer takes
+    /// the oldest idle connection, or one of a peer holding two more.
+    Beyond,
 }
 
 #[derive(Debug)]
 pub(crate) struct Slots {
     max_total: usize,
     max_per_peer: usize,
+    /// A connection's opening: from its accept to its first request, at most
+    /// this long.
+    opening: Duration,
     sharing: Sharing,
     state: Mutex<State>,
 }
@@ -123,12 +200,6 @@ impl State {
             .map_or(0, |held| held.iter().filter(|h| !h.trusted).count())
     }
 
-    fn trusts(&self, peer: &IpAddr) -> bool {
-        self.peers
-            .get(peer)
-            .is_some_and(|held| held.iter().any(|h| h.trusted))
-    }
-
     /// Take (close) the connection `id` of `peer`.
     fn take(&mut self, peer: IpAddr, id: u64) {
         let Some(held) = self.peers.get_mut(&peer) else {
@@ -145,18 +216,32 @@ impl State {
         taken.activity.evicted.cancel();
     }
 
-    /// The oldest idle untrusted connection among `peers` (that `pick`
-    /// accepts, by their untrusted count): its peer and id.
-    fn oldest_idle(&self, pick: impl Fn(&IpAddr, usize) -> bool) -> Option<(IpAddr, u64)> {
+    /// The oldest untrusted connection that `takeable` accepts among the
+    /// peers `pick` accepts (by their untrusted count): its peer and id.
+    fn oldest(
+        &self,
+        pick: impl Fn(&IpAddr, usize) -> bool,
+        takeable: impl Fn(&Activity) -> bool,
+    ) -> Option<(IpAddr, u64)> {
         self.peers
             .iter()
             .filter(|(peer, held)| pick(peer, held.iter().filter(|h| !h.trusted).count()))
             .flat_map(|(peer, held)| {
                 held.iter()
-                    .filter(|h| !h.trusted && h.activity.idle())
+                    .filter(|h| !h.trusted && takeable(&h.activity))
                     .map(move |h| (*peer, h.id))
             })
             .min_by_key(|(_, id)| *id)
+    }
+
+    /// The most untrusted connections any peer but `peer` holds.
+    fn largest_other(&self, peer: &IpAddr) -> usize {
+        self.peers
+            .keys()
+            .filter(|p| *p != peer)
+            .map(|p| self.untrusted(p))
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -170,33 +255,43 @@ pub(crate) struct Slot {
 }
 
 impl Slots {
-    pub(crate) fn new(max_total: usize, max_per_peer: usize) -> Arc<Slots> {
-        Slots::shared(max_total, max_per_peer, Sharing::Fair)
+    /// `max_total` slots shared fairly, at most `max_per_peer` untrusted ones
+    /// of one peer; a connection is never taken within `opening` of its
+    /// accept before its first request.
+    pub(crate) fn new(max_total: usize, max_per_peer: usize, opening: Duration) -> Arc<Slots> {
+        Slots::shared(max_total, max_per_peer, opening, Sharing::Fair)
     }
 
-    /// `capacity` slots kept for probes, at most `per_peer` of one peer.
-    pub(crate) fn reserve(capacity: usize, per_peer: usize) -> Arc<Slots> {
-        Slots::shared(capacity, per_peer, Sharing::Probes)
+    /// `capacity` slots kept beyond the others (handshakes, then probes), at
+    /// most `per_peer` of one peer.
+    pub(crate) fn beyond(capacity: usize, per_peer: usize, opening: Duration) -> Arc<Slots> {
+        Slots::shared(capacity, per_peer, opening, Sharing::Beyond)
     }
 
-    fn shared(max_total: usize, max_per_peer: usize, sharing: Sharing) -> Arc<Slots> {
+    fn shared(
+        max_total: usize,
+        max_per_peer: usize,
+        opening: Duration,
+        sharing: Sharing,
+    ) -> Arc<Slots> {
         Arc::new(Slots {
             max_total: max_total.max(1),
             max_per_peer: max_per_peer.clamp(1, max_total.max(1)),
+            opening,
             sharing,
             state: Mutex::new(State::default()),
         })
     }
 
-    /// A slot for a new connection from `peer` ([`peer_key`]'s), `trusted`
-    /// already (a caller from this host on a listener that trusts it), taking
-    /// an idle connection of another peer when every slot is taken and that
-    /// is fairer.
+    /// A slot for a new connection from `peer` ([`Peers::key`]'s), `trusted`
+    /// already (its certificate verified, or a caller from this host on a
+    /// listener that trusts it), taking an idle connection of another peer
+    /// when every slot is taken and that is fairer.
     pub(crate) fn acquire(self: &Arc<Self>, peer: IpAddr, trusted: bool) -> Result<Slot, Refused> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         match self.sharing {
             Sharing::Fair => self.make_room_fairly(&mut state, peer, trusted)?,
-            Sharing::Probes => self.make_room_for_a_probe(&mut state, peer)?,
+            Sharing::Beyond => self.make_room_beyond(&mut state, peer)?,
         }
         state.total += 1;
         state.next_id += 1;
@@ -221,7 +316,6 @@ impl Slots {
         peer: IpAddr,
         trusted: bool,
     ) -> Result<(), Refused> {
-        let trusted = trusted || state.trusts(&peer);
         let mine = state.untrusted(&peer);
         if !trusted && mine >= self.max_per_peer {
             return Err(Refused::PeerLimit);
@@ -231,24 +325,19 @@ impl Slots {
         }
         // The largest untrusted holder among the other peers gives way (to
         // a trusted newcomer, whatever it holds), its oldest idle connection.
-        let largest = state
-            .peers
-            .keys()
-            .filter(|p| **p != peer)
-            .map(|p| state.untrusted(p))
-            .max()
-            .unwrap_or(0);
+        let largest = state.largest_other(&peer);
         let floor = if trusted { 1 } else { mine + 2 };
         if largest < floor {
             return Err(Refused::Full);
         }
         let other = |p: &IpAddr| *p != peer;
+        let idle = |a: &Activity| a.idle(self.opening);
         let victim = state
-            .oldest_idle(|p, untrusted| other(p) && untrusted == largest)
+            .oldest(|p, untrusted| other(p) && untrusted == largest, idle)
             .or_else(|| {
                 // The largest holder has nothing idle: the next largest that
                 // still qualifies.
-                state.oldest_idle(|p, untrusted| other(p) && untrusted >= floor)
+                state.oldest(|p, untrusted| other(p) && untrusted >= floor, idle)
             });
         let Some((holder, id)) = victim else {
             return Err(Refused::Full);
@@ -257,18 +346,36 @@ impl Slots {
         Ok(())
     }
 
-    fn make_room_for_a_probe(&self, state: &mut State, peer: IpAddr) -> Result<(), Refused> {
-        let victim = if state.untrusted(&peer) >= self.max_per_peer {
-            state.oldest_idle(|p, _| *p == peer)
+    fn make_room_beyond(&self, state: &mut State, peer: IpAddr) -> Result<(), Refused> {
+        let idle = |a: &Activity| a.idle(self.opening);
+        let mine = state.untrusted(&peer);
+        let victim = if mine >= self.max_per_peer {
+            // Its own oldest idle one, or none.
+            state
+                .oldest(|p, _| *p == peer, idle)
+                .ok_or(Refused::PeerLimit)?
         } else if state.total >= self.max_total {
-            state.oldest_idle(|_, _| true)
+            // The oldest idle one; else, from a peer holding at least two
+            // more, its oldest serving no request (opening, for all we know,
+            // as many of its own are).
+            let largest = state.largest_other(&peer);
+            state
+                .oldest(|_, _| true, idle)
+                .or_else(|| {
+                    (largest >= mine + 2)
+                        .then(|| {
+                            state.oldest(
+                                |p, untrusted| *p != peer && untrusted == largest,
+                                |a| !a.busy(),
+                            )
+                        })
+                        .flatten()
+                })
+                .ok_or(Refused::Full)?
         } else {
             return Ok(());
         };
-        let Some((holder, id)) = victim else {
-            return Err(Refused::Full);
-        };
-        state.take(holder, id);
+        state.take(victim.0, victim.1);
         Ok(())
     }
 

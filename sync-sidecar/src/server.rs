@@ -14,7 +14,7 @@ use axum::extract::{ConnectInfo, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use placement_endpoint::{ConnectionLimits, Listener, Stopping};
+use placement_endpoint::{ConnectionLimits, Listener, Peers, Stopping};
 use policy_client::revision_board::{HOLD, Poll, PollError, RevisionBoard};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -108,6 +108,7 @@ pub(crate) async fn serve(
     metrics: Arc<Metrics>,
     sync: Arc<SyncState>,
     revisions: Arc<RevisionBoard>,
+    peers: Peers,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
     let listener = Listener {
@@ -129,6 +130,7 @@ pub(crate) async fn serve(
         // The webhook in the pod reads `/engine/revisions` from loopback: no
         // other pod can keep it out.
         trust_this_host: true,
+        peers,
     };
     let stopping = Stopping {
         draining: cancel.clone(),

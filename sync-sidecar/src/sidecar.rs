@@ -116,9 +116,10 @@ impl Sidecar {
             self.revisions.clone(),
             cancel.clone(),
         );
+        let peers = self.settings.peers;
         tasks.spawn(async move {
             let addr = listener.local_addr().ok();
-            server::serve(listener, metrics, state, revisions, cancel)
+            server::serve(listener, metrics, state, revisions, peers, cancel)
                 .await
                 .map_err(|source| SyncError::Listen {
                     addr: addr.unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0))),

@@ -326,6 +326,11 @@ async fn http2_requests_per_connection_are_capped() {
 /// address.
 const HOSTILE: [u8; 4] = [127, 0, 0, 2];
 
+/// A connection's opening (its handshake and first request) lasts at most a
+/// second, during which no newcomer takes it: waiting this long, silent
+/// connections are idle.
+const PAST_THE_OPENING: Duration = Duration::from_millis(1200);
+
 /// Waits (at most 20 s) until `sample` on the webhook's metrics page is at
 /// least `value`; the page.
 async fn metric_reaches(webhook: &WebhookProcess, sample: &str, value: f64) -> String {
@@ -401,6 +406,7 @@ async fn peers_holding_every_slot_make_room_for_another() {
         40.0,
     )
     .await;
+    tokio::time::sleep(PAST_THE_OPENING).await;
 
     // Every slot is taken: another peer's connection takes an idle one of
     // the largest holder.
@@ -711,6 +717,8 @@ async fn probes_and_the_revisions_reader_get_through_to_placement_sync() {
     let baseline = open_fds(pid);
     let held = one_idle_connection_each(addr, 70);
     descriptors_reach(pid, baseline + 64).await;
+    // The reader takes an idle connection, once they are past their opening.
+    tokio::time::sleep(PAST_THE_OPENING).await;
     let kubelet = IpAddr::from(KUBELET);
     for path in ["/healthz", "/readyz"] {
         let answered = probes_answered(addr, kubelet, path, 5).await;
@@ -772,8 +780,11 @@ async fn a_verified_api_server_is_never_refused_for_its_many_connections() {
         30.0,
     )
     .await;
+    tokio::time::sleep(PAST_THE_OPENING).await;
     // The API server: a connection that has shown its certificate (a
-    // review), then 29 more at once, held.
+    // review), then 29 more at once, held: those beyond its peer's share or
+    // the listener's slots show their certificates beyond the slots, then
+    // take other peers' idle connections.
     let (status, first) = apiserver
         .review_and_hold(&placement_review("first"))
         .await
@@ -895,4 +906,173 @@ async fn one_callers_events_leave_the_others_alone() {
         (spam as f64) <= 3.0 + elapsed.ceil() + 1.0,
         "the flooding caller got {spam} Events in {elapsed:.1} s"
     );
+}
+
+/// An HTTPS probe of `path` from `source` (a new TLS connection, as the
+/// kubelet's readiness probe makes one), answered within 5 s: the status.
+async fn https_probe(webhook: &WebhookProcess, source: IpAddr, path: &str) -> Option<u16> {
+    let kubelet = target(webhook, &[b"h2"]).from_address(source);
+    tokio::time::timeout(Duration::from_secs(5), kubelet.get(path))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Handshake churn beside busy slots leaves the probes answered (issue 39):
+/// peers holding every slot of the admission port with slow bodies (busy,
+/// so none is taken), and a few peers reconnecting as fast as the server
+/// closes them, used to take the kubelet's connection (among the slots
+/// kept for probes, counted idle while its TLS handshake ran) before its
+/// GET. A connection is idle now only after its handshake and first
+/// request window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_churn_beside_busy_slots_leaves_the_probes_answered() {
+    let webhook = webhook(&[
+        "--max-connections=8",
+        "--max-connections-per-peer=2",
+        "--body-timeout=120s",
+        "--idle-timeout=120s",
+    ]);
+    let h1 = target(&webhook, &[b"http/1.1"]);
+    // Every slot busy: four peers, two slow bodies each.
+    let busy: Vec<_> = (2..=5)
+        .map(|last| {
+            h1.from_address([127, 0, 0, last].into())
+                .stalled_bodies(2, MIB, 1024)
+        })
+        .collect();
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_open{listener="admission"}"#,
+        8.0,
+    )
+    .await;
+    // Eight peers, ten connections each, opened again as soon as they close.
+    let churn: Vec<_> = (0..8u8)
+        .map(|n| {
+            placement_tests::hostile::held_plain_connections(
+                webhook.admission_addr,
+                [127, 0, 4, 10 + n].into(),
+                10,
+            )
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut answered = 0;
+    let mut statuses = Vec::new();
+    for _ in 0..10 {
+        let status = https_probe(&webhook, KUBELET.into(), "/healthz").await;
+        answered += usize::from(status == Some(200));
+        statuses.push(status);
+    }
+    assert_eq!(
+        answered,
+        10,
+        "readiness probes beside handshake churn: {statuses:?}\n{}",
+        webhook.metrics().await
+    );
+    drop((busy, churn));
+}
+
+/// Trust belongs to a connection, never to its address (issue 39): beside
+/// the API server's verified connection, unverified connections from its
+/// address keep to the peer's share (10 of 40).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unverified_connections_inherit_no_trust_from_their_address() {
+    let dir = scratch_dir("trust-by-address");
+    placement_tests::pki::client_pki(&dir, "apiserver", "kube-apiserver");
+    let webhook = webhook(&[
+        &format!(
+            "--client-ca-file={}",
+            dir.join("apiserver-ca.crt").display()
+        ),
+        "--max-connections=40",
+        "--max-connections-per-peer=10",
+        "--idle-timeout=120s",
+    ]);
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let apiserver = Target::with_client_certificate(
+        webhook.admission_addr,
+        &webhook.ca_pem,
+        &[b"h2"],
+        &read("apiserver.crt"),
+        &read("apiserver.key"),
+    )
+    .from_address([127, 0, 0, 1].into());
+    let (status, held) = apiserver
+        .review_and_hold(&placement_review("verified"))
+        .await
+        .expect("the API server's review");
+    assert_eq!(status, 200);
+    // Twenty unverified connections from the same address.
+    let unverified = target(&webhook, &[b"h2"])
+        .from_address([127, 0, 0, 1].into())
+        .idle_connections(20, Duration::from_secs(30));
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_open{listener="admission"}"#,
+        11.0,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let page = webhook.metrics().await;
+    let open = placement_tests::webhook::metric_value(
+        &page,
+        r#"placement_webhook_connections_open{listener="admission"}"#,
+    );
+    assert_eq!(
+        open, 11.0,
+        "the verified connection and the peer's share of 10:\n{page}"
+    );
+    drop(held);
+    end(unverified);
+}
+
+/// The API server is recognised by its certificate, not its address (issue
+/// 39): pods sharing its peer (its address here; its IPv6 /64 in a cluster)
+/// hold that peer's share, and the API server's reviews still pass, each on
+/// a connection of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_api_server_is_recognised_by_its_certificate_beside_pods_of_its_peer() {
+    let dir = scratch_dir("recognised-by-certificate");
+    placement_tests::pki::client_pki(&dir, "apiserver", "kube-apiserver");
+    let webhook = webhook(&[
+        &format!(
+            "--client-ca-file={}",
+            dir.join("apiserver-ca.crt").display()
+        ),
+        "--max-connections=40",
+        "--max-connections-per-peer=10",
+        "--idle-timeout=120s",
+    ]);
+    let shared: IpAddr = [127, 0, 0, 7].into();
+    let pods = target(&webhook, &[b"h2"])
+        .from_address(shared)
+        .idle_connections(10, Duration::from_secs(60));
+    metric_reaches(
+        &webhook,
+        r#"placement_webhook_connections_open{listener="admission"}"#,
+        10.0,
+    )
+    .await;
+    let read = |file: &str| std::fs::read_to_string(dir.join(file)).unwrap();
+    let apiserver = Target::with_client_certificate(
+        webhook.admission_addr,
+        &webhook.ca_pem,
+        &[b"h2"],
+        &read("apiserver.crt"),
+        &read("apiserver.key"),
+    )
+    .from_address(shared);
+    for i in 0..5 {
+        let answer = apiserver
+            .normal_review(&placement_review(&format!("beside-pods-{i}")))
+            .await;
+        assert!(
+            matches!(answer, Some((200, true, _))),
+            "the API server's review {i} beside pods holding its peer's share: {answer:?}\n{}",
+            webhook.metrics().await
+        );
+    }
+    end(pods);
 }

@@ -197,11 +197,18 @@ pub struct ServeArgs {
     /// idle connection of that holder; otherwise it is closed at once.
     #[arg(long, env = "PLACEMENT_MAX_CONNECTIONS")]
     pub(crate) max_connections: Option<usize>,
-    /// Open connections on the admission port from one peer address
-    /// [default: a quarter of --max-connections]. The API server comes from
-    /// few addresses; keep it above the connections each opens.
+    /// Open connections on the admission port from one peer (an address; an
+    /// IPv6 prefix, --ipv6-peer-prefix) [default: a quarter of
+    /// --max-connections]. Connections whose client certificate verified
+    /// (--client-ca-file: the API server) count toward no peer's share.
     #[arg(long, env = "PLACEMENT_MAX_CONNECTIONS_PER_PEER", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub(crate) max_connections_per_peer: Option<usize>,
+    /// IPv6 callers count as one peer per prefix of this many bits (for
+    /// connection shares, the memory budget's and Events): 64 by default, as
+    /// one host picks addresses in its /64 at will; 128 counts each address
+    /// apart, for clusters whose pods share the API server's /64.
+    #[arg(long, env = "PLACEMENT_IPV6_PEER_PREFIX", default_value_t = placement_endpoint::Peers::DEFAULT_IPV6_PREFIX, value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub(crate) ipv6_peer_prefix: u8,
     /// A connection this old is closed after its next response (HTTP/1 with
     /// `Connection: close`, HTTP/2 with GOAWAY), so that no client holds one
     /// for ever and clients spread over replicas.

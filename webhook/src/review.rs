@@ -55,7 +55,7 @@ pub(crate) struct GroupVersionResource {
 /// Events are limited by it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Caller {
-    /// Its peer (`placement_endpoint::peer_key`); `None`: not over the
+    /// Its peer (`placement_endpoint::Peers::key`); `None`: not over the
     /// network (the offline `review`).
     pub(crate) peer: Option<IpAddr>,
     /// It presented a client certificate the TLS layer verified.

@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kube::{Api, Client, Config};
-use placement_endpoint::{ConnectionLimits, connection_cap};
+use placement_endpoint::{ConnectionLimits, Peers, connection_cap};
 use policy_client::ownership_keys::{KeyError, LoadingKeys, OwnershipKeys, SharedKeys};
 use policy_client::ownership_secret::KeySecret;
 use policy_client::revision_feed::RememberingEngine;
@@ -141,6 +141,7 @@ fn serve_settings(args: &ServeArgs, memory: &MemorySizing) -> Result<ServeSettin
         },
         admission,
         metrics,
+        peers: Peers::new(args.ipv6_peer_prefix).map_err(ConfigError::Limits)?,
         shutdown_delay: args.shutdown_delay,
         readiness: Arc::new(
             Readiness::new(args.engine_ready_url.clone(), args.engine_startup_grace).map_err(
@@ -241,6 +242,9 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
                 rate: args.event_rate,
                 burst: args.event_burst,
                 dedupe_window: args.event_dedupe_window,
+                // Unverified callers are refused before their review is
+                // read; no path of a review of theirs writes an Event either.
+                verified_only: args.client_ca_file.is_some(),
             },
         ),
         None => EventSink::disabled(),
@@ -316,6 +320,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         metrics = %listeners.metrics_addr(),
         max_connections = settings.admission.max_connections,
         max_connections_per_peer = settings.admission.max_per_peer,
+        ipv6_peer_prefix = settings.peers.ipv6_prefix(),
         memory_budget = settings.requests.memory_budget,
         max_request_memory = settings.requests.max_request_memory,
         engine_memory_limit = memory.engine_memory_limit,

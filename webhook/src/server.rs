@@ -18,7 +18,7 @@ use axum::routing::{get, post};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt as _;
 use placement_endpoint::{
-    ClientCertificate, ConnectionLimits, Listener, Stopping, Throttle, TlsSettings, peer_key,
+    ClientCertificate, ConnectionLimits, Listener, Peers, Stopping, Throttle, TlsSettings,
 };
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
@@ -71,6 +71,8 @@ pub(crate) struct ServeSettings {
     pub requests: RequestLimits,
     pub admission: ConnectionLimits,
     pub metrics: ConnectionLimits,
+    /// How callers are grouped into peers (`--ipv6-peer-prefix`).
+    pub peers: Peers,
     pub readiness: Arc<Readiness>,
     /// From the request to stop to the end of accepting: the endpoint leaves
     /// the Service meanwhile, and every connection closes after its next
@@ -89,6 +91,7 @@ struct AppState {
     budget: Arc<MemoryBudget>,
     /// Warnings about refused requests, at most one per interval.
     refusals: Arc<Throttle>,
+    peers: Peers,
 }
 
 /// The admission router: `/mutate`, `/validate`, `/healthz`, `/readyz`.
@@ -182,7 +185,7 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
     // share of the budget.
     let mut charge = state.budget.charge_for(
         (!verified)
-            .then(|| peer.map(|p| peer_key(p.ip())))
+            .then(|| peer.map(|p| state.peers.key(p.ip())))
             .flatten(),
     );
     let read = tokio::time::timeout(
@@ -253,7 +256,7 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
         return over_budget(&state, peer, refusal);
     }
     let caller = Caller {
-        peer: peer.map(|p| peer_key(p.ip())),
+        peer: peer.map(|p| state.peers.key(p.ip())),
         verified,
     };
     let answer = state.admission.review_body(&body, mode, caller).await;
@@ -438,6 +441,7 @@ pub(crate) async fn serve(
         budget: MemoryBudget::new(settings.requests.memory_budget, Arc::clone(&metrics)),
         limits: Arc::new(settings.requests),
         refusals: Arc::new(Throttle::new(Duration::from_secs(10))),
+        peers: settings.peers,
     };
     let admission_listener = Listener {
         name: "admission",
@@ -449,6 +453,7 @@ pub(crate) async fn serve(
         // The readiness probe (HTTPS), and a liveness probe pointed here.
         probes: &["/healthz", "/readyz"],
         trust_this_host: false,
+        peers: settings.peers,
     };
     let metrics_listener = Listener {
         name: "metrics",
@@ -460,6 +465,7 @@ pub(crate) async fn serve(
         // The chart's liveness probe.
         probes: &["/healthz"],
         trust_this_host: false,
+        peers: settings.peers,
     };
     let (admission_result, metrics_result) = tokio::join!(
         placement_endpoint::serve(

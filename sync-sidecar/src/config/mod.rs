@@ -100,6 +100,13 @@ pub struct Args {
     )]
     listen: SocketAddr,
 
+    /// IPv6 callers of `--listen` count as one peer per prefix of this many
+    /// bits (each peer holds at most a quarter of the connections): 64 by
+    /// default; 128 counts each address apart, for clusters whose pods
+    /// share a /64 with the scraper or the kubelet.
+    #[arg(long, env = "PLACEMENT_SYNC_IPV6_PEER_PREFIX", default_value_t = placement_endpoint::Peers::DEFAULT_IPV6_PREFIX, value_parser = clap::value_parser!(u8).range(1..=128))]
+    ipv6_peer_prefix: u8,
+
     #[command(flatten)]
     bundles: BundleArgs,
 
@@ -147,6 +154,8 @@ pub struct Settings {
     /// `None` when leader election is off (this replica always remediates).
     pub(crate) leader: Option<LeaderSettings>,
     pub(crate) listen: SocketAddr,
+    /// How the callers of `listen` are grouped into peers.
+    pub(crate) peers: placement_endpoint::Peers,
     pub(crate) engine_check_interval: Duration,
     pub(crate) sentinel_path: String,
     pub(crate) workers: usize,
@@ -185,6 +194,8 @@ impl Settings {
         let blast_radius = args.remediation.guard.blast_radius()?;
         let partition = args.remediation.guard.partition()?;
         let scope = args.remediation.scope.scope()?;
+        let peers = placement_endpoint::Peers::new(args.ipv6_peer_prefix)
+            .map_err(|e| SyncError::Config(format!("--ipv6-peer-prefix: {e}")))?;
         Ok(Settings {
             replicate,
             replicate_path,
@@ -212,6 +223,7 @@ impl Settings {
             last_good_policies_read_only: args.last_good_policies_read_only,
             leader,
             listen: args.listen,
+            peers,
             engine_check_interval,
             sentinel_path,
             workers,
