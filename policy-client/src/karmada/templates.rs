@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::{Scope, pinned_kind};
@@ -50,7 +51,10 @@ pub enum TemplateError {
 }
 
 /// Reads bindings' resource templates from the API server, their resource
-/// types found by discovery once each. A template read is kept by its UID and
+/// types found by discovery once each (a type discovery could not find is
+/// not asked about again for [`FAILED_DISCOVERY_TTL`]: whoever writes
+/// bindings names the type, so every review naming a type that does not
+/// exist would otherwise cost the API server a discovery). A template read is kept by its UID and
 /// resourceVersion: a binding names the version of its template it was built
 /// from (`spec.resource.resourceVersion`), and Karmada's detector rewrites a
 /// binding from the same version on every reconcile, so those writes need no
@@ -59,7 +63,62 @@ pub struct Templates {
     client: kube::Client,
     /// `(apiVersion, kind)` -> the type and whether it is namespaced.
     types: Mutex<HashMap<(String, String), (ApiResource, bool)>>,
+    /// Types whose discovery failed lately, and why.
+    failed: Mutex<FailedDiscoveries>,
     versions: Mutex<Versions>,
+}
+
+/// How long a failed discovery is answered from memory: short, so that a
+/// type installed a moment later (a CRD) or an API server that recovers is
+/// found again soon.
+const FAILED_DISCOVERY_TTL: Duration = Duration::from_secs(10);
+
+/// Failed discoveries remembered at once; beyond, the oldest is forgotten.
+const FAILED_DISCOVERIES: usize = 1024;
+
+/// Types whose discovery failed, with when and why, for
+/// [`FAILED_DISCOVERY_TTL`]; at most [`FAILED_DISCOVERIES`] of them.
+struct FailedDiscoveries {
+    failed: HashMap<(String, String), (Instant, String)>,
+    ttl: Duration,
+    capacity: usize,
+}
+
+impl FailedDiscoveries {
+    fn new(ttl: Duration, capacity: usize) -> FailedDiscoveries {
+        FailedDiscoveries {
+            failed: HashMap::new(),
+            ttl,
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Why the discovery of `id` failed, if it did within the TTL of `now`.
+    fn get(&self, id: &(String, String), now: Instant) -> Option<&str> {
+        self.failed
+            .get(id)
+            .filter(|(at, _)| now.saturating_duration_since(*at) < self.ttl)
+            .map(|(_, reason)| reason.as_str())
+    }
+
+    fn remember(&mut self, id: (String, String), reason: String, now: Instant) {
+        if !self.failed.contains_key(&id) && self.failed.len() >= self.capacity {
+            let ttl = self.ttl;
+            self.failed
+                .retain(|_, (at, _)| now.saturating_duration_since(*at) < ttl);
+            if self.failed.len() >= self.capacity {
+                let oldest = self
+                    .failed
+                    .iter()
+                    .min_by_key(|(_, (at, _))| *at)
+                    .map(|(id, _)| id.clone());
+                if let Some(oldest) = oldest {
+                    self.failed.remove(&oldest);
+                }
+            }
+        }
+        self.failed.insert(id, (now, reason));
+    }
 }
 
 /// How much the templates kept by version may take (their JSON, in bytes).
@@ -131,6 +190,10 @@ impl Templates {
         Templates {
             client,
             types: Mutex::default(),
+            failed: Mutex::new(FailedDiscoveries::new(
+                FAILED_DISCOVERY_TTL,
+                FAILED_DISCOVERIES,
+            )),
             versions: Mutex::new(Versions::new(KEPT_VERSIONS_BYTES)),
         }
     }
@@ -150,16 +213,28 @@ impl Templates {
         {
             return Ok(found.clone());
         }
+        let discovery_error = |reason: String| TemplateError::Discovery {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+            reason,
+        };
+        let failed = || self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(reason) = failed().get(&id, Instant::now()) {
+            return Err(discovery_error(format!(
+                "{reason} (a discovery of the last {} seconds)",
+                FAILED_DISCOVERY_TTL.as_secs()
+            )));
+        }
         let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
         let gvk = GroupVersionKind::gvk(group, version, kind);
-        let (resource, capabilities) =
-            pinned_kind(&self.client, &gvk)
-                .await
-                .map_err(|e| TemplateError::Discovery {
-                    api_version: api_version.to_owned(),
-                    kind: kind.to_owned(),
-                    reason: e.to_string(),
-                })?;
+        let (resource, capabilities) = match pinned_kind(&self.client, &gvk).await {
+            Ok(found) => found,
+            Err(e) => {
+                let reason = e.to_string();
+                failed().remember(id, reason.clone(), Instant::now());
+                return Err(discovery_error(reason));
+            }
+        };
         let found = (resource, capabilities.scope == Scope::Namespaced);
         self.types
             .lock()
@@ -227,6 +302,44 @@ impl Templates {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A failed discovery is answered from memory for the TTL, then asked
+    /// again; a flood of types that do not exist is remembered within the
+    /// capacity, the oldest forgotten first.
+    #[test]
+    fn failed_discoveries_are_remembered_for_a_short_time() {
+        let id = |kind: &str| ("example.com/v1".to_owned(), kind.to_owned());
+        let start = Instant::now();
+        let mut failed = FailedDiscoveries::new(Duration::from_secs(10), 3);
+        failed.remember(id("Missing"), "404 Not Found".into(), start);
+        let later = |secs: u64| start + Duration::from_secs(secs);
+        assert_eq!(failed.get(&id("Missing"), later(9)), Some("404 Not Found"));
+        assert_eq!(failed.get(&id("Other"), later(9)), None);
+        assert_eq!(
+            failed.get(&id("Missing"), later(10)),
+            None,
+            "asked again after the TTL"
+        );
+        // Capacity: the oldest goes first; expired ones before any.
+        failed.remember(id("A"), "a".into(), later(1));
+        failed.remember(id("B"), "b".into(), later(2));
+        failed.remember(id("C"), "c".into(), later(3));
+        assert_eq!(
+            failed.get(&id("Missing"), later(3)),
+            None,
+            "the oldest forgotten for room"
+        );
+        assert_eq!(failed.failed.len(), 3);
+        assert_eq!(failed.get(&id("A"), later(3)), Some("a"));
+        failed.remember(id("D"), "d".into(), later(4));
+        assert_eq!(failed.failed.len(), 3);
+        assert_eq!(failed.get(&id("A"), later(4)), None, "the oldest forgotten");
+        assert_eq!(failed.get(&id("D"), later(4)), Some("d"));
+        // Remembering one again refreshes it, taking no other's place.
+        failed.remember(id("B"), "b again".into(), later(5));
+        assert_eq!(failed.get(&id("B"), later(14)), Some("b again"));
+        assert_eq!(failed.get(&id("C"), later(5)), Some("c"));
+    }
 
     #[test]
     fn template_versions_are_kept_within_their_budget() {
