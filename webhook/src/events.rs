@@ -11,7 +11,10 @@
 //! `--client-ca-file`) share the configured one; every other caller (an
 //! address, an IPv6 /64: without a client CA, the API server too) has one of
 //! its own, of the same size, and all of those together at most
-//! [`CALLERS_CEILING`] times it.
+//! [`CALLERS_CEILING`] times it. With a client CA, only verified callers'
+//! reviews cause Events at all ([`EventLimits::verified_only`]; the others
+//! are refused before their review is read, and this holds whatever path a
+//! review takes).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -53,6 +56,10 @@ pub(crate) struct EventLimits {
     pub burst: u32,
     /// One Event per object and reason within this window.
     pub dedupe_window: Duration,
+    /// Only callers with a verified client certificate cause Events (a
+    /// client CA is configured: the API server is recognised by its
+    /// certificate); the others' are dropped (`unverified`).
+    pub verified_only: bool,
 }
 
 impl Default for EventLimits {
@@ -61,6 +68,7 @@ impl Default for EventLimits {
             rate: 5.0,
             burst: 20,
             dedupe_window: Duration::from_secs(300),
+            verified_only: false,
         }
     }
 }
@@ -161,6 +169,9 @@ impl Gates {
         let Some(peer) = caller.peer.filter(|_| !caller.verified) else {
             return self.verified.admit(key, now);
         };
+        if self.limits.verified_only {
+            return Err("unverified");
+        }
         if self.ceiling.available(now) < 1.0 {
             return Err("rate_limited");
         }
@@ -411,6 +422,7 @@ mod tests {
             rate: 1.0,
             burst: 3,
             dedupe_window: Duration::from_secs(60),
+            ..EventLimits::default()
         };
         let mut gate = Gate::new(limits);
         let start = Instant::now();
@@ -446,6 +458,7 @@ mod tests {
             rate: 1.0,
             burst: 3,
             dedupe_window: Duration::from_secs(60),
+            ..EventLimits::default()
         };
         let mut gates = Gates::new(limits);
         let now = Instant::now();
@@ -499,6 +512,7 @@ mod tests {
             rate: 1000.0,
             burst: 10,
             dedupe_window: Duration::from_secs(1),
+            ..EventLimits::default()
         };
         let mut gate = Gate::new(limits);
         let start = Instant::now();
@@ -520,5 +534,36 @@ mod tests {
         let r = object_reference(&request(json!({"metadata": {"generateName": "web-"}})));
         assert_eq!(r.name.as_deref(), Some("web-"));
         assert_eq!(capitalized("CREATE"), "Create");
+    }
+
+    /// With a client CA, only verified callers cause Events (issue 39): an
+    /// unverified caller's are dropped whatever its budget; the offline
+    /// review (no peer) and verified callers keep theirs.
+    #[test]
+    fn with_a_client_ca_only_verified_callers_cause_events() {
+        let limits = EventLimits {
+            verified_only: true,
+            ..EventLimits::default()
+        };
+        let mut gates = Gates::new(limits);
+        let now = Instant::now();
+        let unverified = Caller {
+            peer: Some(IpAddr::from([10, 0, 0, 2])),
+            verified: false,
+        };
+        let verified = Caller {
+            peer: Some(IpAddr::from([10, 0, 0, 2])),
+            verified: true,
+        };
+        assert_eq!(
+            gates.admit(unverified, key("web", "r"), now),
+            Err("unverified")
+        );
+        assert!(gates.callers.is_empty(), "nothing remembered for it");
+        assert_eq!(gates.admit(verified, key("web", "r"), now), Ok(()));
+        assert_eq!(gates.admit(Caller::default(), key("db", "r"), now), Ok(()));
+        // Without a client CA, every caller has its budget.
+        let mut gates = Gates::new(EventLimits::default());
+        assert_eq!(gates.admit(unverified, key("web", "r"), now), Ok(()));
     }
 }
