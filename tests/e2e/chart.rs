@@ -941,6 +941,134 @@ fn who_may_reach_the_webhook_is_a_value() {
     );
 }
 
+/// The Karmada guardrail's pods verify Karmada's API server (issue 39): with
+/// `karmada.clientCA` the webhook container gets `--client-ca-file` of the
+/// CA's key alone (from a ConfigMap, or from a Secret without its other
+/// keys), and with `networkPolicy` a NetworkPolicy of their own selects
+/// them, letting only `karmadaAdmissionFrom` reach the guardrail's port;
+/// neither by default, and a NetworkPolicy naming no source of Karmada's
+/// API server is refused.
+#[test]
+fn the_karmada_guardrail_verifies_karmadas_api_server() {
+    let scheduler =
+        |docs: &[Value]| named(docs, "Deployment", "placement-policy-karmada-scheduler").clone();
+    let webhook_container = |deployment: &Value| {
+        containers(deployment)
+            .into_iter()
+            .find(|c| c["name"] == "webhook")
+            .expect("the guardrail's webhook container")
+            .clone()
+    };
+    let client_ca_volume = |deployment: &Value| {
+        deployment["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|v| v["name"] == "karmada-client-ca")
+            .cloned()
+    };
+    let defaults = render(&["karmada.enabled=true"]);
+    let container = webhook_container(&scheduler(&defaults));
+    assert!(
+        !args(&container)
+            .iter()
+            .any(|a| a.starts_with("--client-ca-file")),
+        "{container}"
+    );
+
+    let docs = render(&[
+        "karmada.enabled=true",
+        "karmada.clientCA.configMap=karmada-front-proxy-ca",
+        "networkPolicy.enabled=true",
+        "networkPolicy.admissionFrom[0].ipBlock.cidr=10.0.0.0/24",
+        "networkPolicy.karmadaAdmissionFrom[0].podSelector.matchLabels.app=karmada-apiserver",
+        "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+    ]);
+    let deployment = scheduler(&docs);
+    let container = webhook_container(&deployment);
+    assert!(
+        args(&container)
+            .contains(&"--client-ca-file=/etc/placement/karmada-client-ca/ca.crt".to_owned()),
+        "{container}"
+    );
+    let mounted = container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| {
+            m["name"] == "karmada-client-ca" && m["mountPath"] == "/etc/placement/karmada-client-ca"
+        });
+    assert!(mounted, "{container}");
+    assert_eq!(
+        client_ca_volume(&deployment),
+        Some(json!({
+            "name": "karmada-client-ca",
+            "configMap": {"name": "karmada-front-proxy-ca", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+        }))
+    );
+    // From a Secret of Karmada's certificates: its CA's key alone.
+    let from_secret = render(&[
+        "karmada.enabled=true",
+        "karmada.clientCA.secret=karmada-cert",
+        "karmada.clientCA.key=front-proxy-ca.crt",
+    ]);
+    assert_eq!(
+        client_ca_volume(&scheduler(&from_secret)),
+        Some(json!({
+            "name": "karmada-client-ca",
+            "secret": {"secretName": "karmada-cert", "items": [{"key": "front-proxy-ca.crt", "path": "ca.crt"}]}
+        }))
+    );
+
+    let policy = named(&docs, "NetworkPolicy", "placement-policy-karmada");
+    assert_eq!(
+        policy["spec"]["podSelector"]["matchLabels"], deployment["spec"]["selector"]["matchLabels"],
+        "the NetworkPolicy selects exactly the Karmada pods"
+    );
+    assert_eq!(policy["spec"]["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        policy["spec"]["ingress"],
+        json!([
+            {"from": [{"podSelector": {"matchLabels": {"app": "karmada-apiserver"}}}], "ports": [{"port": 8443, "protocol": "TCP"}]},
+            {"from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}], "ports": [{"port": 9090, "protocol": "TCP"}, {"port": 8182, "protocol": "TCP"}]}
+        ])
+    );
+    // The webhook pods' own NetworkPolicy is unchanged beside it.
+    let webhook_policy = named(&docs, "NetworkPolicy", "placement-policy-webhook");
+    assert_ne!(
+        webhook_policy["spec"]["podSelector"],
+        policy["spec"]["podSelector"]
+    );
+    // Both accepted by the API server (in a namespace of its own).
+    let plane = ControlPlane::shared();
+    // Another test may have made it already.
+    let _ = plane.kubectl(&["create", "namespace", "placement-system"]);
+    for object in [policy, &deployment] {
+        let accepted = plane.kubectl_stdin(
+            &["apply", "--dry-run=server", "-f", "-"],
+            &object.to_string(),
+        );
+        assert!(
+            accepted.status.success(),
+            "{}",
+            String::from_utf8_lossy(&accepted.stderr)
+        );
+    }
+
+    refused(
+        "karmada.enabled=true,networkPolicy.enabled=true,networkPolicy.admissionFrom[0].ipBlock.cidr=10.0.0.0/24",
+        "networkPolicy.enabled with karmada.guardrail needs networkPolicy.karmadaAdmissionFrom",
+    );
+    refused(
+        "karmada.enabled=true,karmada.clientCA.configMap=a,karmada.clientCA.secret=b",
+        "karmada.clientCA names a ConfigMap or a Secret",
+    );
+    refused(
+        "karmada.enabled=true,karmada.guardrail=false,karmada.clientCA.configMap=a",
+        "karmada.clientCA is the CA of the client certificate Karmada's API server presents",
+    );
+}
+
 /// Where the kubelet and client libraries put a pod's API credentials.
 const TOKEN_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 

@@ -1,8 +1,8 @@
 //! Who may reach the webhook, and what they can make it do, through a real
 //! kube-apiserver: with `--client-ca-file` only clients holding a certificate
 //! of that CA (the API server, configured through its AdmissionConfiguration)
-//! may post reviews; and the Events any client can cause are deduplicated and
-//! rate-limited.
+//! may post reviews, the Karmada guardrail's binding reviews too; and the
+//! Events any client can cause are deduplicated and rate-limited.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -93,6 +93,21 @@ fn review(uid: &str, object: &Value) -> Vec<u8> {
 /// Whether a TLS client presenting the certificate `{name}.crt` gets an HTTP
 /// answer from the webhook.
 async fn answers_client_with(webhook: &WebhookProcess, dir: &Path, name: &str) -> bool {
+    let body = review("cert-probe", &replicaset("probe", "default"));
+    post_with_certificate(webhook, dir, name, &body)
+        .await
+        .is_some_and(|answer| answer.starts_with("HTTP/1.1 200"))
+}
+
+/// POST `body` to `/mutate` as a TLS client presenting the certificate
+/// `{name}.crt`: the whole HTTP/1.1 answer, `None` when the handshake or
+/// the request failed.
+async fn post_with_certificate(
+    webhook: &WebhookProcess,
+    dir: &Path,
+    name: &str,
+    body: &[u8],
+) -> Option<String> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     placement_tests::install_crypto();
@@ -115,20 +130,16 @@ async fn answers_client_with(webhook: &WebhookProcess, dir: &Path, name: &str) -
         .await
         .unwrap();
     let name = ServerName::IpAddress(webhook.admission_addr.ip().into());
-    let Ok(mut tls) = connector.connect(name, tcp).await else {
-        return false;
-    };
-    let body = review("cert-probe", &replicaset("probe", "default"));
+    let mut tls = connector.connect(name, tcp).await.ok()?;
     let head = format!(
         "POST /mutate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
-    if tls.write_all(head.as_bytes()).await.is_err() || tls.write_all(&body).await.is_err() {
-        return false;
-    }
+    tls.write_all(head.as_bytes()).await.ok()?;
+    tls.write_all(body).await.ok()?;
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await;
-    String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200")
+    Some(String::from_utf8_lossy(&answer).into_owned())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -302,4 +313,132 @@ async fn events_any_client_can_cause_are_deduplicated_and_rate_limited() {
         sample(r#"placement_webhook_events_dropped_total{reason="rate_limited"}"#) >= 1.0,
         "{page}"
     );
+}
+
+/// A Karmada ResourceBinding CREATE, as Karmada's detector posts it: its
+/// template `kind` `name` of `api_version` in `ns`.
+fn binding_review(uid: &str, ns: &str, api_version: &str, kind: &str, name: &str) -> Vec<u8> {
+    let binding = json!({
+        "apiVersion": "work.karmada.io/v1alpha2",
+        "kind": "ResourceBinding",
+        "metadata": {"name": format!("{name}-{}", kind.to_lowercase()), "namespace": ns},
+        "spec": {
+            "resource": {"apiVersion": api_version, "kind": kind, "namespace": ns, "name": name},
+            "placement": {"clusterAffinity": {"clusterNames": ["member-eu-1", "member-us-1"]}}
+        }
+    });
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": uid,
+            "kind": {"group": "work.karmada.io", "version": "v1alpha2", "kind": "ResourceBinding"},
+            "resource": {"group": "work.karmada.io", "version": "v1alpha2", "resource": "resourcebindings"},
+            "namespace": ns,
+            "name": binding["metadata"]["name"],
+            "operation": "CREATE",
+            "userInfo": {"username": "system:admin"},
+            "object": binding,
+            "dryRun": false
+        }
+    }))
+    .unwrap()
+}
+
+/// The Karmada guardrail's webhook, started with the chart's guardrail
+/// flags and `--client-ca-file` (`karmada.clientCA`), refuses a binding
+/// review from a caller without a client certificate before reading it
+/// (issue 39): no template is read or discovered for it, no Event is
+/// written; the API server's review, with its certificate, is answered.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_guardrail_webhook_with_a_client_ca_refuses_unauthenticated_reviews() {
+    let plane = ControlPlane::shared();
+    let ns = unique_name("guardrail-auth");
+    plane.create_namespace(&ns);
+    let dir = scratch_dir("guardrail-client-ca");
+    client_pki(&dir, "front-proxy");
+    // The chart's guardrail container: Karmada's API server through
+    // --kubeconfig (a kube-apiserver here), the scheduler's name, the client
+    // CA mounted from karmada.clientCA.
+    let webhook = WebhookProcess::start(&[
+        format!("--policy-dir={}", repo_root().join("policies").display()),
+        format!(
+            "--kubeconfig={}",
+            plane.kubeconfig(Identity::Webhook).display()
+        ),
+        "--karmada-scheduler-name=placement-policy".to_owned(),
+        format!(
+            "--client-ca-file={}",
+            dir.join("front-proxy-ca.crt").display()
+        ),
+    ]);
+    // Anyone reaching the port: refused, by name, before the review is read.
+    for (i, kind) in ["Deployment", "MadeUp"].iter().enumerate() {
+        let api_version = if *kind == "Deployment" {
+            "apps/v1"
+        } else {
+            "example.com/v1"
+        };
+        let (status, body) = webhook
+            .post(
+                "/mutate",
+                binding_review(&format!("anonymous-{i}"), &ns, api_version, kind, "web"),
+            )
+            .await;
+        assert_eq!(status, 403, "{body}");
+        assert!(body.contains("client certificate"), "{body}");
+    }
+    let page = webhook.metrics().await;
+    let sample = |page: &str, s: &str| placement_tests::webhook::metric_value(page, s);
+    assert_eq!(
+        sample(
+            &page,
+            r#"placement_webhook_requests_rejected_total{reason="unauthenticated"}"#
+        ),
+        2.0,
+        "{page}"
+    );
+    let evaluated: f64 = ["failed_closed", "failed_open", "patched", "unchanged", "denied"]
+        .iter()
+        .map(|outcome| {
+            sample(
+                &page,
+                &format!(
+                    r#"placement_webhook_admission_requests_total{{operation="CREATE",outcome="{outcome}"}}"#
+                ),
+            )
+        })
+        .sum();
+    assert_eq!(
+        evaluated + sample(&page, "placement_webhook_events_published_total"),
+        0.0,
+        "nothing of the anonymous reviews evaluated or reported:\n{page}"
+    );
+    // Karmada's API server, presenting its front-proxy client certificate:
+    // answered (its template does not exist: it fails closed iff policies
+    // exist, with an Event either way).
+    let answer = post_with_certificate(
+        &webhook,
+        &dir,
+        "front-proxy",
+        &binding_review("apiserver", &ns, "apps/v1", "Deployment", "web"),
+    )
+    .await
+    .expect("an answer to the API server");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains(r#""uid":"apiserver""#), "{answer}");
+    // Its Event is written: only verified callers' reviews cause one.
+    wait_for("the API server's Event", Duration::from_secs(20), || {
+        let events: Value = serde_json::from_str(&plane.kubectl_ok(&[
+            "get",
+            "events.events.k8s.io",
+            "-n",
+            &ns,
+            "-o",
+            "json",
+        ]))
+        .ok()?;
+        let items = events["items"].as_array()?.clone();
+        (items.len() == 1).then_some(())
+    });
 }
