@@ -4,8 +4,10 @@
 //! memory within its budget while normal reviews still pass, bodies declared
 //! and never sent hold nothing, no peer holds more than its share of the
 //! memory budget, probes are answered whatever other peers hold (on the
-//! webhook's ports and placement-sync's), an API server with a verified
-//! certificate is never refused for its many connections, one caller's
+//! webhook's ports and placement-sync's, handshake churn beside busy slots
+//! included), an API server with a verified certificate is never refused
+//! for its many connections nor for pods of its peer, trust is a
+//! connection's own and never its address's, one caller's
 //! Events leave the others' alone, and running out of file descriptors is
 //! survived and counted.
 //!
