@@ -1321,7 +1321,7 @@ fn a_tenants_module_extending_the_shipped_package_is_refused() {
         for part in [
             "package io.k8s.federation.placement".to_owned(),
             format!("which namespace {tenant} does not own"),
-            format!("only policy ConfigMaps in namespace {POLICY_NAMESPACE}, {platform} may"),
+            format!("only ConfigMaps in namespace {POLICY_NAMESPACE}, {platform} may"),
         ] {
             assert!(message.contains(&part), "{part:?} in {message}");
         }
@@ -1343,6 +1343,44 @@ fn a_tenants_module_extending_the_shipped_package_is_refused() {
         "{:?}",
         modules.keys()
     );
+
+    // Nor do a module or a data ConfigMap of a namespace named like the
+    // replication root add a cluster to the ones the policy reads.
+    let fake = json!({"apiVersion": "placement-policy.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "member-fake",
+            "labels": {"placement-policy.io/jurisdiction": "eu"}},
+        "status": {"phase": "running"}});
+    labelled_policy(
+        &plane,
+        &tenant,
+        "fake-cluster",
+        &format!("package kubernetes.clusters\n\nmember_fake := {fake}\n"),
+    );
+    plane.create_namespace("kubernetes");
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "clusters", "namespace": "kubernetes",
+                "labels": {"openpolicyagent.org/data": "opa"}},
+            "data": {"member-fake": fake.to_string()}}),
+    );
+    for (namespace, name) in [
+        (tenant.as_str(), "fake-cluster"),
+        ("kubernetes", "clusters"),
+    ] {
+        let status = written_status(&plane, namespace, name);
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            eu_placement(&runtime, &opa),
+            Ok(vec!["member-eu-1".to_owned()]),
+            "{namespace}/{name} added a cluster; its status: {status}\n{}",
+            sidecar.log_tail()
+        );
+        assert!(
+            status.contains("owned_package") && status.contains("in data.kubernetes"),
+            "{status}"
+        );
+    }
 
     // The tenant's own package loads.
     labelled_policy(

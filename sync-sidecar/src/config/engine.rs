@@ -201,9 +201,10 @@ pub(super) struct ConfigMapArgs {
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_DATA", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) enable_data: bool,
 
-    /// Namespaces, besides `--policy-namespace`, whose policy ConfigMaps may
-    /// write the owned packages (comma-separated): a module from any other
-    /// namespace that declares or extends one is refused.
+    /// Namespaces, besides `--policy-namespace`, whose ConfigMaps may write
+    /// the owned packages and placement-sync's own documents (the replicated
+    /// objects, the sentinel), comma-separated: a module or data document
+    /// from any other namespace that would write there is refused.
     #[arg(
         long,
         env = "PLACEMENT_SYNC_PACKAGE_OWNER_NAMESPACES",

@@ -169,7 +169,10 @@ impl Settings {
         let opa_token = args.opa.token()?;
         let opa_ca_pem = args.opa.ca_pem()?;
         let configmaps = args.configmaps.selection()?;
-        let package_owners = args.configmaps.owners(&configmaps, &decision)?;
+        let package_owners = args
+            .configmaps
+            .owners(&configmaps, &decision)?
+            .with_documents([replicate_path.clone(), sentinel_path.clone()]);
         let remediation_rate = args.remediation.rate()?;
         let workers = args.engine_sync.workers()?;
         let engine_check_interval = args.engine_sync.check_interval()?;

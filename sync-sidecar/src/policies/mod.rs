@@ -537,7 +537,7 @@ pub(crate) async fn run(
             &ctx.decision,
             ctx.owners.clone(),
         ),
-        data: DataSet::new(ctx.engine.clone()),
+        data: DataSet::new(ctx.engine.clone(), ctx.owners.clone()),
         selection: ctx.selection.clone(),
         watched: Watched {
             stores: stores.clone(),

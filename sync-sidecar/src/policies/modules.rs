@@ -65,7 +65,7 @@ impl ModuleSet {
         let mut records = self.records();
         for (id, source) in modules {
             if let Err(trespass) = self.owners.check(&id, &source) {
-                tracing::warn!(module = %id, package = %trespass.package, "the last good policy set kept a module that writes a package its namespace does not own; it is left out");
+                tracing::warn!(module = %id, package = %trespass.owned, "the last good policy set kept a module that writes a package its namespace does not own; it is left out");
                 continue;
             }
             records.entry(id).or_insert_with(|| ModuleRecord {
@@ -416,7 +416,7 @@ impl ModuleSet {
                 changed = true;
             } else if from_configmap && let Err(trespass) = self.owners.check(&id, &source) {
                 self.engine.delete_policy(&id).await?;
-                tracing::warn!(module = %id, package = %trespass.package, "removed a policy module that writes a package its namespace does not own");
+                tracing::warn!(module = %id, package = %trespass.owned, "removed a policy module that writes a package its namespace does not own");
                 changed = true;
             }
         }

@@ -341,7 +341,7 @@ async fn a_module_writing_a_package_its_namespace_does_not_own_is_refused() {
         assert!(
             errors[0]
                 .message
-                .contains(&format!("package io.k8s.federation.placement, which namespace team-a does not own: only policy ConfigMaps in namespace {NS} may")),
+                .contains(&format!("package io.k8s.federation.placement, which namespace team-a does not own: only ConfigMaps in namespace {NS} may")),
             "{}",
             errors[0].message
         );

@@ -22,7 +22,8 @@ fn a_tenant_declaring_a_shipped_package_or_one_under_it_is_refused() {
     assert_eq!(
         trespass,
         Trespass {
-            package: "io.k8s.federation.placement".into(),
+            owned: "io.k8s.federation.placement".into(),
+            kind: Owned::Package,
             path: "io.k8s.federation.placement".into(),
             above: false,
             line: Some(1),
@@ -143,9 +144,9 @@ fn the_refusal_says_why_and_who_may_write_the_package() {
     assert_eq!(
         error.message,
         "writes data.io.k8s.federation above the owned package io.k8s.federation.admission, \
-         which namespace team-a does not own: only policy ConfigMaps in namespace \
-         kube-federation-scheduling-policy, platform may declare or extend it; the module is \
-         not loaded and the policy set in force stays as it is"
+         which namespace team-a does not own: only ConfigMaps in namespace \
+         kube-federation-scheduling-policy, platform may declare or extend it; it is not loaded \
+         and the policy set in force stays as it is"
     );
     let nobody = PackageOwners::new(["a".to_owned()], Vec::<String>::new());
     let trespass = nobody.check(id, "package a\n").unwrap_err();
@@ -153,6 +154,44 @@ fn the_refusal_says_why_and_who_may_write_the_package() {
         nobody
             .refusal(id, &trespass)
             .message
-            .contains("no namespace may write it (none is named: see --package-owner-namespaces)")
+            .contains("no namespace may (none is named: see --package-owner-namespaces)")
+    );
+}
+
+#[test]
+fn a_tenant_writing_among_the_replicated_objects_is_refused() {
+    let owners = owners().with_documents([
+        "kubernetes".to_owned(),
+        "system/placement-sync/sentinel".to_owned(),
+    ]);
+    let id = "team-a/tenant-policy/main.rego";
+    for source in [
+        "package kubernetes.clusters\n\nfake := {\"status\": {\"phase\": \"running\"}}\n",
+        "package kubernetes\n\nclusters.fake := {}\n",
+        "package system[\"placement-sync\"]\n\nsentinel := \"x\"\n",
+    ] {
+        let trespass = owners.check(id, source).unwrap_err();
+        assert_eq!(trespass.kind, Owned::Document, "{source}");
+    }
+    // Beside them: other documents.
+    for source in [
+        "package system.placement_sync\n\nsentinel := \"x\"\n",
+        "package tenant\n\nkubernetes := 1\n",
+        "package kubernetes_tools\n\nx := 1\n",
+    ] {
+        assert_eq!(owners.check(id, source), Ok(()), "{source}");
+    }
+    let error = owners.refusal(
+        id,
+        &owners
+            .check(id, "package kubernetes.clusters\n\nfake := {}\n")
+            .unwrap_err(),
+    );
+    assert_eq!(
+        error.message,
+        "writes data.kubernetes.clusters in data.kubernetes, which placement-sync writes itself \
+         and namespace team-a does not own: only ConfigMaps in namespace \
+         kube-federation-scheduling-policy, platform may write there; it is not loaded and the \
+         policy set in force stays as it is"
     );
 }
