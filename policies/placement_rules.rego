@@ -123,8 +123,8 @@ jurisdiction_clusters contains name if {
 
 jurisdiction_clusters contains name if {
 	eu_value == "true"
-	some name, cluster in clusters
 	data.io.k8s.federation.settings.trust_cluster_claims == true
+	some name, cluster in clusters
 	not object.get(cluster, ["metadata", "labels", "placement-policy.io/jurisdiction"], "") in {"eu", "non-eu"}
 	some claim in cluster.status.clusterClaims
 	claim.name == "region.open-cluster-management.io"
