@@ -5,7 +5,8 @@
 //! on the policy ConfigMap and applied only once an administrator confirms
 //! it (one held occurrence per confirmation), while an outage re-places what
 //! it moves at once, beside a held edit too, unless it looks like a
-//! partition.
+//! partition. Packages have owners: a tenant's module or data ConfigMap
+//! writing the shipped packages or the replicated clusters is refused.
 
 use std::time::Duration;
 

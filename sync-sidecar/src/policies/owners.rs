@@ -39,7 +39,7 @@ pub(crate) struct PackageOwners {
     packages: Vec<Vec<String>>,
     /// Documents placement-sync writes itself, as components.
     documents: Vec<Vec<String>>,
-    /// Namespaces whose policy ConfigMaps may write them.
+    /// Namespaces whose ConfigMaps may write them.
     namespaces: BTreeSet<String>,
 }
 
