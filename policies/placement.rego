@@ -42,9 +42,13 @@
 #   - in the EU when its label `placement-policy.io/jurisdiction` is "eu", or, when
 #     that label is neither "eu" nor "non-eu", when its region starts with
 #     "europe-" (GCE style, e.g. europe-west1) or "eu-" (AWS style, e.g.
-#     eu-central-1): spec.region, or for a ManagedCluster the value of its
-#     claim `region.open-cluster-management.io`. The label "non-eu" marks a
-#     cluster as not in the EU whatever its region is.
+#     eu-central-1): spec.region. The label "non-eu" marks a cluster as not in
+#     the EU whatever its region is. What a cluster reports about itself
+#     counts only when the settings say so: a ManagedCluster's claim
+#     `region.open-cluster-management.io` (its administrator's, not the hub's)
+#     is its region only with `trust_cluster_claims := true` in
+#     placement_settings.rego; by default label a ManagedCluster's
+#     jurisdiction on the hub.
 #   - of PCI compliance level N when its label
 #     `placement-policy.io/pci-compliance-level` is the non-negative integer N;
 #     a missing label or any other value means level 0.

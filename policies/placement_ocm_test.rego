@@ -14,7 +14,17 @@ prefs_key := "federation.kubernetes.io/replica-set-preferences"
 
 reasons_key := "placement-policy.io/cluster-reasons"
 
-managed(name, region, level) := {
+# A ManagedCluster as the hub has it: labelled on the hub (PCI level and
+# jurisdiction, as the OCM test bed labels its clusters), with the region its
+# agent claims.
+managed(name, region, level) := object.union(claimed(name, region, level), {"metadata": {"labels": {"placement-policy.io/jurisdiction": jurisdiction(region)}}})
+
+jurisdiction(region) := "eu" if startswith(region, "europe-")
+
+else := "non-eu"
+
+# The same without a jurisdiction label: only its own claim says where it is.
+claimed(name, region, level) := {
 	"apiVersion": "cluster.open-cluster-management.io/v1",
 	"kind": "ManagedCluster",
 	"metadata": {"name": name, "labels": {"placement-policy.io/pci-compliance-level": level}},
@@ -28,12 +38,18 @@ managed(name, region, level) := {
 	},
 }
 
-# The OCM test bed's clusters (the bed also labels their jurisdiction; these
-# have only the claim, so the region decides).
+# The OCM test bed's clusters.
 clusters := {
 	"ocm-eu-1": managed("ocm-eu-1", "europe-west1", "2"),
 	"ocm-eu-2": managed("ocm-eu-2", "europe-west2", "3"),
 	"ocm-us-1": managed("ocm-us-1", "us-central1", "3"),
+}
+
+# The same clusters unlabelled: ocm-us-1's administrator claims an EU region.
+claimed_only := {
+	"ocm-eu-1": claimed("ocm-eu-1", "europe-west1", "2"),
+	"ocm-eu-2": claimed("ocm-eu-2", "europe-west2", "3"),
+	"ocm-us-1": claimed("ocm-us-1", "europe-west3", "3"),
 }
 
 deployment(annotations) := {
@@ -65,23 +81,38 @@ decide(input_doc, managed_clusters) := doc if {
 		with data.kubernetes.managedclusters as managed_clusters
 }
 
-test_eu_pci2_goes_to_both_eu_clusters_by_their_region_claim if {
+test_eu_pci2_goes_to_both_eu_clusters_by_their_hub_labels if {
 	doc := decide(eu_pci2, clusters)
 	placed_on(doc) == {"ocm-eu-1", "ocm-eu-2"}
 	doc.errors == set()
 }
 
-test_the_jurisdiction_label_overrides_the_claim if {
+# What a cluster reports about itself is not trusted by default: a claimed
+# region makes no cluster an EU one (the hub's label does).
+test_a_claimed_region_alone_places_nothing_in_the_eu if {
+	doc := decide(eu_pci2, claimed_only)
+	placed_on(doc) == set()
+	doc.errors == {"no cluster satisfies the placement requirements (eu-jurisdiction-required=true, pci-compliance-level>=2)"}
+}
+
+# Trusted by the settings, the claim is the region of an unlabelled cluster:
+# also the one whose administrator claims an EU region for it.
+test_trusted_claims_are_the_region_of_unlabelled_clusters if {
+	doc := decide(eu_pci2, claimed_only) with data.io.k8s.federation.settings.trust_cluster_claims as true
+	placed_on(doc) == {"ocm-eu-1", "ocm-eu-2", "ocm-us-1"}
+}
+
+test_the_jurisdiction_label_overrides_a_trusted_claim if {
 	relabelled := with_cluster("ocm-eu-1", {"metadata": {"labels": {
 		"placement-policy.io/pci-compliance-level": "2",
 		"placement-policy.io/jurisdiction": "non-eu",
 	}}})
-	placed_on(decide(eu_pci2, relabelled)) == {"ocm-eu-2"}
+	placed_on(decide(eu_pci2, relabelled)) == {"ocm-eu-2"} with data.io.k8s.federation.settings.trust_cluster_claims as true
 	us_in_eu := with_cluster("ocm-us-1", {"metadata": {"labels": {
 		"placement-policy.io/pci-compliance-level": "3",
 		"placement-policy.io/jurisdiction": "eu",
 	}}})
-	placed_on(decide(eu_pci2, us_in_eu)) == {"ocm-eu-1", "ocm-eu-2", "ocm-us-1"}
+	placed_on(decide(eu_pci2, us_in_eu)) == {"ocm-eu-1", "ocm-eu-2", "ocm-us-1"} with data.io.k8s.federation.settings.trust_cluster_claims as true
 }
 
 test_an_unavailable_cluster_takes_no_workloads if {

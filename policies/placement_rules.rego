@@ -97,8 +97,10 @@ tainted_clusters contains name if {
 
 # Rule 2: every cluster when EU jurisdiction is not required, else the EU
 # clusters: by label, or by region when the label says neither "eu" nor "non-eu"
-# (spec.region; an OCM ManagedCluster's region is its agent's claim
-# region.open-cluster-management.io).
+# (spec.region). What is set on the hub or control plane decides, never what a
+# cluster reports about itself: an OCM ManagedCluster's claim
+# region.open-cluster-management.io (set by the managed cluster's administrator)
+# counts only when the settings trust cluster claims (trust_cluster_claims).
 jurisdiction_clusters contains name if {
 	eu_value == "false"
 	some name, _ in clusters
@@ -121,6 +123,7 @@ jurisdiction_clusters contains name if {
 
 jurisdiction_clusters contains name if {
 	eu_value == "true"
+	data.io.k8s.federation.settings.trust_cluster_claims == true
 	some name, cluster in clusters
 	not object.get(cluster, ["metadata", "labels", "placement-policy.io/jurisdiction"], "") in {"eu", "non-eu"}
 	some claim in cluster.status.clusterClaims

@@ -261,6 +261,15 @@ test_eu_required_keeps_europe_and_eu_regions_and_eu_label if {
 	count(doc.errors) == 0
 }
 
+# spec.region is set on the control plane: it counts whether or not the
+# settings trust what clusters report about themselves (they do not by
+# default; placement_ocm_test.rego has the claims).
+test_the_settings_trust_no_cluster_claims_by_default if {
+	data.io.k8s.federation.settings.trust_cluster_claims == false
+	doc := admission with input as rs({eu_key: "true"}) with data.kubernetes.clusters as eu_test_clusters
+	placed_on(doc) == eu_test_expected
+}
+
 test_eu_false_is_no_restriction if {
 	doc := admission with input as rs({eu_key: "false"}) with data.kubernetes.clusters as eu_test_clusters
 	placed_on(doc) == {name | some name, _ in eu_test_clusters}

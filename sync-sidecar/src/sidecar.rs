@@ -198,6 +198,7 @@ impl Sidecar {
                 decision: settings.decision.clone(),
                 last_good: settings.last_good_policies.clone(),
                 last_good_read_only: settings.last_good_policies_read_only,
+                owners: settings.package_owners.clone(),
             },
             cancel.clone(),
         ));

@@ -5,7 +5,8 @@
 //! on the policy ConfigMap and applied only once an administrator confirms
 //! it (one held occurrence per confirmation), while an outage re-places what
 //! it moves at once, beside a held edit too, unless it looks like a
-//! partition.
+//! partition. Packages have owners: a tenant's module or data ConfigMap
+//! writing the shipped packages or the replicated clusters is refused.
 
 use std::time::Duration;
 
@@ -1157,6 +1158,261 @@ fn a_confirmation_is_for_one_held_occurrence_and_survives_unrelated_edits() {
         || {
             (held_report(&plane).is_none()
                 && annotation_of(&plane, POLICY_NAMESPACE, "placement", CONFIRM).is_empty())
+            .then_some(())
+        },
+    );
+}
+
+/// The decision for an EU Deployment: the clusters its placement names, or
+/// the errors when it has any.
+fn eu_placement(runtime: &tokio::runtime::Runtime, opa: &OpaServer) -> Result<Vec<String>, Value> {
+    let input = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "shop", "annotations": {
+            "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required": "true"}},
+        "spec": {"replicas": 1}});
+    let outcome = runtime.block_on(policy_client::engine::PolicyEngine::query(
+        &opa.client(),
+        "io/k8s/federation/admission",
+        &input,
+        tokio::time::Instant::now() + Duration::from_secs(5),
+    ));
+    match outcome {
+        Ok(policy_client::engine::QueryOutcome::Defined(doc))
+            if doc["errors"].as_array().is_some_and(Vec::is_empty) =>
+        {
+            // The preferences are an object here; the webhook serializes them.
+            let clusters = &doc["annotations"][placement_tests::PREFS]["clusters"];
+            Ok(clusters
+                .as_object()
+                .map(|c| c.keys().cloned().collect())
+                .unwrap_or_default())
+        }
+        Ok(policy_client::engine::QueryOutcome::Defined(doc)) => Err(doc["errors"].clone()),
+        other => Err(json!(format!("{other:?}"))),
+    }
+}
+
+/// A labelled policy ConfigMap of `namespace` with one module.
+fn labelled_policy(plane: &ControlPlane, namespace: &str, name: &str, rego: &str) {
+    apply(
+        plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": namespace,
+                "labels": {"openpolicyagent.org/policy": "rego"}},
+            "data": {"main.rego": rego}}),
+    );
+}
+
+/// The policy status of a ConfigMap once the sidecar wrote one.
+fn written_status(plane: &ControlPlane, namespace: &str, name: &str) -> String {
+    wait_for(
+        &format!("the policy status of {namespace}/{name}"),
+        Duration::from_secs(30),
+        || {
+            let status = annotation_of(plane, namespace, name, "placement-policy.io/policy-status");
+            (!status.is_empty()).then_some(status)
+        },
+    )
+}
+
+/// Packages have owners. With policies in every namespace (the chart's
+/// `policy.namespaces: ["*"]`), a tenant's labelled ConfigMap declaring the
+/// shipped placement package, to open member-us-1 to EU workloads or to
+/// make every decision fail with a conflicting rule, is refused: its status
+/// says why and which namespaces may write the package, and the set in force
+/// stays as it was (an EU decision still names member-eu-1 alone). A module
+/// of the tenant's own package still loads; a namespace named with
+/// `--package-owner-namespaces` may extend the package.
+#[test]
+fn a_tenants_module_extending_the_shipped_package_is_refused() {
+    placement_tests::install_crypto();
+    let runtime = placement_tests::current_thread_runtime();
+    let plane = ControlPlane::start();
+    let opa = OpaServer::start();
+    for (name, region) in [
+        ("member-eu-1", "europe-west1"),
+        ("member-us-1", "us-central1"),
+    ] {
+        apply(
+            &plane,
+            &json!({"apiVersion": "placement-policy.io/v1alpha1", "kind": "Cluster",
+                "metadata": {"name": name},
+                "spec": {"address": "https://10.0.0.1", "region": region}}),
+        );
+        plane.kubectl_ok(&[
+            "patch",
+            &format!("clusters.placement-policy.io/{name}"),
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"running"}}"#,
+        ]);
+    }
+    let shipped = placement_tests::shipped_policy_modules();
+    let shipped: Vec<(&str, &str)> = shipped
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    policy(&plane, &shipped);
+    let tenant = unique_name("tenant");
+    let platform = unique_name("platform");
+    for namespace in [&tenant, &platform] {
+        plane.create_namespace(namespace);
+    }
+    // What the chart grants with policy.namespaces ["*"].
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "List", "items": [
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                "metadata": {"name": "every-policy-configmap"},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"],
+                    "verbs": ["get", "list", "watch", "patch"]}]},
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "every-policy-configmap"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": "every-policy-configmap"},
+                "subjects": [{"kind": "ServiceAccount", "name": "placement-policy-remediator",
+                    "namespace": placement_tests::SYSTEM_NAMESPACE}]}]}),
+    );
+    let sidecar = SidecarProcess::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=off",
+            &format!("--policy-namespace={POLICY_NAMESPACE}"),
+            "--namespaces=*",
+            &format!("--package-owner-namespaces={platform}"),
+        ],
+    );
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    let eu_only = || {
+        wait_for(
+            "an EU decision naming member-eu-1",
+            Duration::from_secs(30),
+            || eu_placement(&runtime, &opa).ok().filter(|c| !c.is_empty()),
+        )
+    };
+    assert_eq!(eu_only(), ["member-eu-1"]);
+
+    let extend =
+        "package io.k8s.federation.placement\n\njurisdiction_clusters contains \"member-us-1\"\n";
+    let conflict = "package io.k8s.federation.placement\n\nallowed := set()\n";
+    for (name, rego) in [("open-us", extend), ("conflict", conflict)] {
+        labelled_policy(&plane, &tenant, name, rego);
+        let status = written_status(&plane, &tenant, name);
+        // Whatever the status says, the set in force is the owners'.
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            eu_placement(&runtime, &opa),
+            Ok(vec!["member-eu-1".to_owned()]),
+            "the tenant's {name} changed the decision; its status: {status}\n{}",
+            sidecar.log_tail()
+        );
+        let parsed: Value = serde_json::from_str(&status).expect("status JSON");
+        assert_eq!(parsed["status"], "error", "{status}");
+        let error = &parsed["errors"][0];
+        assert_eq!(error["code"], "owned_package", "{status}");
+        assert_eq!(
+            error["file"],
+            format!("{tenant}/{name}/main.rego"),
+            "{status}"
+        );
+        let message = error["message"].as_str().unwrap_or_default();
+        for part in [
+            "package io.k8s.federation.placement".to_owned(),
+            format!("which namespace {tenant} does not own"),
+            format!("only ConfigMaps in namespace {POLICY_NAMESPACE}, {platform} may"),
+        ] {
+            assert!(message.contains(&part), "{part:?} in {message}");
+        }
+        let kube_mgmt = annotation_of(
+            &plane,
+            &tenant,
+            name,
+            "openpolicyagent.org/kube-mgmt-status",
+        );
+        assert!(kube_mgmt.contains("owned_package"), "{kube_mgmt}");
+    }
+    let modules = runtime
+        .block_on(policy_client::engine::PolicyEngine::policies(&opa.client()))
+        .expect("OPA's modules");
+    assert!(
+        !modules
+            .keys()
+            .any(|id| id.starts_with(&format!("{tenant}/"))),
+        "{:?}",
+        modules.keys()
+    );
+
+    // Nor do a module or a data ConfigMap of a namespace named like the
+    // replication root add a cluster to the ones the policy reads.
+    let fake = json!({"apiVersion": "placement-policy.io/v1alpha1", "kind": "Cluster",
+        "metadata": {"name": "member-fake",
+            "labels": {"placement-policy.io/jurisdiction": "eu"}},
+        "status": {"phase": "running"}});
+    labelled_policy(
+        &plane,
+        &tenant,
+        "fake-cluster",
+        &format!("package kubernetes.clusters\n\nmember_fake := {fake}\n"),
+    );
+    plane.create_namespace("kubernetes");
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "clusters", "namespace": "kubernetes",
+                "labels": {"openpolicyagent.org/data": "opa"}},
+            "data": {"member-fake": fake.to_string()}}),
+    );
+    for (namespace, name) in [
+        (tenant.as_str(), "fake-cluster"),
+        ("kubernetes", "clusters"),
+    ] {
+        let status = written_status(&plane, namespace, name);
+        std::thread::sleep(Duration::from_secs(2));
+        assert_eq!(
+            eu_placement(&runtime, &opa),
+            Ok(vec!["member-eu-1".to_owned()]),
+            "{namespace}/{name} added a cluster; its status: {status}\n{}",
+            sidecar.log_tail()
+        );
+        assert!(
+            status.contains("owned_package") && status.contains("in data.kubernetes"),
+            "{status}"
+        );
+    }
+
+    // The tenant's own package loads.
+    labelled_policy(
+        &plane,
+        &tenant,
+        "own",
+        "package tenant.rules\n\nok := true\n",
+    );
+    let status = written_status(&plane, &tenant, "own");
+    assert_eq!(status, r#"{"status":"ok"}"#);
+    let ok = runtime.block_on(policy_client::engine::PolicyEngine::query(
+        &opa.client(),
+        "tenant/rules/ok",
+        &json!({}),
+        tokio::time::Instant::now() + Duration::from_secs(5),
+    ));
+    assert!(
+        matches!(&ok, Ok(policy_client::engine::QueryOutcome::Defined(v)) if *v == json!(true)),
+        "{ok:?}"
+    );
+
+    // A named owner's namespace may extend the shipped package.
+    labelled_policy(&plane, &platform, "open-us", extend);
+    let status = written_status(&plane, &platform, "open-us");
+    assert_eq!(status, r#"{"status":"ok"}"#);
+    wait_for(
+        "member-us-1 in the EU decision",
+        Duration::from_secs(30),
+        || {
+            (eu_placement(&runtime, &opa)
+                == Ok(vec!["member-eu-1".to_owned(), "member-us-1".to_owned()]))
             .then_some(())
         },
     );

@@ -442,6 +442,58 @@ fn the_shipped_policys_weighting_is_a_value() {
     );
 }
 
+/// `policy.trustClusterClaims` makes the shipped settings trust clusters' own
+/// region claims (off by default); `policy.ownerNamespaces` and
+/// `policy.ownedPackages` reach every placement-sync as the owners' flags.
+#[test]
+fn the_shipped_policys_trust_and_package_owners_are_values() {
+    let settings = |values: &[&str]| {
+        let docs = render(values);
+        named(&docs, "ConfigMap", "placement")["data"]["placement_settings.rego"]
+            .as_str()
+            .expect("the settings module")
+            .to_owned()
+    };
+    assert!(settings(&[]).contains("\ntrust_cluster_claims := false\n"));
+    assert!(
+        settings(&["policy.trustClusterClaims=true"]).contains("\ntrust_cluster_claims := true\n")
+    );
+    let sync_flags = |docs: &[Value]| -> Vec<Vec<String>> {
+        docs.iter()
+            .filter(|d| d["kind"] == "Deployment")
+            .flat_map(containers)
+            .filter(|c| c["name"] == "placement-sync")
+            .map(args)
+            .collect()
+    };
+    let plain = sync_flags(&render(&[]));
+    assert_eq!(
+        plain.len(),
+        2,
+        "the webhook's and the remediator's: {plain:?}"
+    );
+    assert!(
+        plain
+            .iter()
+            .flatten()
+            .all(|f| !f.starts_with("--package-owner-namespaces")
+                && !f.starts_with("--owned-packages")),
+        "{plain:?}"
+    );
+    let owned = sync_flags(&render(&[
+        "policy.ownerNamespaces={platform,security}",
+        "policy.ownedPackages={acme.rules}",
+    ]));
+    assert_eq!(owned.len(), 2, "{owned:?}");
+    for flags in &owned {
+        assert!(
+            flags.contains(&"--package-owner-namespaces=platform,security".to_owned())
+                && flags.contains(&"--owned-packages=acme.rules".to_owned()),
+            "{flags:?}"
+        );
+    }
+}
+
 /// The webhook's pod is gated only on the webhook: neither OPA being empty nor
 /// the sidecar being out of sync makes the Service lose its endpoints (which,
 /// with `failurePolicy: Fail`, would deny every write with or without

@@ -145,6 +145,12 @@ capabilities:
 - --opa-url=http://127.0.0.1:8181
 {{ include "pp.policySelection" . }}
 - --decision={{ .Values.policy.decision }}
+{{- with .Values.policy.ownerNamespaces }}
+- --package-owner-namespaces={{ join "," . }}
+{{- end }}
+{{- with .Values.policy.ownedPackages }}
+- --owned-packages={{ join "," . }}
+{{- end }}
 {{- range .Values.sync.replicate }}
 - --replicate={{ . }}
 {{- end }}
@@ -197,7 +203,8 @@ imagePullSecrets: {{- toYaml . | nindent 2 }}
 
 {{/*
 The shipped policy's modules (policies/*.rego but the tests) as ConfigMap
-data, with the settings module's weighting from policy.weighting.
+data, with the settings module's weighting from policy.weighting and its
+trust in clusters' own claims from policy.trustClusterClaims.
 */}}
 {{- define "pp.shippedPolicy" -}}
 {{- $weighting := .Values.policy.weighting | default "even" -}}
@@ -210,6 +217,9 @@ data, with the settings module's weighting from policy.weighting.
   {{- $source := $.Files.Get $path }}
   {{- if eq (base $path) "placement_settings.rego" }}
   {{- $source = replace "weighting := \"even\"" (printf "weighting := %q" $weighting) $source }}
+  {{- if $.Values.policy.trustClusterClaims }}
+  {{- $source = replace "trust_cluster_claims := false" "trust_cluster_claims := true" $source }}
+  {{- end }}
   {{- end }}
   {{- $source | nindent 2 }}
 {{- end }}

@@ -12,6 +12,7 @@ use policy_client::opa::Token;
 use super::values::{normalize_path, trimmed_list};
 use crate::error::SyncError;
 use crate::gvr::Gvr;
+use crate::policies::owners::{PackageOwners, SHIPPED_PACKAGES};
 
 /// Default engine path below which replicated objects are stored.
 const DEFAULT_REPLICATE_PATH: &str = "kubernetes";
@@ -199,6 +200,23 @@ pub(super) struct ConfigMapArgs {
     /// Load JSON/YAML data from ConfigMaps.
     #[arg(long, env = "PLACEMENT_SYNC_ENABLE_DATA", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     pub(crate) enable_data: bool,
+
+    /// Namespaces, besides `--policy-namespace`, whose ConfigMaps may write
+    /// the owned packages and placement-sync's own documents (the replicated
+    /// objects, the sentinel), comma-separated: a module or data document
+    /// from any other namespace that would write there is refused.
+    #[arg(
+        long,
+        env = "PLACEMENT_SYNC_PACKAGE_OWNER_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub(crate) package_owner_namespaces: Vec<String>,
+
+    /// Packages that only the owners' namespaces write, each with the
+    /// packages under it, besides the decision's package and the shipped
+    /// policy's (comma-separated, `a.b` or `a/b`).
+    #[arg(long, env = "PLACEMENT_SYNC_OWNED_PACKAGES", value_delimiter = ',')]
+    pub(crate) owned_packages: Vec<String>,
 }
 
 /// The sidecar's environment variables of the ConfigMap selection flags.
@@ -220,6 +238,45 @@ impl ConfigMapArgs {
         self.selection
             .selection(self.enable_data)
             .map_err(SyncError::Config)
+    }
+
+    /// Who may write which packages: the decision's package (`decision`,
+    /// a path), the shipped policy's and `--owned-packages` are written from
+    /// the policy namespace and `--package-owner-namespaces` only.
+    pub(super) fn owners(
+        &self,
+        selection: &ConfigMapSelection,
+        decision: &str,
+    ) -> Result<PackageOwners, SyncError> {
+        let mut packages = vec![decision.replace('/', ".")];
+        packages.extend(SHIPPED_PACKAGES.iter().map(|p| (*p).to_owned()));
+        for text in trimmed_list(&self.owned_packages) {
+            packages.push(package_name(&text)?);
+        }
+        let namespaces = trimmed_list(&self.package_owner_namespaces)
+            .into_iter()
+            .chain(selection.policy_namespace.clone());
+        Ok(PackageOwners::new(packages, namespaces))
+    }
+}
+
+/// A package named by `--owned-packages`, dotted: `a.b`, `a/b` or
+/// `data.a.b`, each component a Rego identifier.
+fn package_name(text: &str) -> Result<String, SyncError> {
+    let dotted = text.trim_matches('/').replace('/', ".");
+    let dotted = dotted.strip_prefix("data.").unwrap_or(&dotted);
+    let identifier = |c: &str| {
+        c.chars()
+            .next()
+            .is_some_and(|f| f.is_ascii_alphabetic() || f == '_')
+            && c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+    };
+    if dotted.split('.').all(identifier) {
+        Ok(dotted.to_owned())
+    } else {
+        Err(SyncError::Config(format!(
+            "--owned-packages: {text:?} is not a package name (dotted Rego identifiers, e.g. acme.placement)"
+        )))
     }
 }
 

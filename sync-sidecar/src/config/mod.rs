@@ -22,6 +22,7 @@ use policy_client::opa::Token;
 
 use crate::error::SyncError;
 use crate::gvr::Gvr;
+use crate::policies::owners::PackageOwners;
 use crate::scope::Scope;
 use engine::{BundleArgs, ConfigMapArgs, EngineSyncArgs, OpaArgs, ReplicateSpec, ReplicationArgs};
 use guard::{BlastRadius, PartitionRule};
@@ -129,6 +130,8 @@ pub struct Settings {
     pub(crate) kubeconfig: Option<PathBuf>,
     /// Which ConfigMaps are policies and which are data.
     pub(crate) configmaps: ConfigMapSelection,
+    /// Which packages only the owners' namespaces write.
+    pub(crate) package_owners: PackageOwners,
     pub(crate) opa_allow_insecure: bool,
     pub(crate) decision: String,
     pub(crate) remediation: RemediationMode,
@@ -175,6 +178,10 @@ impl Settings {
         let opa_token = args.opa.token()?;
         let opa_ca_pem = args.opa.ca_pem()?;
         let configmaps = args.configmaps.selection()?;
+        let package_owners = args
+            .configmaps
+            .owners(&configmaps, &decision)?
+            .with_documents([replicate_path.clone(), sentinel_path.clone()]);
         let remediation_rate = args.remediation.rate()?;
         let workers = args.engine_sync.workers()?;
         let engine_check_interval = args.engine_sync.check_interval()?;
@@ -207,6 +214,7 @@ impl Settings {
             opa_timeout: args.opa.opa_timeout,
             kubeconfig: args.kubeconfig,
             configmaps,
+            package_owners,
             opa_allow_insecure: args.opa.opa_allow_insecure,
             decision,
             remediation,

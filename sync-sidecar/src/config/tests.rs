@@ -263,3 +263,52 @@ fn the_replicate_path_gives_the_data_root_and_the_segments() {
     assert_eq!(s.replicate_root(), ["kubernetes"]);
     assert_eq!(s.data_roots(), ["kubernetes"]);
 }
+
+#[test]
+fn owned_packages_are_written_from_the_policy_namespace_and_the_named_ones() {
+    let s = Settings::from_args(args(&["--leader-election=false"])).unwrap();
+    assert_eq!(
+        s.package_owners.packages(),
+        [
+            "io.k8s.federation.admission",
+            "io.k8s.federation.placement",
+            "io.k8s.federation.settings"
+        ]
+    );
+    assert_eq!(
+        s.package_owners.namespaces().iter().collect::<Vec<_>>(),
+        [DEFAULT_POLICY_NAMESPACE]
+    );
+    let s = Settings::from_args(args(&[
+        "--leader-election=false",
+        "--decision=acme/admission",
+        "--owned-packages=acme.rules, data.acme.settings,acme/tiers",
+        "--package-owner-namespaces=platform,security",
+    ]))
+    .unwrap();
+    assert_eq!(
+        s.package_owners.packages(),
+        [
+            "acme.admission",
+            "acme.rules",
+            "acme.settings",
+            "acme.tiers",
+            "io.k8s.federation.admission",
+            "io.k8s.federation.placement",
+            "io.k8s.federation.settings"
+        ]
+    );
+    assert_eq!(
+        s.package_owners.namespaces().iter().collect::<Vec<_>>(),
+        [DEFAULT_POLICY_NAMESPACE, "platform", "security"]
+    );
+    // kube-mgmt's mode: no policy namespace, only the named owners.
+    let s = Settings::from_args(args(&["--namespaces=*", "--leader-election=false"])).unwrap();
+    assert!(s.package_owners.namespaces().is_empty());
+    let err = Settings::from_args(args(&["--owned-packages=acme.rules,acme-x"])).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("--owned-packages: \"acme-x\" is not a package name"),
+        "{err}"
+    );
+}

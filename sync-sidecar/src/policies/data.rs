@@ -1,7 +1,10 @@
 //! Data ConfigMaps, as kube-mgmt loads them: every data key of a ConfigMap
 //! labelled as data is a JSON (or YAML) document, written to the engine at
 //! `{namespace}/{name}/{key}`; a key or ConfigMap that goes is removed, and on
-//! a reload after an engine restart everything is written again.
+//! a reload after an engine restart everything is written again. A document
+//! of a namespace that does not own where it would land (an owned package, the
+//! replicated objects: [`PackageOwners::check_data`]) is reported and not
+//! written.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -9,12 +12,14 @@ use std::sync::{Arc, Mutex};
 use policy_client::engine::{CompileError, EngineError, PolicyEngine};
 use serde_json::Value;
 
+use crate::policies::owners::PackageOwners;
 use crate::policies::status::{ModuleSync, PolicyStatus};
 
 /// The engine side of data ConfigMaps: what is written where.
 #[derive(Debug)]
 pub(super) struct DataSet {
     engine: Arc<dyn PolicyEngine>,
+    owners: PackageOwners,
     /// ConfigMap (`namespace/name`) -> key -> the document written.
     written: Mutex<BTreeMap<String, BTreeMap<String, Value>>>,
 }
@@ -28,9 +33,10 @@ pub(super) fn parse_document(text: &str) -> Result<Value, String> {
 }
 
 impl DataSet {
-    pub(super) fn new(engine: Arc<dyn PolicyEngine>) -> DataSet {
+    pub(super) fn new(engine: Arc<dyn PolicyEngine>, owners: PackageOwners) -> DataSet {
         DataSet {
             engine,
+            owners,
             written: Mutex::new(BTreeMap::new()),
         }
     }
@@ -77,6 +83,11 @@ impl DataSet {
         let mut now = BTreeMap::new();
         for (name, text) in data {
             let path = format!("{key}/{name}");
+            if let Err(trespass) = self.owners.check_data(&path) {
+                tracing::warn!(document = %path, owned = %trespass.owned, "a data document would land where its namespace does not own; not written");
+                errors.push(self.owners.refusal(&path, &trespass));
+                continue;
+            }
             match parse_document(text) {
                 Ok(document) => {
                     if reload || previous.get(name) != Some(&document) {

@@ -20,6 +20,10 @@
 //! reload after an engine restart, so that no query sees a module before the
 //! modules it needs ([`rego_refs`]).
 //!
+//! Packages have owners ([`owners`]): a change with a module from a
+//! namespace that does not own a package the module declares or extends is
+//! refused the same way.
+//!
 //! This module watches the ConfigMaps and writes the outcome back; the
 //! engine side of modules is [`modules`], that of data documents [`data`],
 //! and both report in the terms of [`status`].
@@ -28,7 +32,9 @@ mod data;
 pub(crate) mod demand;
 pub(crate) mod last_good;
 mod modules;
+pub(crate) mod owners;
 pub(crate) mod rego_refs;
+mod rego_writes;
 mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -487,6 +493,8 @@ pub(crate) struct PolicyLoaderContext {
     pub(crate) last_good: Option<(String, String)>,
     /// The last good set is only read here (another sidecar writes it).
     pub(crate) last_good_read_only: bool,
+    /// Who may write which packages.
+    pub(crate) owners: owners::PackageOwners,
 }
 
 /// Watch the policy and data ConfigMaps and keep the engine equal to them
@@ -514,6 +522,9 @@ pub(crate) async fn run(
         stores.push((namespace.clone(), store));
         streams.push(stream.boxed());
     }
+    if ctx.owners.namespaces().is_empty() {
+        tracing::warn!(packages = ?ctx.owners.packages(), "no namespace may write the owned packages (no --policy-namespace, no --package-owner-namespaces): a module declaring or extending one is refused");
+    }
     // Data ConfigMaps land at data.<namespace>: data, not packages.
     let mut data_roots = ctx.data_roots.clone();
     data_roots.extend(namespaces.iter().flatten().cloned());
@@ -524,8 +535,9 @@ pub(crate) async fn run(
             ctx.engine.clone(),
             data_roots,
             &ctx.decision,
+            ctx.owners.clone(),
         ),
-        data: DataSet::new(ctx.engine.clone()),
+        data: DataSet::new(ctx.engine.clone(), ctx.owners.clone()),
         selection: ctx.selection.clone(),
         watched: Watched {
             stores: stores.clone(),

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use policy_client::engine::{CompileError, EngineError, PolicyEngine};
 
+use crate::policies::owners::PackageOwners;
 use crate::policies::rego_refs::{self};
 use crate::policies::status::{ModuleSync, PolicyStatus};
 
@@ -30,6 +31,8 @@ pub(super) struct ModuleSet {
     data_roots: Vec<String>,
     /// The decision's package (dotted): a set that still has modules keeps it.
     decision: String,
+    /// Who may write which packages.
+    owners: PackageOwners,
     records: Mutex<BTreeMap<String, ModuleRecord>>,
 }
 
@@ -40,12 +43,14 @@ impl ModuleSet {
         engine: Arc<dyn PolicyEngine>,
         data_roots: Vec<String>,
         decision: &str,
+        owners: PackageOwners,
     ) -> Self {
         ModuleSet {
             owned_namespaces,
             engine,
             data_roots,
             decision: decision.trim_matches('/').replace('/', "."),
+            owners,
             records: Mutex::new(BTreeMap::new()),
         }
     }
@@ -54,9 +59,15 @@ impl ModuleSet {
     /// is loaded (a restarted sidecar, from the set kept in the cluster):
     /// each ConfigMap's current source is tried first, and where it fails or
     /// would leave the set incomplete, these stay in force.
+    /// A kept module that writes a package its namespace does not own (kept
+    /// before the owners were configured so) is left out.
     pub(super) fn restore_last_good(&self, modules: BTreeMap<String, String>) {
         let mut records = self.records();
         for (id, source) in modules {
+            if let Err(trespass) = self.owners.check(&id, &source) {
+                tracing::warn!(module = %id, package = %trespass.owned, "the last good policy set kept a module that writes a package its namespace does not own; it is left out");
+                continue;
+            }
             records.entry(id).or_insert_with(|| ModuleRecord {
                 source: source.clone(),
                 outcome: Ok(()),
@@ -119,8 +130,9 @@ impl ModuleSet {
     }
 
     /// Why the set may not become what it is after ConfigMap `name` becomes
-    /// `desired`, if it may not: a module would need a package that no module
-    /// defines (and none needs now), or the change removes the decision while
+    /// `desired`, if it may not: a module writes a package its namespace does
+    /// not own ([`PackageOwners`]), a module would need a package that no
+    /// module defines (and none needs now), or the change removes the decision while
     /// other modules stay, or one file of a package whose other files it
     /// leaves as they are.
     fn refusals(
@@ -147,14 +159,20 @@ impl ModuleSet {
             code: Some(code.to_owned()),
             message,
         };
-        let mut errors: Vec<CompileError> = rego_refs::missing_packages(&after, &self.data_roots)
+        let mut errors: Vec<CompileError> = desired
+            .iter()
+            .filter_map(|(id, source)| {
+                let trespass = self.owners.check(id, source).err()?;
+                Some(self.owners.refusal(id, &trespass))
+            })
+            .collect();
+        errors.extend(rego_refs::missing_packages(&after, &self.data_roots)
             .into_iter()
             .filter(|m| !before.contains(&m.package))
             .map(|m| refused(m.module, "missing_package", format!(
                 "needs package {} (data.{}), which no loaded module defines; the last good policy set stays in force",
                 m.package, m.package
-            )))
-            .collect();
+            ))));
         for removal in rego_refs::refused_removals(&now, &after, &self.decision) {
             errors.push(match removal.reason {
                 rego_refs::RemovalReason::Decision { remaining } => refused(
@@ -311,7 +329,7 @@ impl ModuleSet {
         errors: Vec<CompileError>,
         reload: bool,
     ) -> Result<ModuleSync, EngineError> {
-        tracing::warn!(configmap = %name, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy set would be incomplete; the last good set stays in force");
+        tracing::warn!(configmap = %name, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy change refused; the last good set stays in force");
         let mut changed = false;
         let prefix = self.prefix(name);
         let kept: Vec<(String, ModuleRecord)> = self
@@ -378,18 +396,27 @@ impl ModuleSet {
     }
 
     /// Delete engine modules in our namespace that no ConfigMap holds any more
-    /// (ConfigMaps deleted while the sidecar was not running).
+    /// (ConfigMaps deleted while the sidecar was not running), and modules
+    /// of ConfigMaps (`namespace/configmap/key`) that write a package their
+    /// namespace does not own: none is ever in force, but an earlier sidecar
+    /// (before the owners were configured so) may have loaded one.
     pub(super) async fn remove_orphans(&self) -> Result<bool, EngineError> {
-        let ids = self.engine.policies().await?.into_keys();
+        let modules = self.engine.policies().await?;
         let mut changed = false;
-        for id in ids {
-            let ours = self
-                .owned_namespaces
-                .iter()
-                .any(|ns| id.starts_with(&format!("{ns}/")) && id.matches('/').count() == 2);
+        for (id, source) in modules {
+            let from_configmap = id.matches('/').count() == 2;
+            let ours = from_configmap
+                && self
+                    .owned_namespaces
+                    .iter()
+                    .any(|ns| id.starts_with(&format!("{ns}/")));
             if ours && !self.records().contains_key(&id) {
                 self.engine.delete_policy(&id).await?;
                 tracing::info!(module = %id, "removed a policy module no ConfigMap holds");
+                changed = true;
+            } else if from_configmap && let Err(trespass) = self.owners.check(&id, &source) {
+                self.engine.delete_policy(&id).await?;
+                tracing::warn!(module = %id, package = %trespass.owned, "removed a policy module that writes a package its namespace does not own");
                 changed = true;
             }
         }

@@ -11,6 +11,14 @@ const NS: &str = "kube-federation-scheduling-policy";
 const PLACEMENT: &str = "kube-federation-scheduling-policy/placement";
 const A: &str = "kube-federation-scheduling-policy/a";
 
+/// The shipped packages, owned by the policy namespace.
+fn owners() -> PackageOwners {
+    PackageOwners::new(
+        crate::policies::owners::SHIPPED_PACKAGES.map(str::to_owned),
+        [NS.to_owned()],
+    )
+}
+
 fn data(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
     pairs
         .iter()
@@ -38,6 +46,7 @@ async fn broken_update_keeps_the_last_good_module_and_reports_the_error() {
         engine.clone(),
         vec!["kubernetes".into()],
         "io/k8s/federation/admission",
+        owners(),
     );
 
     let out = set
@@ -102,6 +111,7 @@ async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
         first.clone(),
         vec!["kubernetes".into()],
         "io/k8s/federation/admission",
+        owners(),
     );
     set.sync(PLACEMENT, Some(&data(&[("main.rego", GOOD)])), false)
         .await
@@ -117,6 +127,7 @@ async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
         engine: fresh.clone(),
         data_roots: vec!["kubernetes".into()],
         decision: "io.k8s.federation.admission".into(),
+        owners: owners(),
         records: Mutex::new(set.records().clone()),
     };
     let out = reloaded
@@ -133,6 +144,7 @@ fn module_set(engine: &Arc<dyn PolicyEngine>) -> ModuleSet {
         engine.clone(),
         vec!["kubernetes".into()],
         "io/k8s/federation/admission",
+        owners(),
     )
 }
 
@@ -229,6 +241,7 @@ async fn removed_keys_configmaps_and_orphans_are_deleted() {
         engine.clone(),
         vec!["kubernetes".into()],
         "io/k8s/federation/admission",
+        owners(),
     );
     set.sync(
         A,
@@ -274,4 +287,169 @@ async fn removed_keys_configmaps_and_orphans_are_deleted() {
         ["elsewhere/keep.rego"]
     );
     assert!(set.configmaps().is_empty());
+}
+
+/// The shipped packages in the policy namespace: the decision names the
+/// clusters its rules allow.
+const OWNED_DECISION: &str = "package io.k8s.federation.admission\n\nimport data.io.k8s.federation.placement\n\nannotations[\"a\"] := concat(\",\", sort(placement.allowed)) if placement.loaded\n";
+const OWNED_RULES: &str =
+    "package io.k8s.federation.placement\n\nloaded := true\n\nallowed contains \"eu-1\"\n";
+const TENANT: &str = "team-a/tenant-policy";
+
+/// A tenant's module extending a shipped package is refused, its status
+/// naming the package and who may write it, and the set in force stays as
+/// it was; a module of its own package loads; the policy namespace still
+/// extends the package.
+#[tokio::test]
+async fn a_module_writing_a_package_its_namespace_does_not_own_is_refused() {
+    let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+    let set = module_set(&engine);
+    let out = set
+        .sync(
+            PLACEMENT,
+            Some(&data(&[
+                ("placement.rego", OWNED_DECISION),
+                ("placement_rules.rego", OWNED_RULES),
+            ])),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, Some(PolicyStatus::Ok));
+    assert_eq!(decision(engine.as_ref()).await, Some(json!("eu-1")));
+
+    for extension in [
+        "package io.k8s.federation.placement\n\nallowed contains \"us-1\"\n",
+        // A conflict would make every decision fail.
+        "package io.k8s.federation.placement\n\nloaded := false\n",
+        "package io.k8s\n\nfederation.placement.allowed contains \"us-1\"\n",
+    ] {
+        let out = set
+            .sync(TENANT, Some(&data(&[("main.rego", extension)])), false)
+            .await
+            .unwrap();
+        assert!(!out.changed, "{extension}");
+        let Some(PolicyStatus::Error { errors }) = &out.status else {
+            panic!("expected an error status, got {:?}", out.status);
+        };
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert_eq!(errors[0].code.as_deref(), Some("owned_package"));
+        assert_eq!(
+            errors[0].file.as_deref(),
+            Some("team-a/tenant-policy/main.rego")
+        );
+        assert!(
+            errors[0]
+                .message
+                .contains(&format!("package io.k8s.federation.placement, which namespace team-a does not own: only ConfigMaps in namespace {NS} may")),
+            "{}",
+            errors[0].message
+        );
+        assert_eq!(
+            decision(engine.as_ref()).await,
+            Some(json!("eu-1")),
+            "{extension}"
+        );
+        assert_eq!(engine.policies().await.unwrap().len(), 2, "{extension}");
+    }
+
+    // The tenant's own package loads.
+    let out = set
+        .sync(
+            TENANT,
+            Some(&data(&[(
+                "main.rego",
+                "package tenant.rules\n\nok := true\n",
+            )])),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, Some(PolicyStatus::Ok));
+    // An edit of it into the shipped package is refused; its last good
+    // version stays.
+    let out = set
+        .sync(
+            TENANT,
+            Some(&data(&[(
+                "main.rego",
+                "package io.k8s.federation.placement\n\nallowed contains \"us-1\"\n",
+            )])),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(codes(&out.status), ["owned_package"]);
+    assert_eq!(
+        engine.policies().await.unwrap()[&format!("{TENANT}/main.rego")],
+        "package tenant.rules\n\nok := true\n"
+    );
+    assert_eq!(decision(engine.as_ref()).await, Some(json!("eu-1")));
+
+    // The policy namespace owns the package: it may extend it.
+    let out = set
+        .sync(
+            &format!("{NS}/extra"),
+            Some(&data(&[(
+                "main.rego",
+                "package io.k8s.federation.placement\n\nallowed contains \"us-1\"\n",
+            )])),
+            false,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.status, Some(PolicyStatus::Ok));
+    assert_eq!(decision(engine.as_ref()).await, Some(json!("eu-1,us-1")));
+}
+
+/// A trespassing module from before the owners were configured so is not
+/// put back from the kept set, and one the engine still holds is removed.
+#[tokio::test]
+async fn a_trespassing_module_loaded_earlier_is_neither_restored_nor_kept() {
+    let engine: Arc<dyn PolicyEngine> = Arc::new(Embedded::new());
+    let extension = "package io.k8s.federation.placement\n\nallowed contains \"us-1\"\n";
+    let tenant_id = format!("{TENANT}/main.rego");
+    for (id, source) in [
+        (format!("{PLACEMENT}/placement.rego"), OWNED_DECISION),
+        (format!("{PLACEMENT}/placement_rules.rego"), OWNED_RULES),
+        (tenant_id.clone(), extension),
+    ] {
+        engine.put_policy(&id, source).await.unwrap();
+    }
+    assert_eq!(decision(engine.as_ref()).await, Some(json!("eu-1,us-1")));
+    let set = module_set(&engine);
+    set.restore_last_good(
+        [
+            (
+                format!("{PLACEMENT}/placement.rego"),
+                OWNED_DECISION.to_owned(),
+            ),
+            (
+                format!("{PLACEMENT}/placement_rules.rego"),
+                OWNED_RULES.to_owned(),
+            ),
+            (tenant_id.clone(), extension.to_owned()),
+        ]
+        .into(),
+    );
+    assert!(!set.last_good().contains_key(&tenant_id));
+    // A full sync: every ConfigMap again, then the orphans.
+    set.sync(
+        PLACEMENT,
+        Some(&data(&[
+            ("placement.rego", OWNED_DECISION),
+            ("placement_rules.rego", OWNED_RULES),
+        ])),
+        true,
+    )
+    .await
+    .unwrap();
+    let out = set
+        .sync(TENANT, Some(&data(&[("main.rego", extension)])), true)
+        .await
+        .unwrap();
+    assert_eq!(codes(&out.status), ["owned_package"]);
+    assert!(set.remove_orphans().await.unwrap());
+    assert!(!engine.policies().await.unwrap().contains_key(&tenant_id));
+    assert_eq!(decision(engine.as_ref()).await, Some(json!("eu-1")));
 }
