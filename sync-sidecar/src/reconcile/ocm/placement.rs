@@ -227,25 +227,7 @@ impl Placement {
     /// identity, labels, annotations and spec, not its status (which the
     /// decider writes itself).
     pub(crate) fn policy_view(raw: &Value) -> Value {
-        let mut metadata = Map::new();
-        for key in [
-            "name",
-            "namespace",
-            "uid",
-            "generation",
-            "labels",
-            "annotations",
-        ] {
-            if let Some(v) = raw.pointer(&format!("/metadata/{key}")) {
-                metadata.insert(key.to_owned(), v.clone());
-            }
-        }
-        json!({
-            "apiVersion": raw.get("apiVersion").cloned().unwrap_or(Value::Null),
-            "kind": raw.get("kind").cloned().unwrap_or(Value::Null),
-            "metadata": metadata,
-            "spec": raw.get("spec").cloned().unwrap_or(Value::Null),
-        })
+        policy_client::ocm::placement_view(raw)
     }
 }
 
