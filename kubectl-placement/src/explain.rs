@@ -107,14 +107,17 @@ pub(crate) async fn explain(global: &Global, args: ExplainArgs) -> Result<u8, Pl
                     "errors": a.errors, "undefined": a.undefined,
                 })).collect::<Vec<_>>(),
             });
-            println!(
-                "{}",
-                serde_json::to_string_pretty(&doc).unwrap_or_default()
-            );
+            println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
         }
         Output::Text => print!(
             "{}",
-            render(&title, &loaded.origin, keys_origin.as_deref(), &verdicts, &answers)
+            render(
+                &title,
+                &loaded.origin,
+                keys_origin.as_deref(),
+                &verdicts,
+                &answers
+            )
         ),
     }
     Ok(if nowhere { NOWHERE } else { 0 })
@@ -156,7 +159,13 @@ async fn subjects(
         .namespace
         .clone()
         .unwrap_or_else(|| client.default_namespace().to_owned());
-    let object = get(client, &served.resource, served.namespaced.then_some(&namespace), name).await?;
+    let object = get(
+        client,
+        &served.resource,
+        served.namespaced.then_some(&namespace),
+        name,
+    )
+    .await?;
     let title = describe(&served.resource.kind, &object);
     let resource = &served.resource;
     if policy_client::karmada::is_binding(&resource.group, &resource.kind) {
@@ -192,7 +201,10 @@ async fn binding_subjects(
     let template = get(client, &resource, namespace, text("name")).await?;
     let input = policy_client::karmada::template_input(&template, &resource, binding, keys);
     Ok((
-        format!("{title} (its template {})", describe(&resource.kind, &template)),
+        format!(
+            "{title} (its template {})",
+            describe(&resource.kind, &template)
+        ),
         vec![Subject {
             label: describe(&resource.kind, &template),
             input,
@@ -275,7 +287,9 @@ fn input_for(
             operation,
             kind: &kind,
             resource: &gvr,
-            namespace: object.pointer("/metadata/namespace").and_then(Value::as_str),
+            namespace: object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str),
             name: object.pointer("/metadata/name").and_then(Value::as_str),
             user_info: &json!({"username": "kubectl-placement"}),
             dry_run: true,
@@ -295,7 +309,9 @@ async fn get(
         Some(ns) => Api::namespaced_with(client.clone(), ns, resource),
         None => Api::all_with(client.clone(), resource),
     };
-    let where_ = namespace.map(|ns| format!(" in namespace {ns}")).unwrap_or_default();
+    let where_ = namespace
+        .map(|ns| format!(" in namespace {ns}"))
+        .unwrap_or_default();
     let mut object = api.get(name).await.map_err(PluginError::api(format!(
         "reading {} {name}{where_}",
         resource.kind
@@ -313,7 +329,7 @@ async fn get(
 fn read_manifest(path: &std::path::Path) -> Result<Value, PluginError> {
     let text = if path == std::path::Path::new("-") {
         let mut text = String::new();
-        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map(|_| text)
     } else {
         std::fs::read_to_string(path)
     }
@@ -520,7 +536,9 @@ fn render(
             out.push_str(&format!("{prefix}decision: no annotations\n"));
         }
         for (key, value) in annotations {
-            let value = value.as_str().map_or_else(|| value.to_string(), str::to_owned);
+            let value = value
+                .as_str()
+                .map_or_else(|| value.to_string(), str::to_owned);
             out.push_str(&format!("{prefix}decision: {key}={value}\n"));
         }
         if answer.errors.is_empty() {
@@ -557,7 +575,11 @@ mod tests {
 
     #[test]
     fn one_answer_gives_each_cluster_its_reason() {
-        let verdicts = combine(&[answer("rs", &["eu-1", "eu-2"], &[("us-1", "not in the EU")])]);
+        let verdicts = combine(&[answer(
+            "rs",
+            &["eu-1", "eu-2"],
+            &[("us-1", "not in the EU")],
+        )]);
         assert_eq!(
             verdicts,
             vec![
@@ -583,7 +605,11 @@ mod tests {
     #[test]
     fn several_answers_allow_what_every_one_allows_and_name_who_excludes() {
         let verdicts = combine(&[
-            answer("Deployment shop/web", &["eu-1"], &[("eu-2", "PCI 1 < 2"), ("us-1", "not in the EU")]),
+            answer(
+                "Deployment shop/web",
+                &["eu-1"],
+                &[("eu-2", "PCI 1 < 2"), ("us-1", "not in the EU")],
+            ),
             answer("Placement shop/web", &["eu-1", "eu-2", "us-1"], &[]),
         ]);
         assert!(verdicts[0].allowed);

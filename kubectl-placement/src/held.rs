@@ -221,7 +221,10 @@ mod tests {
         assert_eq!(held.len(), 1);
         assert_eq!(held[0].id(), "abc");
         let text = render(&held);
-        assert!(text.contains("replicasets/default/web: taken off eu-2"), "{text}");
+        assert!(
+            text.contains("replicasets/default/web: taken off eu-2"),
+            "{text}"
+        );
         assert!(text.contains("... and 11 more"), "{text}");
         assert!(text.contains("kubectl placement confirm abc"), "{text}");
     }

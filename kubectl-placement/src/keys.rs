@@ -32,8 +32,10 @@ pub(crate) async fn ownership_keys(
             path: path.to_owned(),
             source,
         })?;
-        let keys = OwnershipKeys::from_text(&text)
-            .map_err(invalid(format!("the ownership key file {}", path.display())))?;
+        let keys = OwnershipKeys::from_text(&text).map_err(invalid(format!(
+            "the ownership key file {}",
+            path.display()
+        )))?;
         return Ok((keys, Some(format!("file {}", path.display()))));
     }
     let Some(client) = client else {
@@ -69,7 +71,8 @@ pub(crate) async fn ownership_keys(
             secret.metadata.namespace.unwrap_or_default(),
             secret.metadata.name.unwrap_or_default()
         );
-        let keys = OwnershipKeys::from_text(&text).map_err(invalid(format!("the keys of {name}")))?;
+        let keys =
+            OwnershipKeys::from_text(&text).map_err(invalid(format!("the keys of {name}")))?;
         return Ok((keys, Some(name)));
     }
     if secret.is_some() {

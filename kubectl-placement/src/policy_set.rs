@@ -175,11 +175,10 @@ pub(crate) async fn last_good(
         let Some(text) = cm.data.and_then(|mut d| d.remove(LAST_GOOD_KEY)) else {
             continue;
         };
-        let mut kept: LastGood =
-            serde_json::from_str(&text).map_err(|e| PluginError::Invalid {
-                what: format!("the last good policy set in ConfigMap {reference}"),
-                message: e.to_string(),
-            })?;
+        let mut kept: LastGood = serde_json::from_str(&text).map_err(|e| PluginError::Invalid {
+            what: format!("the last good policy set in ConfigMap {reference}"),
+            message: e.to_string(),
+        })?;
         kept.reference = reference;
         return Ok(Some(kept));
     }
@@ -229,7 +228,10 @@ pub(crate) async fn live(
         }
         None => {
             let mut count = 0;
-            for cm in configmaps.iter().filter(|c| c.kind == ConfigMapKind::Policy) {
+            for cm in configmaps
+                .iter()
+                .filter(|c| c.kind == ConfigMapKind::Policy)
+            {
                 if let Some(Err(_)) = cm.status() {
                     origin.push(format!(
                         "note: ConfigMap {} is in error; its last good version is in force in the engines but not readable here (give --last-good-policies)",
@@ -284,11 +286,7 @@ pub(crate) async fn live(
                 return Err(PluginError::api(format!("listing {gvr}"))(e));
             }
         };
-        let kind = list
-            .types
-            .as_ref()
-            .map(|t| t.kind.trim_end_matches("List").to_owned())
-            .unwrap_or_default();
+        let kind = list.types.kind.trim_end_matches("List").to_owned();
         let objects = by_resource.entry(resource.plural.clone()).or_default();
         let before = objects.len();
         for mut object in list.items {
@@ -369,7 +367,11 @@ mod tests {
         let r = parse_gvr("cluster.karmada.io/v1alpha1/clusters").unwrap();
         assert_eq!(
             (r.group.as_str(), r.api_version.as_str(), r.plural.as_str()),
-            ("cluster.karmada.io", "cluster.karmada.io/v1alpha1", "clusters")
+            (
+                "cluster.karmada.io",
+                "cluster.karmada.io/v1alpha1",
+                "clusters"
+            )
         );
         assert_eq!(parse_gvr("v1/nodes").unwrap().api_version, "v1");
         assert!(parse_gvr("clusters").is_err());

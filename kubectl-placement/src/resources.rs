@@ -57,7 +57,9 @@ pub(crate) async fn resolve(client: &Client, wanted: &str) -> Result<Served, Plu
         .await
         .map_err(PluginError::api("discovering the API server's types"))?;
     for group in groups.groups {
-        if let Some(preferred) = group.preferred_version.or_else(|| group.versions.first().cloned())
+        if let Some(preferred) = group
+            .preferred_version
+            .or_else(|| group.versions.first().cloned())
         {
             versions.push(preferred.group_version);
         }
@@ -81,7 +83,11 @@ pub(crate) async fn resolve(client: &Client, wanted: &str) -> Result<Served, Plu
                 kind: r.kind.clone(),
                 plural: r.name.clone(),
             };
-            if names(&resource, r.short_names.as_deref().unwrap_or_default(), wanted) {
+            if names(
+                &resource,
+                r.short_names.as_deref().unwrap_or_default(),
+                wanted,
+            ) {
                 return Ok(Served {
                     resource,
                     namespaced: r.namespaced,

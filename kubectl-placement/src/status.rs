@@ -111,7 +111,9 @@ pub(crate) async fn status(global: &Global, args: StatusArgs) -> Result<u8, Plug
     } else {
         let mut out = format!("Policy ConfigMaps ({}):\n", selection.describe());
         if policies.is_empty() {
-            out.push_str("  none: no policy exists, the webhook admits unchanged (with a warning)\n");
+            out.push_str(
+                "  none: no policy exists, the webhook admits unchanged (with a warning)\n",
+            );
         } else {
             let mut rows = vec![vec![
                 "CONFIGMAP".to_owned(),
@@ -160,7 +162,9 @@ pub(crate) async fn status(global: &Global, args: StatusArgs) -> Result<u8, Plug
         ));
         out.push_str("Engines:\n");
         if engines.is_empty() {
-            out.push_str("  none found (no pod of the chart with a sync-metrics port; give --sync-url)\n");
+            out.push_str(
+                "  none found (no pod of the chart with a sync-metrics port; give --sync-url)\n",
+            );
         } else {
             let mut rows = vec![vec![
                 "PLACEMENT-SYNC".to_owned(),
@@ -210,7 +214,11 @@ fn describe(state: &Value) -> String {
         .collect();
     format!(
         "engine {}; pending: {}",
-        if state["engine_up"] == true { "up" } else { "down" },
+        if state["engine_up"] == true {
+            "up"
+        } else {
+            "down"
+        },
         if pending.is_empty() {
             "-".to_owned()
         } else {
@@ -302,7 +310,8 @@ mod tests {
     fn readyz_reads_as_in_sync_or_what_is_pending() {
         let synced = json!({"epoch": 2, "synced": true, "engine_up": true, "pending": []});
         assert_eq!(describe(&synced), "in sync (epoch 2)");
-        let loading = json!({"epoch": 3, "synced": false, "engine_up": true, "pending": ["policies"]});
+        let loading =
+            json!({"epoch": 3, "synced": false, "engine_up": true, "pending": ["policies"]});
         assert_eq!(describe(&loading), "engine up; pending: policies");
         assert!(!engine_sync("x".into(), Err("refused".into())).synced());
         assert!(engine_sync("x".into(), Ok(synced)).synced());

@@ -54,7 +54,10 @@ mod tests {
             "status": {"numberOfSelectedClusters": 1},
         });
         let view = placement_view(&raw);
-        assert_eq!(view["metadata"], json!({"name": "web", "namespace": "shop", "labels": {"a": "b"}}));
+        assert_eq!(
+            view["metadata"],
+            json!({"name": "web", "namespace": "shop", "labels": {"a": "b"}})
+        );
         assert_eq!(view["spec"]["numberOfClusters"], 2);
         assert!(view.get("status").is_none());
     }

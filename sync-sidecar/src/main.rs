@@ -19,7 +19,9 @@ async fn main() -> anyhow::Result<()> {
         .init();
     let settings = Settings::from_args(args).map_err(|e| match e {
         SyncError::Config(message) => {
-            anyhow::anyhow!("invalid configuration: {message} (placement-sync --help lists every flag)")
+            anyhow::anyhow!(
+                "invalid configuration: {message} (placement-sync --help lists every flag)"
+            )
         }
         other => anyhow::Error::from(other).context("invalid configuration"),
     })?;

@@ -771,7 +771,11 @@ fn the_metrics_tables_name_every_metric_and_no_other() {
             "webhook/src/metrics.rs",
             "placement_webhook_",
         ),
-        ("docs/sync.md", "sync-sidecar/src/metrics.rs", "placement_sync_"),
+        (
+            "docs/sync.md",
+            "sync-sidecar/src/metrics.rs",
+            "placement_sync_",
+        ),
     ] {
         let registered = &registered_metrics(&root.join(source)) | &endpoint;
         assert!(registered.len() > 10, "{source}: {registered:?}");
@@ -804,7 +808,11 @@ fn emitted_reasons(dir: &Path) -> BTreeSet<String> {
     let mut files = vec![dir.to_path_buf()];
     while let Some(path) = files.pop() {
         if path.is_dir() {
-            files.extend(fs::read_dir(&path).expect("src dir").map(|e| e.expect("entry").path()));
+            files.extend(
+                fs::read_dir(&path)
+                    .expect("src dir")
+                    .map(|e| e.expect("entry").path()),
+            );
             continue;
         }
         let is_test = path.file_name().is_some_and(|n| n == "tests.rs");
@@ -854,7 +862,13 @@ fn documented_reasons(lines: &[&str]) -> BTreeSet<String> {
     lines
         .iter()
         .filter_map(|l| l.strip_prefix('|')?.split('|').next())
-        .flat_map(|cell| cell.split('`').skip(1).step_by(2).map(str::to_owned).collect::<Vec<_>>())
+        .flat_map(|cell| {
+            cell.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
         .filter(|r| r.chars().all(|c| c.is_ascii_alphabetic()))
         .collect()
 }

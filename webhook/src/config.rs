@@ -522,8 +522,10 @@ mod tests {
         .to_string();
         let cwd = std::env::current_dir().unwrap();
         assert!(
-            relative.contains(&format!("relative to the working directory {}", cwd.display()))
-                && relative.contains("--policy-dir"),
+            relative.contains(&format!(
+                "relative to the working directory {}",
+                cwd.display()
+            )) && relative.contains("--policy-dir"),
             "{relative}"
         );
         let absolute = ConfigError::Policies {

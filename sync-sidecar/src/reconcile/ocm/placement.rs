@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 /// OCM's scheduler skips a Placement with this annotation `"true"`
 /// (`pkg/placement/controllers/scheduling/scheduling_controller.go`).
@@ -233,6 +233,8 @@ impl Placement {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use serde_json::json;
+
     use super::*;
 
     /// A Placement of namespace `shop` named `web`, opted in to the decider
