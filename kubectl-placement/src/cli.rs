@@ -51,7 +51,7 @@ impl ConfigMapFlagsEnv for PluginEnv {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Per cluster: may OBJECT run there, and the policy's reason.
-    Explain(ExplainArgs),
+    Explain(Box<ExplainArgs>),
     /// Whether the policy set is loaded and in force, the last good set, and
     /// each engine's sync.
     Status(StatusArgs),

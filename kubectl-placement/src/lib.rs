@@ -30,7 +30,7 @@ pub use error::PluginError;
 /// object may run nowhere, as `placement-webhook review` exits on a denial).
 pub async fn run(cli: Cli) -> Result<u8, PluginError> {
     match cli.command {
-        Command::Explain(args) => explain::explain(&cli.global, args).await,
+        Command::Explain(args) => explain::explain(&cli.global, *args).await,
         Command::Status(args) => status::status(&cli.global, args).await,
         Command::Held(args) => held::held(&cli.global, args).await,
         Command::Confirm(args) => held::confirm(&cli.global, args).await,

@@ -37,9 +37,7 @@ fn names(resource: &kube::discovery::ApiResource, short: &[String], wanted: &str
         return false;
     }
     let name = name.to_ascii_lowercase();
-    resource.plural == name
-        || resource.kind.to_ascii_lowercase() == name
-        || short.iter().any(|s| *s == name)
+    resource.plural == name || resource.kind.to_ascii_lowercase() == name || short.contains(&name)
 }
 
 /// The type `wanted` names, preferring the core group and the groups the
