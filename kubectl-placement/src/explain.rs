@@ -114,7 +114,10 @@ pub(crate) async fn explain(global: &Global, args: ExplainArgs) -> Result<u8, Pl
             render(
                 &title,
                 &loaded.origin,
-                keys_origin.as_deref(),
+                // A manifest from a file carries no record to verify.
+                keys_origin
+                    .as_deref()
+                    .or(args.filename.as_ref().map(|_| "")),
                 &verdicts,
                 &answers
             )
@@ -495,6 +498,7 @@ fn render(
         out.push_str(&format!("  {line}\n"));
     }
     match keys_origin {
+        Some("") => {}
         Some(from) => out.push_str(&format!("  ownership records verified with the keys of {from}\n")),
         None => out.push_str(
             "  note: no ownership keys (--ownership-secret or --ownership-key-file): placement annotations the policy wrote read as the developer's requests\n",
