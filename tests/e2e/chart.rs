@@ -1932,22 +1932,68 @@ fn the_dashboard_queries_only_metrics_the_binaries_export() {
         &opa,
         &["--replicate-cluster=placement-policy.io/v1alpha1/clusters"],
     );
-    let webhook = placement_tests::WebhookProcess::start(&[format!(
-        "--policy-dir={}",
-        repo_root().join("policies").display()
-    )]);
+    // The embedded engine's webhook (its decision memory), refusing a review
+    // too large; and one whose engine cannot be reached (its engine errors).
+    let webhook = placement_tests::WebhookProcess::start(&[
+        format!("--policy-dir={}", repo_root().join("policies").display()),
+        "--max-request-bytes=64Ki".to_owned(),
+    ]);
+    let unreachable = placement_tests::WebhookProcess::start(&[
+        "--opa-url=http://127.0.0.1:9".to_owned(),
+        "--engine-deadline=1s".to_owned(),
+    ]);
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {
+            "uid": "dashboard", "operation": "CREATE", "namespace": "default", "name": "web",
+            "kind": {"group": "apps", "version": "v1", "kind": "ReplicaSet"},
+            "resource": {"group": "apps", "version": "v1", "resource": "replicasets"},
+            "userInfo": {"username": "dashboard-test"}, "dryRun": true,
+            "object": {"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": "web", "namespace": "default", "annotations": {
+                    "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required": "true"}},
+                "spec": {"replicas": 1}},
+        }
+    });
     let (exported, webhook_page) = runtime.block_on(async {
         sidecar.wait_ready(std::time::Duration::from_secs(60)).await;
+        for target in [&webhook, &unreachable] {
+            let answer = target
+                .https_client()
+                .post(target.url("/mutate"))
+                .json(&review)
+                .send()
+                .await
+                .expect("a review");
+            assert!(answer.status().is_success(), "{answer:?}");
+        }
+        let too_large = webhook
+            .https_client()
+            .post(webhook.url("/mutate"))
+            .header("content-type", "application/json")
+            .body(vec![b' '; 128 * 1024])
+            .send()
+            .await
+            .expect("a review too large");
+        assert_eq!(too_large.status().as_u16(), 413);
         let (_, sync_page) = sidecar.get("/metrics").await;
-        let webhook_page = reqwest::get(format!("http://{}/metrics", webhook.metrics_addr))
-            .await
-            .expect("the webhook's metrics")
-            .text()
-            .await
-            .unwrap();
+        let mut pages = vec![sync_page];
+        for target in [&webhook, &unreachable] {
+            pages.push(
+                reqwest::get(format!("http://{}/metrics", target.metrics_addr))
+                    .await
+                    .expect("the webhook's metrics")
+                    .text()
+                    .await
+                    .unwrap(),
+            );
+        }
         (
-            &exported_metrics(&sync_page) | &exported_metrics(&webhook_page),
-            webhook_page,
+            pages
+                .iter()
+                .flat_map(|page| exported_metrics(page))
+                .collect::<std::collections::BTreeSet<_>>(),
+            pages[1].clone(),
         )
     });
     assert!(
