@@ -21,6 +21,7 @@ use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use policy_client::engine::{PolicyEngine, QueryOutcome};
 use policy_client::input::{PLACEMENT_INPUT_KEY, RequestMeta, policy_input};
 use policy_client::ownership_keys::OwnershipKeys;
+use policy_client::placement::{OWNERSHIP_ANNOTATION, Ownership, requested_annotations};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -86,7 +87,8 @@ pub(crate) async fn explain(global: &Global, args: ExplainArgs) -> Result<u8, Pl
         args.ownership_key_file.as_deref(),
     )
     .await?;
-    let (title, subjects) = subjects(client.as_ref(), &args, &keys).await?;
+    let verified = keys_origin.is_some();
+    let (title, subjects) = subjects(client.as_ref(), &args, &keys, verified).await?;
     let mut answers = Vec::new();
     for subject in subjects {
         answers.push(ask(&loaded.engine, &args, subject).await?);
@@ -131,6 +133,7 @@ async fn subjects(
     client: Option<&Client>,
     args: &ExplainArgs,
     keys: &OwnershipKeys,
+    verified: bool,
 ) -> Result<(String, Vec<Subject>), PluginError> {
     if let Some(path) = &args.filename {
         if args.object.is_some() {
@@ -169,10 +172,11 @@ async fn subjects(
         name,
     )
     .await?;
+    let object = developer_view(object, verified);
     let title = describe(&served.resource.kind, &object);
     let resource = &served.resource;
     if policy_client::karmada::is_binding(&resource.group, &resource.kind) {
-        return binding_subjects(client, &object, keys, title).await;
+        return binding_subjects(client, &object, keys, verified, title).await;
     }
     if resource.kind == "Placement" && resource.group == "cluster.open-cluster-management.io" {
         return placement_subjects(client, &object, resource, &namespace, keys, title).await;
@@ -192,6 +196,7 @@ async fn binding_subjects(
     client: &Client,
     binding: &Value,
     keys: &OwnershipKeys,
+    verified: bool,
     title: String,
 ) -> Result<(String, Vec<Subject>), PluginError> {
     let reference = &binding["spec"]["resource"];
@@ -201,7 +206,10 @@ async fn binding_subjects(
         .unwrap_or(("", text("apiVersion")));
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, text("kind")));
     let namespace = Some(text("namespace")).filter(|n| !n.is_empty());
-    let template = get(client, &resource, namespace, text("name")).await?;
+    let template = developer_view(
+        get(client, &resource, namespace, text("name")).await?,
+        verified,
+    );
     let input = policy_client::karmada::template_input(&template, &resource, binding, keys);
     Ok((
         format!(
@@ -270,6 +278,34 @@ async fn placement_subjects(
         input: with_placement(input_for(placement, resource, "UPDATE", keys)),
     });
     Ok((title, subjects))
+}
+
+/// `object` as the developer asked for it: with the keys, the policy-input
+/// function verifies its ownership record (`verified`); without them, the
+/// record is read unverified, for an explanation only (values the policy
+/// wrote are given back their requests, as the webhook would).
+fn developer_view(object: Value, verified: bool) -> Value {
+    if verified {
+        return object;
+    }
+    let Some(annotations) = object["metadata"]["annotations"].as_object() else {
+        return object;
+    };
+    let owned: Option<Ownership> = annotations
+        .get(OWNERSHIP_ANNOTATION)
+        .and_then(Value::as_str)
+        .and_then(|text| serde_json::from_str::<Value>(text).ok())
+        .and_then(|record| serde_json::from_value(record["owned"].clone()).ok());
+    let Some(owned) = owned else {
+        return object;
+    };
+    let current: BTreeMap<String, String> = annotations
+        .iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+        .collect();
+    let mut view = object;
+    view["metadata"]["annotations"] = json!(requested_annotations(&current, &owned));
+    view
 }
 
 /// The one policy input of `object`: an `operation` by this tool; an
@@ -501,7 +537,7 @@ fn render(
         Some("") => {}
         Some(from) => out.push_str(&format!("  ownership records verified with the keys of {from}\n")),
         None => out.push_str(
-            "  note: no ownership keys (--ownership-secret or --ownership-key-file): placement annotations the policy wrote read as the developer's requests\n",
+            "  note: no ownership keys (--ownership-secret or --ownership-key-file): the ownership record is read unverified\n",
         ),
     }
     out.push('\n');
@@ -619,6 +655,22 @@ mod tests {
         assert!(verdicts[0].allowed);
         assert!(!verdicts[1].allowed);
         assert_eq!(verdicts[1].reason, "Deployment shop/web: PCI 1 < 2");
+    }
+
+    /// Without the keys, a value the policy wrote is not read as the
+    /// developer's request: the record, unverified, gives the request back.
+    #[test]
+    fn without_keys_the_record_is_read_unverified() {
+        let prefs = "federation.kubernetes.io/replica-set-preferences";
+        let written = r#"{"clusters":{"eu-1":{"weight":1}}}"#;
+        let record = json!({"owned": {prefs: {
+            "written": policy_client::placement::digest(written), "requested": null}},
+            "mac": "hmac-sha256:x"});
+        let object = json!({"metadata": {"annotations": {
+            prefs: written, OWNERSHIP_ANNOTATION: record.to_string(), "team": "a"}}});
+        let view = developer_view(object.clone(), false);
+        assert_eq!(view["metadata"]["annotations"], json!({"team": "a"}));
+        assert_eq!(developer_view(object.clone(), true), object);
     }
 
     #[test]
