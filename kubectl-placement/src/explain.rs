@@ -88,7 +88,7 @@ pub(crate) async fn explain(global: &Global, args: ExplainArgs) -> Result<u8, Pl
     )
     .await?;
     let verified = keys_origin.is_some();
-    let (title, subjects) = subjects(client.as_ref(), &args, &keys, verified).await?;
+    let (title, subjects, unverified) = subjects(client.as_ref(), &args, &keys, verified).await?;
     let mut answers = Vec::new();
     for subject in subjects {
         answers.push(ask(&loaded.engine, &args, subject).await?);
@@ -117,9 +117,8 @@ pub(crate) async fn explain(global: &Global, args: ExplainArgs) -> Result<u8, Pl
                 &title,
                 &loaded.origin,
                 // A manifest from a file carries no record to verify.
-                keys_origin
-                    .as_deref()
-                    .or(args.filename.as_ref().map(|_| "")),
+                // No note when no record had to be read unverified.
+                keys_origin.as_deref().or((!unverified).then_some("")),
                 &verdicts,
                 &answers
             )
@@ -134,7 +133,7 @@ async fn subjects(
     args: &ExplainArgs,
     keys: &OwnershipKeys,
     verified: bool,
-) -> Result<(String, Vec<Subject>), PluginError> {
+) -> Result<(String, Vec<Subject>, bool), PluginError> {
     if let Some(path) = &args.filename {
         if args.object.is_some() {
             return Err(PluginError::Usage(
@@ -151,6 +150,7 @@ async fn subjects(
                 label: title,
                 input,
             }],
+            false,
         ));
     }
     let Some(wanted) = &args.object else {
@@ -172,14 +172,18 @@ async fn subjects(
         name,
     )
     .await?;
-    let object = developer_view(object, verified);
+    let (object, unverified) = developer_view(object, verified);
     let title = describe(&served.resource.kind, &object);
     let resource = &served.resource;
     if policy_client::karmada::is_binding(&resource.group, &resource.kind) {
-        return binding_subjects(client, &object, keys, verified, title).await;
+        let (title, subjects, template_unverified) =
+            binding_subjects(client, &object, keys, verified, title).await?;
+        return Ok((title, subjects, unverified || template_unverified));
     }
     if resource.kind == "Placement" && resource.group == "cluster.open-cluster-management.io" {
-        return placement_subjects(client, &object, resource, &namespace, keys, title).await;
+        let (title, subjects) =
+            placement_subjects(client, &object, resource, &namespace, keys, title).await?;
+        return Ok((title, subjects, unverified));
     }
     let input = input_for(&object, resource, "UPDATE", keys);
     Ok((
@@ -188,6 +192,7 @@ async fn subjects(
             label: title,
             input,
         }],
+        unverified,
     ))
 }
 
@@ -198,7 +203,7 @@ async fn binding_subjects(
     keys: &OwnershipKeys,
     verified: bool,
     title: String,
-) -> Result<(String, Vec<Subject>), PluginError> {
+) -> Result<(String, Vec<Subject>, bool), PluginError> {
     let reference = &binding["spec"]["resource"];
     let text = |key: &str| reference[key].as_str().unwrap_or_default();
     let (group, version) = text("apiVersion")
@@ -206,7 +211,7 @@ async fn binding_subjects(
         .unwrap_or(("", text("apiVersion")));
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, text("kind")));
     let namespace = Some(text("namespace")).filter(|n| !n.is_empty());
-    let template = developer_view(
+    let (template, unverified) = developer_view(
         get(client, &resource, namespace, text("name")).await?,
         verified,
     );
@@ -220,6 +225,7 @@ async fn binding_subjects(
             label: describe(&resource.kind, &template),
             input,
         }],
+        unverified,
     ))
 }
 
@@ -284,12 +290,12 @@ async fn placement_subjects(
 /// function verifies its ownership record (`verified`); without them, the
 /// record is read unverified, for an explanation only (values the policy
 /// wrote are given back their requests, as the webhook would).
-fn developer_view(object: Value, verified: bool) -> Value {
+fn developer_view(object: Value, verified: bool) -> (Value, bool) {
     if verified {
-        return object;
+        return (object, false);
     }
     let Some(annotations) = object["metadata"]["annotations"].as_object() else {
-        return object;
+        return (object, false);
     };
     let owned: Option<Ownership> = annotations
         .get(OWNERSHIP_ANNOTATION)
@@ -297,7 +303,7 @@ fn developer_view(object: Value, verified: bool) -> Value {
         .and_then(|text| serde_json::from_str::<Value>(text).ok())
         .and_then(|record| serde_json::from_value(record["owned"].clone()).ok());
     let Some(owned) = owned else {
-        return object;
+        return (object, false);
     };
     let current: BTreeMap<String, String> = annotations
         .iter()
@@ -305,7 +311,7 @@ fn developer_view(object: Value, verified: bool) -> Value {
         .collect();
     let mut view = object;
     view["metadata"]["annotations"] = json!(requested_annotations(&current, &owned));
-    view
+    (view, true)
 }
 
 /// The one policy input of `object`: an `operation` by this tool; an
@@ -668,9 +674,10 @@ mod tests {
             "mac": "hmac-sha256:x"});
         let object = json!({"metadata": {"annotations": {
             prefs: written, OWNERSHIP_ANNOTATION: record.to_string(), "team": "a"}}});
-        let view = developer_view(object.clone(), false);
+        let (view, unverified) = developer_view(object.clone(), false);
+        assert!(unverified);
         assert_eq!(view["metadata"]["annotations"], json!({"team": "a"}));
-        assert_eq!(developer_view(object.clone(), true), object);
+        assert_eq!(developer_view(object.clone(), true), (object, false));
     }
 
     #[test]
