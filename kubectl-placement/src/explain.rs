@@ -42,7 +42,7 @@ struct Subject {
 }
 
 /// The policy's answer to one subject.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct Answer {
     label: String,
     annotations: Value,
@@ -475,27 +475,44 @@ struct Verdict {
     reason: String,
 }
 
-/// Per cluster: allowed when every answer selects it; the reason of the
-/// first answer that gives one when allowed, else every answer's exclusion
-/// (named by its subject when there are several).
+/// Whether an answer bounds where the object may run: it names clusters
+/// (the placement annotation), reports errors, or is undefined. Answers for
+/// kinds the policy does not place (a Namespace a ManifestWorkReplicaSet
+/// delivers) do not, as placement-sync's decider reads them.
+fn bounds(answer: &Answer) -> bool {
+    answer.undefined
+        || !answer.errors.is_empty()
+        || answer
+            .annotations
+            .get(policy_client::karmada::PREFERENCES_ANNOTATION)
+            .is_some()
+}
+
+/// Per cluster: allowed when every answer that bounds it selects it; the
+/// reason of the first such answer that gives one when allowed, else every
+/// bounding answer's exclusion (named by its subject when there are
+/// several).
 fn combine(answers: &[Answer]) -> Vec<Verdict> {
     let names: BTreeSet<&String> = answers.iter().flat_map(|a| &a.clusters).collect();
-    let several = answers.len() > 1;
+    let bounding: Vec<&Answer> = answers.iter().filter(|a| bounds(a)).collect();
+    let several = bounding.len() > 1;
     names
         .into_iter()
         .map(|name| {
-            let allowed = answers
+            let allowed = bounding
                 .iter()
                 .all(|a| a.selected.contains(name) && a.errors.is_empty() && !a.undefined);
-            let reason = if allowed {
-                answers
+            let reason = if bounding.is_empty() {
+                "the policy does not bound this kind (no placement annotation)".to_owned()
+            } else if allowed {
+                bounding
                     .iter()
                     .find_map(|a| a.reasons.get(name).cloned())
                     .unwrap_or_else(|| "(the policy gives no reason)".to_owned())
             } else {
-                let why: Vec<String> = answers
+                let why: Vec<String> = bounding
                     .iter()
-                    .filter(|a| !a.selected.contains(name))
+                    .filter(|a| !a.selected.contains(name) || a.undefined)
                     .map(|a| {
                         let text = a.exclusions.get(name).cloned().unwrap_or_else(|| {
                             if a.undefined {
@@ -605,6 +622,7 @@ mod tests {
     fn answer(label: &str, selected: &[&str], exclusions: &[(&str, &str)]) -> Answer {
         Answer {
             label: label.to_owned(),
+            annotations: json!({policy_client::karmada::PREFERENCES_ANNOTATION: "{}"}),
             clusters: ["eu-1", "eu-2", "us-1"].map(str::to_owned).into(),
             selected: selected.iter().map(|s| (*s).to_owned()).collect(),
             reasons: selected
@@ -678,6 +696,34 @@ mod tests {
         assert!(unverified);
         assert_eq!(view["metadata"]["annotations"], json!({"team": "a"}));
         assert_eq!(developer_view(object.clone(), true), (object, false));
+    }
+
+    /// A Namespace delivered beside a workload names no clusters: it bounds
+    /// nothing, and the workload's reasons are given.
+    #[test]
+    fn answers_that_name_no_clusters_bound_nothing() {
+        let namespace = Answer {
+            label: "Namespace shop".into(),
+            clusters: ["eu-1", "us-1"].map(str::to_owned).into(),
+            selected: ["eu-1", "us-1"].map(str::to_owned).into(),
+            reasons: [("eu-1".to_owned(), "running".to_owned())].into(),
+            ..Answer::default()
+        };
+        let mut web = answer(
+            "Deployment shop/web",
+            &["eu-1"],
+            &[("us-1", "not in the EU")],
+        );
+        web.reasons = [("eu-1".to_owned(), "running, in the EU".to_owned())].into();
+        let verdicts = combine(&[namespace.clone(), web]);
+        let of = |name: &str| verdicts.iter().find(|v| v.name == name).unwrap();
+        assert_eq!(of("eu-1").reason, "running, in the EU");
+        assert_eq!(
+            of("us-1").reason,
+            "not in the EU",
+            "one bounding answer: no subject named"
+        );
+        assert!(combine(&[namespace]).iter().all(|v| v.allowed));
     }
 
     #[test]

@@ -40,8 +40,8 @@ fn names(resource: &kube::discovery::ApiResource, short: &[String], wanted: &str
     resource.plural == name || resource.kind.to_ascii_lowercase() == name || short.contains(&name)
 }
 
-/// The type `wanted` names, preferring the core group and the groups the
-/// API server lists first (as kubectl does).
+/// The type `wanted` names, preferring the core group, the groups the API
+/// server lists first and their preferred versions (as kubectl does).
 pub(crate) async fn resolve(client: &Client, wanted: &str) -> Result<Served, PluginError> {
     let mut versions: Vec<String> = client
         .list_core_api_versions()
@@ -54,13 +54,21 @@ pub(crate) async fn resolve(client: &Client, wanted: &str) -> Result<Served, Plu
         .list_api_groups()
         .await
         .map_err(PluginError::api("discovering the API server's types"))?;
+    // Every version of a group, its preferred one first: a kind may be
+    // served in another (OCM's Placement is v1beta1, its group prefers v1).
     for group in groups.groups {
-        if let Some(preferred) = group
+        let preferred = group
             .preferred_version
-            .or_else(|| group.versions.first().cloned())
-        {
-            versions.push(preferred.group_version);
-        }
+            .map(|p| p.group_version)
+            .or_else(|| group.versions.first().map(|v| v.group_version.clone()));
+        versions.extend(preferred.clone());
+        versions.extend(
+            group
+                .versions
+                .into_iter()
+                .map(|v| v.group_version)
+                .filter(|v| Some(v) != preferred.as_ref()),
+        );
     }
     for group_version in versions {
         let list = if group_version.contains('/') {
