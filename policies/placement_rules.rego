@@ -323,3 +323,46 @@ errors contains msg if {
 shown(v) := sprintf("%q", [v]) if is_string(v)
 
 shown(v) := sprintf("%v", [v]) if not is_string(v)
+
+# --- Exclusions (asked by kubectl placement explain) ----------------------------
+
+# Why each cluster the workload is not placed on is left out, in the policy's
+# words, beside `reasons` for the clusters it is placed on: "not running
+# (status.phase offline)", "not in the EU (eu-jurisdiction-required)", "PCI
+# compliance level 1 < 2 (pci-compliance-level)", "not requested
+# (replica-set-preferences)", joined by ", " where several apply. Defined
+# while the workload's requirements are valid (else `errors` says what is
+# wrong). Each part is a function of its own, not a comprehension inside this
+# iteration, for the embedded engine's compiled form (see `reasons`).
+exclusions[name] := concat(", ", parts) if {
+	requirements_valid
+	some name, cluster in clusters
+	not selected[name]
+	level := object.get(cluster, ["metadata", "labels", "placement-policy.io/pci-compliance-level"], "0")
+	parts := array.concat(array.concat(array.concat(down_reason(name), outside_eu_reason(name)), low_pci_reason(name, level)), unrequested_reason(name))
+}
+
+down_reason(name) := [sprintf("not running (status.phase %s)", [phase])] if {
+	not running_clusters[name]
+	phase := clusters[name].status.phase
+	is_string(phase)
+} else := ["not running (tainted NoSchedule or NoExecute)"] if {
+	not running_clusters[name]
+	tainted_clusters[name]
+} else := ["not running (not Ready, or not available)"] if {
+	not running_clusters[name]
+} else := []
+
+outside_eu_reason(name) := ["not in the EU (eu-jurisdiction-required)"] if {
+	not jurisdiction_clusters[name]
+} else := []
+
+low_pci_reason(name, level) := [sprintf("PCI compliance level %s < %d (pci-compliance-level)", [level, pci_min])] if {
+	not pci_clusters[name]
+} else := []
+
+unrequested_reason(name) := ["not requested (replica-set-preferences)"] if {
+	allowed[name]
+	count(requested) > 0
+	not requested[name]
+} else := []

@@ -25,6 +25,7 @@ mod input_reads;
 pub mod karmada;
 pub mod kube_client;
 mod memo;
+pub mod ocm;
 pub mod opa;
 pub mod ownership_keys;
 pub mod ownership_secret;

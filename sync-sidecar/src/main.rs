@@ -1,6 +1,5 @@
-use anyhow::Context;
 use clap::Parser;
-use placement_sync::{Args, Settings};
+use placement_sync::{Args, Settings, SyncError};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -18,7 +17,14 @@ async fn main() -> anyhow::Result<()> {
         )
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stdout()))
         .init();
-    let settings = Settings::from_args(args).context("invalid configuration")?;
+    let settings = Settings::from_args(args).map_err(|e| match e {
+        SyncError::Config(message) => {
+            anyhow::anyhow!(
+                "invalid configuration: {message} (placement-sync --help lists every flag)"
+            )
+        }
+        other => anyhow::Error::from(other).context("invalid configuration"),
+    })?;
     let cancel = CancellationToken::new();
     tokio::spawn({
         let cancel = cancel.clone();

@@ -222,6 +222,22 @@ impl Metrics {
             m.leader.clone(),
         );
         let listeners = ListenerMetrics::register(&mut registry);
+        // Every result of the writes at 0 from the start: a dashboard's
+        // rate() and an alert see each series before its first write.
+        for (family, results) in [
+            (&m.remediation_patches, &["ok", "error"][..]),
+            (
+                &m.binding_schedules,
+                &["scheduled", "failed", "bounded", "error"][..],
+            ),
+            (&m.placement_decisions, &["decided", "failed", "error"][..]),
+        ] {
+            for result in results {
+                let _ = family.get_or_create(&ResultLabels {
+                    result: (*result).to_owned(),
+                });
+            }
+        }
         Metrics {
             registry,
             listeners,
@@ -304,6 +320,20 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The writes' results are series from the start, at 0 (a dashboard
+    /// queries them before the first Karmada or OCM write).
+    #[test]
+    fn every_write_result_is_a_series_from_the_start() {
+        let text = Metrics::new().encode();
+        for line in [
+            "placement_sync_remediation_patches_total{result=\"error\"} 0",
+            "placement_sync_binding_schedules_total{result=\"bounded\"} 0",
+            "placement_sync_placement_decisions_total{result=\"decided\"} 0",
+        ] {
+            assert!(text.contains(line), "{line} in\n{text}");
+        }
+    }
 
     #[test]
     fn exposition_names() {

@@ -440,6 +440,13 @@ async fn fail_closed_iff_policies_exist() {
         "undefined must deny while policies exist"
     );
     assert!(stderr(&out).contains("no decision"), "{}", stderr(&out));
+    // ... and says where to look.
+    assert!(
+        stderr(&out).contains("placement-policy.io/policy-status")
+            && stderr(&out).contains("/readyz"),
+        "the undefined denial names the status annotation and placement-sync's /readyz: {}",
+        stderr(&out)
+    );
 
     // The ConfigMap goes away: within seconds requests are admitted again.
     env.delete_policy_configmap();

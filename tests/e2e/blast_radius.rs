@@ -1417,3 +1417,176 @@ fn a_tenants_module_extending_the_shipped_package_is_refused() {
         },
     );
 }
+
+/// `kubectl placement` on the plain bed, with the shipped policy and the
+/// example clusters: `explain` says per cluster whether an EU, PCI-2
+/// ReplicaSet may run there and why (the policy's reasons and exclusions);
+/// `status` says the set is loaded, in force (the last good set holds the
+/// ConfigMap's modules) and the engine in sync; an edit of a cluster's
+/// labels that moves every workload off it is held, `held` shows the id
+/// and the cluster each workload would be taken off, `confirm` of another
+/// id is refused with the ids held, and `confirm` of the id lets it through.
+#[test]
+fn kubectl_placement_explains_checks_and_confirms_a_held_change() {
+    use placement_tests::kubectl::kubectl_placement;
+    placement_tests::install_crypto();
+    let runtime = placement_tests::current_thread_runtime();
+    let plane = ControlPlane::start();
+    let admin = plane.kubeconfig(placement_tests::Identity::Admin);
+    let ns = unique_name("plugin");
+    plane.create_namespace(&ns);
+    plane.ensure_example_clusters();
+    placement_tests::kubectl::create_shipped_policy_configmap(&admin, POLICY_NAMESPACE);
+    let last_good = format!(
+        "{}/placement-policy-last-good-policies",
+        placement_tests::SYSTEM_NAMESPACE
+    );
+    apply(
+        &plane,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata":
+            {"name": "placement-policy-last-good-policies", "namespace": placement_tests::SYSTEM_NAMESPACE}}),
+    );
+    let eu_pci2 = |name: &str| {
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": ns, "labels": {"app": "x"},
+                "annotations": {
+                    "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required": "true",
+                    "policy.federation.alpha.kubernetes.io/pci-compliance-level": "2"}},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "x"}},
+                "template": {"metadata": {"labels": {"app": "x"}},
+                    "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}}}})
+    };
+    for n in 0..4 {
+        apply(&plane, &eu_pci2(&format!("web-{n}")));
+    }
+    let opa = OpaServer::start();
+    let sidecar = SidecarProcess::start(
+        &plane,
+        &opa,
+        &[
+            &format!("--replicate-cluster={CLUSTERS}"),
+            "--remediation=auto",
+            "--remediate=apps/v1/replicasets",
+            "--remediation-hold-share=0.5",
+            "--remediation-hold-min=2",
+            &format!("--last-good-policies={last_good}"),
+        ],
+    );
+    runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
+    wait_placed_on(
+        &plane,
+        &ns,
+        &["gce-europe-west1", "gce-europe-west2"],
+        &sidecar,
+    );
+    let key_file = placement_tests::ownership_key_file().display().to_string();
+    let keys = format!("--ownership-key-file={key_file}");
+    let text = |out: &std::process::Output| String::from_utf8_lossy(&out.stdout).into_owned();
+
+    let out = kubectl_placement(&admin, &["explain", "rs/web-0", "-n", &ns, &keys]);
+    assert!(out.status.success(), "{out:?}");
+    let explained = text(&out);
+    let line = |cluster: &str| {
+        explained
+            .lines()
+            .find(|l| l.starts_with(&format!("{cluster} ")))
+            .unwrap_or_else(|| panic!("no line for {cluster}:\n{explained}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(
+        line("gce-europe-west1").starts_with("gce-europe-west1 yes running, in the EU (eu-jurisdiction-required), PCI compliance level 2 >= 2"),
+        "{explained}"
+    );
+    assert_eq!(
+        line("gce-us-central1"),
+        "gce-us-central1 no not in the EU (eu-jurisdiction-required)"
+    );
+    assert_eq!(
+        line("aws-eu-central-1"),
+        "aws-eu-central-1 no PCI compliance level 1 < 2 (pci-compliance-level)"
+    );
+    assert!(line("gce-europe-north1").contains("not running (status.phase offline)"));
+    assert!(explained.contains("errors: none"), "{explained}");
+    // The same offline, from the repository's files.
+    let manifest = placement_tests::repo_root().join("examples/replicaset-eu-pci.yaml");
+    let policies = placement_tests::repo_root().join("policies");
+    let offline = kubectl_placement(
+        &admin,
+        &[
+            "explain",
+            "-f",
+            &manifest.display().to_string(),
+            "--policy-dir",
+            &policies.display().to_string(),
+        ],
+    );
+    assert!(offline.status.success(), "{offline:?}");
+    assert!(
+        text(&offline).contains("aws-eu-central-1    no"),
+        "{}",
+        text(&offline)
+    );
+
+    let sync_url = format!("--sync-url=http://127.0.0.1:{}", sidecar.port);
+    let last_good_flag = format!("--last-good-policies={last_good}");
+    let status = wait_for(
+        "status to say the set is in force",
+        Duration::from_secs(30),
+        || {
+            let out = kubectl_placement(&admin, &["status", &sync_url, &last_good_flag]);
+            out.status.success().then(|| text(&out))
+        },
+    );
+    assert!(
+        status.contains("Policy set: loaded and in force"),
+        "{status}"
+    );
+    assert!(status.contains("the ConfigMaps' modules"), "{status}");
+    assert!(status.contains("Held changes: none"), "{status}");
+
+    // gce-europe-west2 relabelled non-EU: every workload would be taken off
+    // it, an edit beyond the radius: held.
+    plane.kubectl_ok(&[
+        "label",
+        "--overwrite",
+        "clusters.placement-policy.io/gce-europe-west2",
+        "placement-policy.io/jurisdiction=non-eu",
+    ]);
+    let report = wait_for("the held change reported", Duration::from_secs(60), || {
+        held_report(&plane)
+    });
+    let id = report["id"].as_str().expect("id").to_owned();
+    let out = kubectl_placement(&admin, &["held"]);
+    assert!(out.status.success(), "{out:?}");
+    let held = text(&out);
+    assert!(
+        held.contains(&id) && held.contains("4 of 4 placed"),
+        "{held}"
+    );
+    assert!(
+        held.contains(&format!(
+            "replicasets/{ns}/web-0: taken off gce-europe-west2"
+        )),
+        "{held}"
+    );
+    let out = kubectl_placement(&admin, &["status", &sync_url, &last_good_flag]);
+    assert!(
+        text(&out).contains(&format!("Held changes: 1 ({id}")),
+        "{}",
+        text(&out)
+    );
+
+    let wrong = kubectl_placement(&admin, &["confirm", "0000000000000000"]);
+    assert!(!wrong.status.success());
+    assert!(
+        String::from_utf8_lossy(&wrong.stderr).contains(&format!("held now: {id}")),
+        "{wrong:?}"
+    );
+    let out = kubectl_placement(&admin, &["confirm", &id]);
+    assert!(out.status.success(), "{out:?}");
+    wait_placed_on(&plane, &ns, &["gce-europe-west1"], &sidecar);
+    let out = kubectl_placement(&admin, &["held"]);
+    assert_eq!(text(&out), "no change is held\n");
+}

@@ -437,6 +437,77 @@ fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members()
     );
 }
 
+/// `kubectl placement` against Karmada's API server: `explain` of an EU,
+/// PCI-2 Deployment (its template) and of its ResourceBinding says, per
+/// member, that the two EU members may run it and why, and that member-us-1
+/// is not in the EU, from the policy set and Karmada's Clusters read there;
+/// `status` says the set is in force and the scheduler's engine in sync.
+#[test]
+fn karmada_kubectl_placement_explains_an_eu_deployment_per_member() {
+    use placement_tests::kubectl::kubectl_placement;
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let scheduler = Scheduler::shipped(karmada);
+    let namespace = unique_name("karmada-explain");
+    karmada.create_namespace(&namespace);
+    let web = deployment(&namespace, "web", 4, json!({EU_KEY: "true", PCI_KEY: "2"}));
+    let policy = handed_to(&namespace, "web", &scheduler.name);
+    create(karmada, &[&policy, &web]);
+    let expected = split(&[("member-eu-1", 2), ("member-eu-2", 2)]);
+    wait_scheduled(karmada, &scheduler, &namespace, "web", &expected);
+
+    let kubeconfig = karmada.karmada_kubeconfig();
+    let policies = format!("--policy-namespace={}", scheduler.policy_namespace);
+    for object in ["deployment/web", "resourcebinding/web-deployment"] {
+        let out = kubectl_placement(
+            &kubeconfig,
+            &["explain", object, "-n", &namespace, &policies],
+        );
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = |member: &str| {
+            text.lines()
+                .find(|l| l.starts_with(&format!("{member} ")))
+                .unwrap_or_else(|| panic!("no line for {member}:\n{text}"))
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert!(
+            line("member-eu-1").starts_with("member-eu-1 yes running, in the EU (eu-jurisdiction-required), PCI compliance level 2 >= 2"),
+            "{text}"
+        );
+        assert!(
+            line("member-eu-2").starts_with("member-eu-2 yes running"),
+            "{text}"
+        );
+        assert_eq!(
+            line("member-us-1"),
+            "member-us-1 no not in the EU (eu-jurisdiction-required)",
+            "{text}"
+        );
+        assert!(
+            text.contains("cluster.karmada.io/v1alpha1/clusters at data.kubernetes.clusters"),
+            "the members are read from Karmada's API server: {text}"
+        );
+    }
+    let sync = scheduler
+        .sync
+        .as_ref()
+        .expect("the scheduler's placement-sync");
+    let out = kubectl_placement(
+        &kubeconfig,
+        &[
+            "status",
+            &policies,
+            &format!("--sync-url=http://127.0.0.1:{}", sync.port),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Policy set: loaded"), "{text}");
+    assert!(text.contains("in sync"), "{text}");
+}
+
 /// A workload the policy forbids (PCI level 5: no member has it) is not
 /// scheduled: `Scheduled=False` with the policy's message, a Warning Event on
 /// the Deployment, no Work anywhere.

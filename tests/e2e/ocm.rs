@@ -316,6 +316,7 @@ const SCHEDULER: &str = "placement-policy.io/scheduler-name";
 /// shipped policy in a policy namespace of their own.
 struct Decider {
     name: String,
+    policy_namespace: String,
     /// Kept running while the decider is.
     _opa: OpaServer,
     sync: Option<SidecarProcess>,
@@ -343,6 +344,7 @@ impl Decider {
         let sync = ocm.start_placement_sync(&opa, &policy_namespace, &args);
         Decider {
             name,
+            policy_namespace,
             _opa: opa,
             sync: Some(sync),
         }
@@ -571,6 +573,71 @@ fn ocm_decision_reasons_name_the_policys_rules() {
             );
         }
     }
+}
+
+/// `kubectl placement explain` of an opted-in Placement on the hub: the
+/// Placement and the EU, PCI-2 Deployment its ManifestWorkReplicaSet
+/// delivers are asked together, as the decider asks them; the two EU
+/// clusters may run it (the policy's reasons), `ocm-us-1` may not, and its
+/// exclusion names the Deployment it comes from; `status` says the set is
+/// in force and the decider's engine in sync.
+#[test]
+fn ocm_kubectl_placement_explains_a_placement_and_its_workload() {
+    use placement_tests::kubectl::kubectl_placement;
+    let _serial = serial();
+    let ocm = Ocm::shared();
+    let decider = Decider::start(ocm, &[]);
+    let namespace = namespace(ocm, "ocm-explain");
+    let web_eu = placement(&namespace, "web-eu", Some(&decider), json!({}));
+    create(ocm, &[&eu_pci2_web(&namespace, "web-eu"), &web_eu]);
+    wait_decided(
+        ocm,
+        &decider,
+        &namespace,
+        "web-eu",
+        &names(&["ocm-eu-1", "ocm-eu-2"]),
+    );
+    let hub = ocm.hub_kubeconfig();
+    let policies = format!("--policy-namespace={}", decider.policy_namespace);
+    let out = kubectl_placement(
+        &hub,
+        &["explain", "placement/web-eu", "-n", &namespace, &policies],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = |cluster: &str| {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{cluster} ")))
+            .unwrap_or_else(|| panic!("no line for {cluster}:\n{text}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert!(
+        line("ocm-eu-1").starts_with("ocm-eu-1 yes running, in the EU"),
+        "{text}"
+    );
+    assert!(
+        line("ocm-eu-2").starts_with("ocm-eu-2 yes running, in the EU"),
+        "{text}"
+    );
+    assert_eq!(
+        line("ocm-us-1"),
+        format!("ocm-us-1 no Deployment {namespace}/web: not in the EU (eu-jurisdiction-required)"),
+        "{text}"
+    );
+    let sync = decider.sync.as_ref().expect("the decider's placement-sync");
+    let out = kubectl_placement(
+        &hub,
+        &[
+            "status",
+            &policies,
+            &format!("--sync-url=http://127.0.0.1:{}", sync.port),
+        ],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("Policy set: loaded"), "{text}");
+    assert!(text.contains("in sync"), "{text}");
 }
 
 /// `numberOfClusters: 1` picks one of the two EU clusters, and only that

@@ -1858,3 +1858,21 @@ async fn opa_decisions_are_remembered_only_while_every_write_is_announced_body()
         "{page}"
     );
 }
+
+/// A bad flag is named once, with what to do: not "invalid configuration"
+/// followed by a second "configuration:".
+#[test]
+fn a_bad_flag_is_named_once_with_what_to_do() {
+    let out = std::process::Command::new(placement_tests::project_bin("placement-sync"))
+        .args(["--decision=", "--opa-url=http://127.0.0.1:1"])
+        .output()
+        .expect("run placement-sync");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("invalid configuration: --decision must not be empty")
+            && stderr.contains("placement-sync --help")
+            && stderr.matches("configuration:").count() == 1,
+        "{stderr}"
+    );
+}

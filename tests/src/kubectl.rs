@@ -153,3 +153,21 @@ pub fn apply_documents(kubeconfig: &Path, documents: Vec<serde_json::Value>) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `kubectl placement ARGS` (the plugin, `target/debug/kubectl-placement`)
+/// against the API server of `kubeconfig`; the output, stdout and stderr
+/// both printed for the test log.
+pub fn kubectl_placement(kubeconfig: &Path, args: &[&str]) -> std::process::Output {
+    let out = std::process::Command::new(crate::project_bin("kubectl-placement"))
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(args)
+        .output()
+        .expect("run kubectl-placement");
+    eprintln!(
+        "$ kubectl placement {}\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}

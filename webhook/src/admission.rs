@@ -37,7 +37,7 @@ pub(crate) enum PlacementFailure {
     #[error("the policy engine cannot evaluate request.object / request.oldObject: {0}")]
     InvalidInput(String),
     #[error(
-        "the policy engine returned no decision for data.{path} (undefined: the policy is not loaded, or the engine has not synced yet)"
+        "the policy engine returned no decision for data.{path} (undefined: the policy is not loaded, or the engine has not synced yet); check the annotation placement-policy.io/policy-status of the policy ConfigMaps, placement-sync's /readyz, or `kubectl placement status`"
     )]
     Undefined { path: String },
     #[error("the placement policy returned an invalid decision: {0}")]
@@ -47,7 +47,7 @@ pub(crate) enum PlacementFailure {
     /// The webhook serves before its ownership keys are read: it cannot tell
     /// what the policy owns yet.
     #[error(
-        "the ownership record's keys are not loaded yet (the webhook is reading, or making, its key Secret)"
+        "the ownership record's keys are not loaded yet: the webhook is reading, or making, its key Secret (--ownership-secret; the chart's <release>-ownership in the release namespace), which needs get and create on that Secret for the webhook's service account; its log says why it cannot"
     )]
     KeysUnavailable,
     /// A Karmada binding's template cannot be read: no decision for it.

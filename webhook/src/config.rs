@@ -30,7 +30,7 @@ pub enum ConfigError {
     Url { url: String, message: String },
     #[error("token file {0} is empty")]
     EmptyToken(PathBuf),
-    #[error("loading policies from {dir}: {message}")]
+    #[error("loading policies from {}: {message}{}", dir.display(), relative_hint(dir))]
     Policies { dir: PathBuf, message: String },
     #[error("policy engine: {0}")]
     Engine(#[from] policy_client::engine::EngineError),
@@ -448,6 +448,19 @@ impl EngineArgs {
     }
 }
 
+/// For a relative policy folder: where it was looked for, and what to do.
+fn relative_hint(dir: &Path) -> String {
+    if dir.is_absolute() {
+        return String::new();
+    }
+    let cwd = std::env::current_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|_| "(unknown)".to_owned());
+    format!(
+        " (the path is relative to the working directory {cwd}; run from the folder that holds it, e.g. the repository root, or give --policy-dir with its path)"
+    )
+}
+
 fn read_admission_config_file(path: &Path) -> Result<AdmissionConfigFile, ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         what: "config file",
@@ -503,6 +516,32 @@ fn redact_userinfo(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `serve` run from another folder than the repository's: the message
+    /// says the default `policies` is relative to the working directory, and
+    /// names the flag that fixes it.
+    #[test]
+    fn a_missing_relative_policy_folder_says_where_it_was_looked_for() {
+        let relative = ConfigError::Policies {
+            dir: PathBuf::from("policies"),
+            message: "cannot read policies: No such file or directory (os error 2)".to_owned(),
+        }
+        .to_string();
+        let cwd = std::env::current_dir().unwrap();
+        assert!(
+            relative.contains(&format!(
+                "relative to the working directory {}",
+                cwd.display()
+            )) && relative.contains("--policy-dir"),
+            "{relative}"
+        );
+        let absolute = ConfigError::Policies {
+            dir: PathBuf::from("/etc/placement/policies"),
+            message: "cannot read /etc/placement/policies".to_owned(),
+        }
+        .to_string();
+        assert!(!absolute.contains("relative"), "{absolute}");
+    }
 
     #[test]
     fn a_decision_url_splits_into_base_and_decision() {

@@ -823,3 +823,24 @@ fn queries_quote_unusual_segments() {
     );
     assert_eq!(rego_query("").unwrap(), "data");
 }
+
+/// `kubectl placement explain` asks the rules package for `exclusions` and
+/// `reasons`: compiled, as the decision is (no comprehension inside an
+/// iteration), and answering as the interpreter does.
+#[tokio::test]
+async fn the_explaining_rules_run_compiled_and_answer_as_interpreted() {
+    let inputs = varied_inputs();
+    for path in [
+        "io/k8s/federation/placement/exclusions",
+        "io/k8s/federation/placement/reasons",
+    ] {
+        let engine = shipped().with_decision_cache(0);
+        let mut interpreted = reference(&engine, path);
+        for input in &inputs {
+            let truth = interpreted(input);
+            let decided = engine.query(path, input, soon()).await.unwrap();
+            assert_eq!(decided, truth, "{path}: {input}");
+        }
+        assert!(compiled(&engine, path), "{path} must run compiled");
+    }
+}

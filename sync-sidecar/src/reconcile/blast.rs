@@ -58,7 +58,7 @@ pub(crate) const HELD_ANNOTATION: &str = "placement-policy.io/remediation-held";
 /// held change to let it through.
 pub(crate) const CONFIRM_ANNOTATION: &str = "placement-policy.io/confirm-remediation";
 /// Objects named in the report; the count is always complete.
-const LISTED: usize = 50;
+pub(crate) const LISTED: usize = 50;
 
 /// The guard's rule, one place for every kind of target.
 #[derive(Debug, Clone)]
@@ -157,20 +157,30 @@ fn new_id() -> String {
     crate::hex::hex(&bytes, 8)
 }
 
-/// The report written on the policy ConfigMaps.
+/// The report written on the policy ConfigMaps: `off[i]` are the clusters
+/// the change takes off `objects[i]` (for the listed ones), what
+/// `kubectl placement held` shows it would move.
 pub(crate) fn report(
     id: &str,
     cause: &str,
     objects: &[String],
+    off: &[BTreeSet<String>],
     placed: usize,
     namespace: &str,
 ) -> Value {
+    let moves: Vec<Value> = objects
+        .iter()
+        .zip(off)
+        .take(LISTED)
+        .map(|(object, off)| json!({"object": object, "off": off}))
+        .collect();
     json!({
         "id": id,
         "cause": cause,
         "affected": objects.len(),
         "placed": placed,
         "objects": objects.iter().take(LISTED).collect::<Vec<_>>(),
+        "moves": moves,
         "confirm": format!(
             "kubectl annotate configmap -n {namespace} <policy ConfigMap> --overwrite {CONFIRM_ANNOTATION}={id}"
         ),
@@ -471,9 +481,16 @@ mod tests {
     #[test]
     fn the_report_lists_a_bounded_number_of_objects_and_the_command() {
         let objects: Vec<String> = (0..200).map(|n| format!("ns/rs-{n}")).collect();
-        let report = report("abc", "the policy set", &objects, 300, "policies");
+        let off: Vec<BTreeSet<String>> = (0..LISTED).map(|_| ["eu-2".to_owned()].into()).collect();
+        let report = report("abc", "the policy set", &objects, &off, 300, "policies");
         assert_eq!(report["affected"], 200);
         assert_eq!(report["objects"].as_array().map(Vec::len), Some(LISTED));
+        assert_eq!(report["moves"].as_array().map(Vec::len), Some(LISTED));
+        assert_eq!(
+            report["moves"][0],
+            json!({"object": "ns/rs-0", "off": ["eu-2"]}),
+            "what the change would take off each listed object"
+        );
         assert!(
             report["confirm"]
                 .as_str()

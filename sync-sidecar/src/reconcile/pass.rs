@@ -367,11 +367,18 @@ impl Reconciler {
         self.ctx.metrics.remediation_held.set(affected.len() as i64);
         let held_count = affected.len();
         let objects: Vec<String> = affected.iter().map(|e| e.describe(self)).collect();
+        // What each listed object would lose: the clusters taken off it.
+        let off: Vec<BTreeSet<String>> = affected
+            .iter()
+            .take(blast::LISTED)
+            .map(|e| e.clusters_taken_out())
+            .collect();
         configmaps
             .report(&blast::report(
                 &id,
                 &cause,
                 &objects,
+                &off,
                 placed,
                 &configmaps.namespace(),
             ))

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
 /// OCM's scheduler skips a Placement with this annotation `"true"`
 /// (`pkg/placement/controllers/scheduling/scheduling_controller.go`).
@@ -227,30 +227,14 @@ impl Placement {
     /// identity, labels, annotations and spec, not its status (which the
     /// decider writes itself).
     pub(crate) fn policy_view(raw: &Value) -> Value {
-        let mut metadata = Map::new();
-        for key in [
-            "name",
-            "namespace",
-            "uid",
-            "generation",
-            "labels",
-            "annotations",
-        ] {
-            if let Some(v) = raw.pointer(&format!("/metadata/{key}")) {
-                metadata.insert(key.to_owned(), v.clone());
-            }
-        }
-        json!({
-            "apiVersion": raw.get("apiVersion").cloned().unwrap_or(Value::Null),
-            "kind": raw.get("kind").cloned().unwrap_or(Value::Null),
-            "metadata": metadata,
-            "spec": raw.get("spec").cloned().unwrap_or(Value::Null),
-        })
+        policy_client::ocm::placement_view(raw)
     }
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use serde_json::json;
+
     use super::*;
 
     /// A Placement of namespace `shop` named `web`, opted in to the decider
