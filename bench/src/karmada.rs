@@ -30,7 +30,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::runtime::watcher;
-use placement_tests::karmada::{Karmada, guardrail_rules, scheduler_args};
+use placement_tests::karmada::{Karmada, delivery_configuration, guardrail_rules, scheduler_args};
 use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
@@ -345,12 +345,22 @@ fn register_guardrail(
             "failurePolicy": "Fail",
         }]
     });
-    let out = karmada.kubectl_stdin(&["apply", "-f", "-"], &configuration.to_string());
-    if !out.status.success() {
-        bail!(
-            "register the guardrail: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let delivery = delivery_configuration(
+        "bench-delivery",
+        &url.replace("/mutate", "/validate"),
+        &ca,
+        json!({"matchLabels": {GUARD_LABEL: "true"}}),
+        false,
+        Some(GUARDED),
+    );
+    for configuration in [configuration, delivery] {
+        let out = karmada.kubectl_stdin(&["apply", "-f", "-"], &configuration.to_string());
+        if !out.status.success() {
+            bail!(
+                "register the guardrail: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
     Ok(())
 }
