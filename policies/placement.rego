@@ -53,10 +53,14 @@
 #     `placement-policy.io/pci-compliance-level` is the non-negative integer N;
 #     a missing label or any other value means level 0.
 #
-# Rules, for workloads only (kind ReplicaSet or Deployment, any apiVersion; and
-# an OCM Placement, cluster.open-cluster-management.io, whose own annotations
-# placement-sync weighs beside those of the workloads it delivers; for every
-# other kind the document is {"annotations": {}, "errors": []}):
+# Rules, for workloads only (kind ReplicaSet or Deployment, any apiVersion;
+# any other object that carries an annotation under
+# `policy.federation.alpha.kubernetes.io/` (a StatefulSet, DaemonSet, Job,
+# CronJob, Pod or custom workload with a requirement: bounded by the allowed
+# clusters, whatever its kind); and an OCM Placement,
+# cluster.open-cluster-management.io, whose own annotations placement-sync
+# weighs beside those of the workloads it delivers; for every other object
+# the document is {"annotations": {}, "errors": []}):
 #
 #   1. Eligible clusters: the running clusters.
 #   2. EU jurisdiction: workload annotation

@@ -161,10 +161,14 @@ test_a_placements_own_annotations_are_requirements if {
 	bad.errors == {"policy.federation.alpha.kubernetes.io/eu-jurisdiction-required must be \"true\" or \"false\", got \"maybe\""}
 }
 
-test_a_placement_of_another_api_group_is_not_placed if {
-	other := object.union(placement({eu_key: "true"}), {"apiVersion": "example.com/v1"})
+test_a_placement_of_another_api_group_is_placed_only_for_its_requirements if {
+	other := object.union(placement({}), {"apiVersion": "example.com/v1"})
 	doc := decide(other, clusters)
 	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
+
+	# Like any object, one that carries a requirement is bounded by it.
+	required := object.union(placement({eu_key: "true"}), {"apiVersion": "example.com/v1"})
+	placed_on(decide(required, clusters)) == {"ocm-eu-1", "ocm-eu-2"}
 }
 
 test_asked_for_a_placement_the_reasons_name_the_rules if {

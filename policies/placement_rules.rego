@@ -12,8 +12,19 @@ package io.k8s.federation.placement
 # package (a policy set missing it must not read as "nothing to place").
 loaded := true
 
-# Workload kinds this policy places; the admission package asks for nothing else.
+# What this policy places; the admission package asks for nothing else.
+# ReplicaSets and Deployments always (the federation's replica sets) ...
 workload if input.kind in {"ReplicaSet", "Deployment"}
+
+# ... and any other object that carries a placement requirement (a
+# StatefulSet, DaemonSet, Job, CronJob, bare Pod or custom workload annotated
+# for EU jurisdiction or a PCI level): with no replicas of its own to
+# divide, it is bounded by the allowed clusters alone. A requirement is never
+# silently unbounded, whatever the kind.
+workload if {
+	some key, _ in input.metadata.annotations
+	startswith(key, "policy.federation.alpha.kubernetes.io/")
+}
 
 # An Open Cluster Management Placement that placement-sync decides: its own
 # annotations are requirements too (beside those of the workloads it delivers).

@@ -155,19 +155,42 @@ test_request_metadata_under_admission_key_is_ignored if {
 }
 
 # ---------------------------------------------------------------------------
-# Rule: only ReplicaSet and Deployment are placed
+# Rule: ReplicaSet and Deployment are placed, and any object with a requirement
 # ---------------------------------------------------------------------------
 
-test_other_kind_gets_empty_document if {
-	pod := workload("Pod", {eu_key: "true", pci_key: "2"})
-	doc := admission with input as pod with data.kubernetes.clusters as registry
+test_every_kind_with_a_requirement_is_bounded_to_the_allowed_clusters if {
+	every kind in {"Pod", "StatefulSet", "DaemonSet", "Job", "CronJob", "Service", "CustomWorkload"} {
+		doc := admission with input as workload(kind, {eu_key: "true", pci_key: "2"})
+			with data.kubernetes.clusters as registry
+		placed_on(doc) == {"gce-europe-west1", "gce-europe-west2"}
+		count(doc.errors) == 0
+	}
+}
+
+test_a_pci_requirement_alone_bounds_any_kind if {
+	doc := admission with input as workload("StatefulSet", {pci_key: "3"})
+		with data.kubernetes.clusters as registry
+	placed_on(doc) == {"gce-europe-west2", "gce-us-central1"}
+}
+
+test_other_kind_without_a_requirement_gets_empty_document if {
+	doc := admission with input as workload("StatefulSet", {prefs_key: "{}"})
+		with data.kubernetes.clusters as registry
 	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
 }
 
-test_other_kind_with_invalid_annotations_is_not_checked if {
-	svc := workload("Service", {eu_key: "maybe", pci_key: "high", prefs_key: "{"})
+test_other_kind_with_an_invalid_requirement_is_refused if {
+	svc := workload("Service", {eu_key: "maybe"})
 	doc := admission with input as svc with data.kubernetes.clusters as registry
-	doc == {"policy_weights": false, "annotations": {}, "errors": set()}
+	doc.errors == {"policy.federation.alpha.kubernetes.io/eu-jurisdiction-required must be \"true\" or \"false\", got \"maybe\""}
+	doc.annotations == {}
+}
+
+test_other_kind_that_no_cluster_can_run_is_refused if {
+	doc := admission with input as workload("Job", {eu_key: "true", pci_key: "9"})
+		with data.kubernetes.clusters as registry
+	count(doc.errors) == 1
+	doc.annotations == {}
 }
 
 test_other_kind_with_no_clusters_is_not_an_error if {

@@ -30,7 +30,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::runtime::watcher;
-use placement_tests::karmada::{Karmada, guardrail_rules, scheduler_args};
+use placement_tests::karmada::{Karmada, delivery_configuration, guardrail_rules, scheduler_args};
 use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
@@ -193,6 +193,11 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         &run_namespace(GUARDED, 0),
         &run_namespace(NATIVE, 0),
     ))?;
+    let work_latency = runtime.block_on(work_admission_latency(
+        &client,
+        &run_namespace(GUARDED, 0),
+        &run_namespace(NATIVE, 0),
+    ))?;
     let runs = settings.runs as f64;
     let (queries, passes) = (queries / runs, passes / runs);
     let native = Contending::median(&natives);
@@ -252,15 +257,21 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         "\nplacement-policy's CPU: placement-sync {:.2} s, OPA {:.2} s; {queries:.0} decision queries and {passes:.0} \
          reconciler passes for {n} bindings (means over runs). The guardrail's CPU beside karmada-scheduler's {:.2} s: \
          the webhook {:.2} s, placement-sync {:.2} s, OPA {:.2} s (the webhook registered with Karmada's API server for \
-         the Deployments and ResourceBindings of the guarded namespaces and remembering decisions while placement-sync \
-         announces OPA's writes, as in the chart's pod; placement-sync guarding their bindings).\n\n\
+         the Deployments and ResourceBindings of the guarded namespaces, and for the last hop (their bindings' writes and \
+         their Works validated), remembering decisions while placement-sync announces OPA's writes, as in the chart's \
+         pod; placement-sync guarding their bindings).\n\n\
          A binding write's admission: a write of a ResourceBinding whose placement the guardrail narrows (the \
          detector's rewrite with the PropagationPolicy's placement) takes {:.2} ms through Karmada's API server (median \
-         of {} sequential writes), against {:.2} ms for the same write where no webhook is registered: +{:.2} ms.\n",
+         of {} sequential writes), against {:.2} ms for the same write where no webhook is registered: +{:.2} ms. \
+         A Work's admission (the last hop: every manifest it changes checked against its member, the Works of the \
+         guarded namespaces only): a write of a Work changing its manifest takes {:.2} ms (median of {}), against \
+         {:.2} ms for a Work of karmada-scheduler's namespaces: +{:.2} ms.\n",
         ours.parts[0], ours.parts[1],
         guarded.parts[0], guarded.parts[1], guarded.parts[2], guarded.parts[3],
         latency.guarded_ms, latency.samples, latency.plain_ms,
         latency.guarded_ms - latency.plain_ms,
+        work_latency.guarded_ms, work_latency.samples, work_latency.plain_ms,
+        work_latency.guarded_ms - work_latency.plain_ms,
     ));
     section.push_str(&format!(
         "\nFailover: a NoExecute ClusterTaintPolicy on {DEAD} while not Ready, and its API server killed. Karmada marked it \
@@ -345,12 +356,22 @@ fn register_guardrail(
             "failurePolicy": "Fail",
         }]
     });
-    let out = karmada.kubectl_stdin(&["apply", "-f", "-"], &configuration.to_string());
-    if !out.status.success() {
-        bail!(
-            "register the guardrail: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let delivery = delivery_configuration(
+        "bench-delivery",
+        &url.replace("/mutate", "/validate"),
+        &ca,
+        json!({"matchLabels": {GUARD_LABEL: "true"}}),
+        false,
+        Some(GUARDED),
+    );
+    for configuration in [configuration, delivery] {
+        let out = karmada.kubectl_stdin(&["apply", "-f", "-"], &configuration.to_string());
+        if !out.status.success() {
+            bail!(
+                "register the guardrail: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
     Ok(())
 }
@@ -400,6 +421,67 @@ async fn binding_admission_latency(
             }
             let started = Instant::now();
             api.replace(&name, &PostParams::default(), &binding).await?;
+            times.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        medians.push(median(&times));
+    }
+    Ok(AdmissionLatency {
+        guarded_ms: medians[0],
+        plain_ms: medians[1],
+        samples: SAMPLES,
+    })
+}
+
+/// Time `SAMPLES` sequential writes of one Work of a binding of `guarded`
+/// (its Deployment's manifest annotated anew each time: a changed manifest,
+/// checked against the Work's member) and of one Work of `plain`'s.
+async fn work_admission_latency(
+    client: &kube::Client,
+    guarded: &str,
+    plain: &str,
+) -> Result<AdmissionLatency> {
+    const SAMPLES: usize = 200;
+    const OF: &str = "resourcebinding.karmada.io/namespace";
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "work.karmada.io",
+        "v1alpha1",
+        "Work",
+    ));
+    let works: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    let all = works.list(&ListParams::default()).await?.items;
+    let mut medians = Vec::new();
+    for namespace in [guarded, plain] {
+        let work = all
+            .iter()
+            .find(|w| {
+                w.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(OF))
+                    .is_some_and(|ns| ns == namespace)
+            })
+            .with_context(|| format!("no Work of a binding of {namespace}"))?;
+        let name = work.metadata.name.clone().unwrap_or_default();
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            work.metadata.namespace.as_deref().unwrap_or_default(),
+            &resource,
+        );
+        let mut times = Vec::with_capacity(SAMPLES);
+        for sample in 0..SAMPLES {
+            let mut work = api.get(&name).await?;
+            if let Some(annotations) = work
+                .data
+                .pointer_mut("/spec/workload/manifests/0/metadata")
+                .and_then(Value::as_object_mut)
+            {
+                let annotations = annotations
+                    .entry("annotations")
+                    .or_insert_with(|| json!({}));
+                annotations["bench.placement-policy.io/sample"] = json!(sample.to_string());
+            }
+            let started = Instant::now();
+            api.replace(&name, &PostParams::default(), &work).await?;
             times.push(started.elapsed().as_secs_f64() * 1000.0);
         }
         medians.push(median(&times));

@@ -19,6 +19,7 @@
 //! would mean "any cluster" to Karmada). Everything else the user wrote stays.
 
 mod bound;
+mod delivered;
 mod templates;
 
 use kube::api::ApiResource;
@@ -30,6 +31,7 @@ pub use bound::{
     ALLOWED_CLUSTERS_ANNOTATION, Bound, BoundError, NO_CLUSTER, PREFERENCES_ANNOTATION, bound,
     guarded, narrow, scheduled_clusters, stored_bound,
 };
+pub use delivered::{added_clusters, delivered_clusters, retargeted};
 pub use templates::{TemplateError, TemplateRef, Templates};
 
 /// The API group of Karmada's bindings.

@@ -18,6 +18,7 @@ mod compiled;
 pub mod configmaps;
 pub mod decision;
 mod delegating;
+pub mod delivery;
 pub mod embedded;
 pub mod engine;
 pub mod input;

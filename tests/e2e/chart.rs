@@ -240,6 +240,7 @@ fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
         "--tls-secret=karmada-system/placement-policy-karmada-webhook-tls".to_owned(),
         format!("--tls-dns-name={host}"),
         "--register-configuration=/etc/placement/karmada-webhook/configuration.yaml".to_owned(),
+        "--register-configuration=/etc/placement/karmada-webhook/delivery.yaml".to_owned(),
     ] {
         assert!(flags.contains(&flag), "{flag} in {flags:?}");
     }
@@ -324,6 +325,45 @@ fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
     let accepted = plane.kubectl_stdin(
         &["apply", "--dry-run=server", "-f", "-"],
         &configuration.to_string(),
+    );
+    assert!(
+        accepted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+    // The last hop (issue 38), validated once every mutation is done:
+    // Works in the execution namespaces, and what a binding write delivers.
+    let delivery: Value =
+        yaml_serde::from_str(configmap["data"]["delivery.yaml"].as_str().unwrap())
+            .expect("the delivery configuration parses");
+    assert_eq!(delivery["kind"], "ValidatingWebhookConfiguration");
+    let hooks = delivery["webhooks"].as_array().expect("webhooks");
+    let works = &hooks[0];
+    assert_eq!(works["rules"][0]["resources"], json!(["works"]));
+    assert_eq!(
+        works["clientConfig"]["url"],
+        format!("https://{host}:443/validate")
+    );
+    assert!(
+        works["matchConditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["expression"] == "request.namespace.startsWith('karmada-es-')"),
+        "{}",
+        works["matchConditions"]
+    );
+    let bindings: Vec<&str> = hooks[1]["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["resources"][0].as_str())
+        .collect();
+    assert_eq!(bindings, ["resourcebindings", "clusterresourcebindings"]);
+    assert_eq!(hooks[1]["namespaceSelector"], hook["namespaceSelector"]);
+    let accepted = plane.kubectl_stdin(
+        &["apply", "--dry-run=server", "-f", "-"],
+        &delivery.to_string(),
     );
     assert!(
         accepted.status.success(),

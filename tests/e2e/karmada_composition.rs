@@ -23,12 +23,15 @@ use std::time::Duration;
 use placement_tests::karmada::scenario::{
     EU_KEY, PCI_KEY, binding_clusters, create, deployment, propagation_policy, split,
 };
-use placement_tests::karmada::{MemberKind, MemberSpec, guardrail_rules};
+use placement_tests::karmada::{MemberKind, MemberSpec, delivery_configuration, guardrail_rules};
 use placement_tests::{
     Karmada, OpaServer, SidecarProcess, WebhookProcess, current_thread_runtime, restoring, serial,
     shipped_policy_modules, unique_name, wait_or_explain,
 };
 use serde_json::{Value, json};
+
+#[path = "karmada_delivery.rs"]
+mod delivery;
 
 const ALLOWED: &str = "placement-policy.io/allowed-clusters";
 const NO_CLUSTER: &str = "placement-policy.io/no-cluster-allowed";
@@ -54,12 +57,24 @@ impl Guardrail {
 
     /// The guardrail of `namespace` (labelled `placement-test=<namespace>`).
     fn of(karmada: &Karmada, namespace: &str, modules: &[(String, String)]) -> Guardrail {
+        Guardrail::of_with(karmada, namespace, modules, &[])
+    }
+
+    /// [`Guardrail::of`], placement-sync with `extra` flags.
+    fn of_with(
+        karmada: &Karmada,
+        namespace: &str,
+        modules: &[(String, String)],
+        extra: &[&str],
+    ) -> Guardrail {
         let namespace = namespace.to_owned();
         karmada.create_namespace(&namespace);
         let policy_namespace = karmada.policy_namespace_with(modules);
         let opa = OpaServer::start();
         let scope = format!("--scope-namespace-selector=placement-test={namespace}");
-        let sync = karmada.start_guardrail_sync(&opa, &policy_namespace, &[&scope]);
+        let mut args = vec![scope.as_str()];
+        args.extend_from_slice(extra);
+        let sync = karmada.start_guardrail_sync(&opa, &policy_namespace, &args);
         current_thread_runtime().block_on(sync.wait_ready(Duration::from_secs(60)));
         let webhook = WebhookProcess::start(&[
             format!("--opa-url={}", opa.url()),
@@ -74,6 +89,20 @@ impl Guardrail {
             &policy_namespace,
             guardrail_rules(),
         );
+        let delivery = delivery_configuration(
+            &format!("{namespace}-delivery"),
+            &webhook.url("/validate"),
+            &webhook.ca_pem,
+            json!({"matchLabels": {"placement-test": namespace}}),
+            false,
+            Some(&namespace),
+        );
+        let out = karmada.kubectl_stdin(&["apply", "-f", "-"], &delivery.to_string());
+        assert!(
+            out.status.success(),
+            "register the delivery guard: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         Guardrail {
             karmada: Karmada::shared(),
             namespace,
@@ -86,6 +115,16 @@ impl Guardrail {
 
     fn shipped(karmada: &Karmada) -> Guardrail {
         Guardrail::start(karmada, &shipped_policy_modules())
+    }
+
+    /// The shipped policy's guardrail, placement-sync with `extra` flags.
+    fn shipped_with(karmada: &Karmada, extra: &[&str]) -> Guardrail {
+        Guardrail::of_with(
+            karmada,
+            &unique_name("karmada-guard"),
+            &shipped_policy_modules(),
+            extra,
+        )
     }
 
     fn log_tail(&self) -> String {
@@ -141,6 +180,12 @@ impl Drop for Guardrail {
             "delete",
             "mutatingwebhookconfiguration",
             &self.namespace,
+            "--ignore-not-found",
+        ]);
+        self.karmada.kubectl(&[
+            "delete",
+            "validatingwebhookconfiguration",
+            &format!("{}-delivery", self.namespace),
             "--ignore-not-found",
         ]);
         if let Some(sync) = self.sync.take() {

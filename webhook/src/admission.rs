@@ -1,14 +1,17 @@
 //! Answering AdmissionReviews: ask the engine, merge the decision, or fail by the
 //! fail-closed-iff-policies-exist rule.
 
+mod delivery;
+
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use policy_client::decision::{Decision, DecisionError};
+use policy_client::delivery::{Carrier, allowed};
 use policy_client::engine::{EngineError, PolicyEngine, QueryOutcome};
 use policy_client::input::{PolicyInput, RequestMeta};
-use policy_client::karmada::{BoundError, bound, is_binding, template_input};
+use policy_client::karmada::{is_binding, template_input};
 use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys};
 use policy_client::placement::MergeError;
 use policy_client::text::bounded;
@@ -53,9 +56,6 @@ pub(crate) enum PlacementFailure {
     /// A Karmada binding's template cannot be read: no decision for it.
     #[error("the binding's resource template gives no decision: {0}")]
     Template(#[from] TemplateFailure),
-    /// The policy's placement for a binding's template cannot be read.
-    #[error("the placement policy's placement for the binding's template is invalid: {0}")]
-    InvalidBound(#[from] BoundError),
 }
 
 impl PlacementFailure {
@@ -70,7 +70,6 @@ impl PlacementFailure {
             PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
             PlacementFailure::KeysUnavailable => "OwnershipKeysUnavailable",
             PlacementFailure::Template(_) => "BindingTemplateUnavailable",
-            PlacementFailure::InvalidBound(_) => "InvalidPolicyPlacement",
         }
     }
 
@@ -82,7 +81,6 @@ impl PlacementFailure {
             | PlacementFailure::Template(_) => 503,
             PlacementFailure::InvalidDecision(_)
             | PlacementFailure::InvalidAnnotations(_)
-            | PlacementFailure::InvalidBound(_)
             | PlacementFailure::PolicyError(_) => 500,
             PlacementFailure::InvalidInput(_) => 400,
         }
@@ -243,8 +241,14 @@ impl Admission {
         {
             return (AdmissionResponse::allow(uid), Outcome::Skipped);
         }
+        if let Some(carrier) = Carrier::of(&request.kind.group, &request.kind.kind) {
+            return self.guard_delivery(request, object, carrier).await;
+        }
         if is_binding(&request.kind.group, &request.kind.kind) {
-            return self.guard_binding(request, object, mode).await;
+            return match mode {
+                Mode::Mutate => self.guard_binding(request, object).await,
+                Mode::Validate => self.guard_binding_delivery(request, object).await,
+            };
         }
         match self.place(request, object).await {
             Ok(Placement::Denied { new, existing }) => {
@@ -390,38 +394,28 @@ impl Admission {
         }
     }
 
-    /// A Karmada binding write: narrowed to the clusters the policy allows
-    /// its template ([`guardrail`]). Only `/mutate` narrows; no binding write
-    /// is denied for the policy's errors (the detector's updates carry the
-    /// template's scaling too).
+    /// A Karmada binding write in `/mutate`: its placement narrowed to the
+    /// clusters the policy allows its template ([`guardrail`]). No binding
+    /// write is denied here for the policy's errors (the detector's updates
+    /// carry the template's scaling too); what a write delivers is checked in
+    /// `/validate` ([`delivery`]).
     async fn guard_binding(
         &self,
         request: &AdmissionRequest,
         object: &Value,
-        mode: Mode,
     ) -> (AdmissionResponse, Outcome) {
         let uid = request.uid.as_str();
-        if mode == Mode::Validate
-            || !self.guardrail.guards(object)
-            || Guardrail::unchanged(request, object)
-        {
+        if !self.guardrail.guards(object) || Guardrail::unchanged(request, object) {
             return (AdmissionResponse::allow(uid), Outcome::Skipped);
         }
         let (bound, kept) = match self.binding_decision(request, object).await {
-            Ok(decision) if !decision.is_denied() => match bound(&decision) {
+            Ok((decision, template)) => match allowed(&template, &decision) {
                 Ok(bound) => (bound, None),
-                Err(e) => (
+                Err(refusal) => (
                     guardrail::fallback_bound(request),
-                    Some(PlacementFailure::from(e).to_string()),
+                    Some(format!("for the binding's resource template, {refusal}")),
                 ),
             },
-            Ok(decision) => (
-                guardrail::fallback_bound(request),
-                Some(format!(
-                    "the placement policy reports errors for the binding's resource template: {}",
-                    decision.errors.join("; ")
-                )),
-            ),
             // Without a decision a new binding fails closed iff policies exist.
             Err(failure) if request.operation == Operation::Create => {
                 return self.guard(request, failure);
@@ -453,17 +447,18 @@ impl Admission {
         }
     }
 
-    /// The decision for a binding's resource template.
+    /// The decision for a binding's resource template, and the template.
     async fn binding_decision(
         &self,
         request: &AdmissionRequest,
         binding: &Value,
-    ) -> Result<Decision, PlacementFailure> {
+    ) -> Result<(Decision, Value), PlacementFailure> {
         let deadline = Instant::now() + self.settings.engine_deadline;
         let keys = self.keys()?;
         let (template, resource) = self.guardrail.template(request, binding).await?;
         let input = template_input(&template, &resource, binding, &keys);
-        self.query(&PolicyInput::from(input), deadline).await
+        let decision = self.query(&PolicyInput::from(input), deadline).await?;
+        Ok((decision, template))
     }
 
     async fn place(

@@ -24,13 +24,26 @@ use serde_json::Value;
 use crate::review::{AdmissionRequest, Operation};
 
 /// Which bindings the guardrail narrows, and how it reads their templates.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Guardrail {
     /// `None` without Kubernetes API access: templates cannot be read, and
     /// every binding review then fails as a template that cannot be read.
     templates: Option<Arc<Templates>>,
     /// placement-sync's scheduler name: its bindings are not narrowed.
     own_scheduler: String,
+    /// The API, for what the delivery guard reads (an OCM Placement's
+    /// decisions); `None` without Kubernetes API access.
+    client: Option<kube::Client>,
+}
+
+impl std::fmt::Debug for Guardrail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guardrail")
+            .field("templates", &self.templates)
+            .field("own_scheduler", &self.own_scheduler)
+            .field("client", &self.client.is_some())
+            .finish()
+    }
 }
 
 /// Why a binding's template gives no decision.
@@ -49,9 +62,15 @@ pub(crate) enum TemplateFailure {
 impl Guardrail {
     pub(crate) fn new(client: Option<kube::Client>, own_scheduler: String) -> Guardrail {
         Guardrail {
-            templates: client.map(|c| Arc::new(Templates::new(c))),
+            templates: client.clone().map(|c| Arc::new(Templates::new(c))),
             own_scheduler,
+            client,
         }
+    }
+
+    /// The API client, when the webhook has one.
+    pub(crate) fn client(&self) -> Option<&kube::Client> {
+        self.client.as_ref()
     }
 
     /// Whether the guardrail narrows this binding write (not a binding of
@@ -63,10 +82,13 @@ impl Guardrail {
             != Some(self.own_scheduler.as_str())
     }
 
-    /// An UPDATE that changes neither the placement nor the guardrail's
-    /// record (karmada-scheduler writing its result, a status or eviction
-    /// controller): it cannot widen what is stored, so it is not evaluated
-    /// again. A changed answer reaches the binding through placement-sync.
+    /// An UPDATE that changes neither the placement, the guardrail's record
+    /// nor the template the binding propagates (karmada-scheduler writing
+    /// its result, a status or eviction controller): it cannot widen what is
+    /// stored, so its placement is not narrowed again. What it delivers
+    /// (`spec.clusters`, `spec.requiredBy`) is checked apart, in validation
+    /// ([`crate::admission`]'s delivery guard). A changed answer reaches the
+    /// binding through placement-sync.
     pub(crate) fn unchanged(request: &AdmissionRequest, object: &Value) -> bool {
         let Some(old) = request.old_object.as_ref() else {
             return false;
@@ -79,6 +101,7 @@ impl Guardrail {
         request.operation == Operation::Update
             && record(old).is_some()
             && object.pointer("/spec/placement") == old.pointer("/spec/placement")
+            && object.pointer("/spec/resource") == old.pointer("/spec/resource")
             && record(object) == record(old)
     }
 

@@ -223,6 +223,15 @@ pub(super) struct KarmadaArgs {
     #[arg(long, env = "PLACEMENT_SYNC_GUARD_KARMADA_BINDINGS")]
     pub(crate) guard_karmada_bindings: bool,
 
+    /// Guardrail: how long a guarded binding may still deliver to a member
+    /// its narrowed placement no longer allows (karmada-scheduler moving the
+    /// replicas) before placement-sync takes the member out of
+    /// `spec.clusters` itself: karmada-scheduler writes nothing when it
+    /// cannot satisfy the narrowed placement (a spread constraint, a
+    /// division it cannot meet), which would leave the replicas there.
+    #[arg(long, env = "PLACEMENT_SYNC_KARMADA_RESCHEDULE_GRACE", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub(crate) karmada_reschedule_grace: std::time::Duration,
+
     /// The scheduler name of the bindings this sidecar schedules (the
     /// guardrail leaves them alone), and the
     /// `placement-policy.io/scheduler-name` of the OCM Placements it decides.
@@ -237,6 +246,7 @@ impl KarmadaArgs {
             scheduler_name: self.scheduler_name.trim().to_owned(),
             schedule: self.schedule_karmada_bindings,
             guard: self.guard_karmada_bindings,
+            reschedule_grace: self.karmada_reschedule_grace,
         };
         if settings.any() && settings.scheduler_name.is_empty() {
             return Err(SyncError::Config(
@@ -384,6 +394,9 @@ pub(crate) struct KarmadaSettings {
     pub(crate) schedule: bool,
     /// Guard every other binding.
     pub(crate) guard: bool,
+    /// How long a guarded binding may deliver to a member its record no
+    /// longer allows before it is taken out (`--karmada-reschedule-grace`).
+    pub(crate) reschedule_grace: std::time::Duration,
 }
 
 impl KarmadaSettings {

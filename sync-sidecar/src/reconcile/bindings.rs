@@ -9,12 +9,15 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, Patch, PatchParams};
 use kube::runtime::events::EventType;
 use policy_client::engine::QueryOutcome;
-use policy_client::karmada::{TemplateRef, propagation_policy, template_input};
+use policy_client::karmada::{
+    ALLOWED_CLUSTERS_ANNOTATION, TemplateRef, propagation_policy, template_input,
+};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +30,10 @@ use super::workloads::guarded_patch;
 use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
 use crate::error::SyncError;
 use crate::reconcile::karmada::binding::{Binding, BindingWrite, Mode, Placement, placement, plan};
-use crate::reconcile::karmada::guard::{Guarding, guard, guarded_view};
+use crate::reconcile::karmada::guard::{
+    Due, Guarding, enforced_conditions, guard, guarded_view, outside_record, scheduler_said,
+    without_members,
+};
 use crate::replication::document::ObjectKey;
 use crate::replication::watched::{Need, WatchedType};
 
@@ -128,6 +134,11 @@ pub(crate) enum Verdict {
     },
     /// The guardrail's plan for another scheduler's binding.
     Guarded(Guarding),
+    /// A guarded binding still delivers to members its record leaves out,
+    /// past the grace karmada-scheduler had to move them: take them out.
+    Repair(BTreeSet<String>),
+    /// The same, within the grace: look again then.
+    Overdue(Instant),
 }
 
 impl BindingEvaluation {
@@ -142,7 +153,16 @@ impl BindingEvaluation {
                 moves,
                 ..
             }) => *moves,
+            Verdict::Repair(_) => true,
             _ => false,
+        }
+    }
+
+    /// The members a repair takes out of what the binding delivers.
+    pub(crate) fn repaired_members(&self) -> Option<&BTreeSet<String>> {
+        match &self.verdict {
+            Verdict::Repair(members) => Some(members),
+            _ => None,
         }
     }
 }
@@ -258,7 +278,8 @@ impl Reconciler {
                 .propagation_policies
                 .as_ref()
                 .and_then(|p| p.placement(&item.raw));
-            return Verdict::Guarded(guard(&item.raw, requested.as_ref(), &outcome));
+            let guarding = guard(&item.raw, &template, requested.as_ref(), &outcome);
+            return self.overdue_or(i, item, guarding);
         }
         let known = self.known_clusters();
         let Some(placement) = placement(
@@ -274,6 +295,28 @@ impl Reconciler {
         Verdict::Planned { placement, write }
     }
 
+    /// A guarded binding admitted under the answer (nothing to re-admit)
+    /// that still delivers outside its record: repaired once the grace is
+    /// over, looked at again when it will be; else `guarding` as it is.
+    fn overdue_or(&self, i: usize, item: &BindingItem, guarding: Guarding) -> Verdict {
+        let key = (i, item.key.clone());
+        let outside = match &guarding {
+            Guarding::Bounded { patch: None, .. } => outside_record(&item.raw),
+            _ => BTreeSet::new(),
+        };
+        let due = self.overdue().observe(
+            &key,
+            &outside,
+            Instant::now(),
+            self.ctx.karmada.reschedule_grace,
+        );
+        match due {
+            Due::Nothing => Verdict::Guarded(guarding),
+            Due::At(at) => Verdict::Overdue(at),
+            Due::Now => Verdict::Repair(outside),
+        }
+    }
+
     /// Act on one binding's evaluation: write its placement and status.
     pub(super) async fn act_binding(
         &self,
@@ -287,6 +330,8 @@ impl Reconciler {
             Verdict::Guarded(guarding) => {
                 return self.act_guarded(i, &item, guarding, cancel).await;
             }
+            Verdict::Overdue(at) => return Step::Overdue(at),
+            Verdict::Repair(members) => return self.act_repair(i, &item, &members, cancel).await,
             Verdict::Planned { placement, write } => (placement, write),
         };
         let failed = matches!(placement, Placement::Failed { .. });
@@ -409,6 +454,112 @@ impl Reconciler {
                 }
             }
         }
+    }
+
+    /// Take `members` out of what a guarded binding delivers: karmada-scheduler
+    /// did not move them within the grace. The spec write (preconditioned on
+    /// the resourceVersion it was planned from) passes the webhook, as it
+    /// adds nothing; then the condition, and an Event on the binding and
+    /// its template.
+    async fn act_repair(
+        &self,
+        i: usize,
+        item: &BindingItem,
+        members: &BTreeSet<String>,
+        cancel: &CancellationToken,
+    ) -> Step {
+        let key = (i, item.key.clone());
+        if self.is_in_flight(&key, item.binding.resource_version()) {
+            return Step::InFlight;
+        }
+        self.limiter.acquire().await;
+        if cancel.is_cancelled() || !self.may_act() {
+            return Step::Aborted;
+        }
+        let name = describe(self.targets[i].resource(), Some(&item.key));
+        let members_text = members.iter().cloned().collect::<Vec<_>>().join(", ");
+        let allowed = item
+            .raw
+            .pointer("/metadata/annotations")
+            .and_then(|a| a.get(ALLOWED_CLUSTERS_ANNOTATION))
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        let grace = self.ctx.karmada.reschedule_grace;
+        let note = format!(
+            "took {members_text} out of spec.clusters: the placement policy allows this binding's template only {}, and karmada-scheduler did not move its replicas within {} ({})",
+            if allowed.is_empty() {
+                "no cluster"
+            } else {
+                allowed
+            },
+            humantime::format_duration(Duration::from_secs(grace.as_secs().max(1))),
+            scheduler_said(&item.raw),
+        );
+        match self.write_repair(i, item, members, &note).await {
+            Ok(()) => {
+                self.overdue().forget(&key);
+                self.mark_in_flight(key, item.binding.resource_version().map(str::to_owned));
+                self.ctx.metrics.binding_schedule("repaired");
+                tracing::warn!(binding = %name, members = %members_text, "took members the placement policy forbids out of the binding");
+                self.binding_events(item, false, "ForbiddenClustersRemoved", &note);
+                Step::Stale {
+                    patched: true,
+                    failed: false,
+                }
+            }
+            Err(SyncError::Kube(kube::Error::Api(s))) if s.code == 404 => {
+                self.overdue().forget(&key);
+                Step::Placed
+            }
+            Err(e) => {
+                self.ctx.metrics.binding_schedule("error");
+                tracing::warn!(binding = %name, error = %e, "taking forbidden members out of the binding failed; will retry");
+                Step::Stale {
+                    patched: false,
+                    failed: true,
+                }
+            }
+        }
+    }
+
+    /// The repair's spec patch, then its condition.
+    async fn write_repair(
+        &self,
+        i: usize,
+        item: &BindingItem,
+        members: &BTreeSet<String>,
+        note: &str,
+    ) -> Result<(), SyncError> {
+        let target = &self.targets[i];
+        let api = match &item.key.namespace {
+            Some(ns) => {
+                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
+            }
+            None => target.api.clone(),
+        };
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PatchParams::default()
+        };
+        let patch = guarded_patch(
+            &without_members(&item.raw, members),
+            item.binding.resource_version(),
+        );
+        let updated = api
+            .patch(&item.key.name, &params, &Patch::<()>::Json(patch))
+            .await?;
+        let status = json!({
+            "metadata": {"resourceVersion": updated.metadata.resource_version},
+            "status": {"conditions": enforced_conditions(&item.raw, note, &now_rfc3339())},
+        });
+        // The condition says why; the repair itself is done when it fails.
+        if let Err(e) = api
+            .patch_status(&item.key.name, &params, &Patch::Merge(&status))
+            .await
+        {
+            tracing::warn!(binding = %item.key, error = %e, "cannot write the PlacementPolicyEnforced condition");
+        }
+        Ok(())
     }
 
     /// Queue an Event on a binding and on its resource template.

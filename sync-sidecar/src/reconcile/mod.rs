@@ -182,6 +182,8 @@ pub(crate) struct Reconciler {
     propagation_policies: Option<bindings::PropagationPolicies>,
     /// What the OCM decider reads besides its Placements.
     ocm: Option<placements::OcmState>,
+    /// Since when guarded bindings deliver outside their record.
+    overdue: std::sync::Mutex<karmada::guard::Overdue>,
 }
 
 /// The ownership keys of the reconciler's source; `None` when stopping first.
@@ -402,6 +404,7 @@ pub(crate) async fn run(
         karmada_clusters,
         propagation_policies,
         ocm,
+        overdue: Default::default(),
     };
     reconciler.run(cancel).await;
     for w in watchers {
@@ -472,6 +475,10 @@ impl Reconciler {
             policy_revision,
             &self.ctx.replicated.revision(&self.ctx.reads),
         )
+    }
+
+    fn overdue(&self) -> std::sync::MutexGuard<'_, karmada::guard::Overdue> {
+        self.overdue.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn may_act(&self) -> bool {
@@ -651,7 +658,13 @@ impl Reconciler {
                 schedule.recorded(configured);
             }
         }
-        schedule.retry_after(&work, report.held, report.failed_objects, Instant::now());
+        schedule.retry_after(
+            &work,
+            report.held,
+            report.failed_objects,
+            report.due,
+            Instant::now(),
+        );
     }
 }
 

@@ -4,7 +4,7 @@
 //! written (an outage's moves apart from an edit's); then each object let
 //! through is acted on, and the pass's Events published.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -49,6 +49,8 @@ pub(crate) struct PassReport {
     /// The objects that failed (query, write or unusable decision): the only
     /// ones a retry evaluates again.
     pub(crate) failed_objects: BTreeSet<ItemKey>,
+    /// Objects to evaluate again at a time of their own (overdue ones).
+    pub(crate) due: BTreeMap<ItemKey, Instant>,
 }
 
 /// One workload's evaluation, before anything is patched.
@@ -125,6 +127,9 @@ impl Evaluation {
                 names(&before).difference(&names(&after)).cloned().collect()
             }
             Evaluation::Binding(e) => {
+                if let Some(members) = e.repaired_members() {
+                    return members.clone();
+                }
                 let super::bindings::Verdict::Planned { write, .. } = &e.verdict else {
                     return BTreeSet::new();
                 };
@@ -159,6 +164,7 @@ impl Evaluation {
             },
             Evaluation::Binding(e) => match &e.verdict {
                 super::bindings::Verdict::Planned { write, .. } => serde_json::to_vec(&write.spec),
+                super::bindings::Verdict::Repair(members) => serde_json::to_vec(members),
                 _ => Ok(Vec::new()),
             },
             Evaluation::Placement(e) => e.moved(),
@@ -238,6 +244,9 @@ impl Reconciler {
             .buffer_unordered(PASS_CONCURRENCY);
         let mut steps = std::pin::pin!(steps);
         while let Some((key, step)) = steps.next().await {
+            if let (Step::Overdue(at), Some(key)) = (&step, &key) {
+                report.due.insert(key.clone(), *at);
+            }
             if matches!(step, Step::Failed | Step::Stale { failed: true, .. })
                 && let Some(key) = key
             {
@@ -267,6 +276,10 @@ impl Reconciler {
                     report.stale += 1;
                     report.patched += usize::from(patched);
                     report.failed += usize::from(failed);
+                }
+                Step::Overdue(_) => {
+                    report.evaluated += 1;
+                    report.stale += 1;
                 }
             }
         }

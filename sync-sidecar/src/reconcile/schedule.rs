@@ -5,7 +5,7 @@
 //! failed or held work is tried again. [`Schedule`] takes what happened and
 //! says what to do; the loop in `mod.rs` waits, reads and writes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use policy_client::retry::Backoff;
@@ -283,27 +283,41 @@ impl Schedule {
 
     /// After a pass at `now`: a held change looks for its confirmation
     /// again soon; failed objects are retried alone, later each time
-    /// (a later pass over everything still owes them their retry); a
-    /// pass over everything without failures starts the delays over.
+    /// (a later pass over everything still owes them their retry); objects
+    /// `due` at a time of their own are evaluated again then, with what
+    /// else is due by then; a pass over everything without failures starts
+    /// the delays over.
     pub(super) fn retry_after(
         &mut self,
         work: &Work,
         held: usize,
         failed: BTreeSet<ItemKey>,
+        due: BTreeMap<ItemKey, Instant>,
         now: Instant,
     ) {
         if held > 0 {
             self.retry = Some((now + HELD_RECHECK, Work::All));
-        } else if !failed.is_empty() {
+            return;
+        }
+        let mut next = self.retry.take();
+        if !failed.is_empty() {
             let delay = self.retry_delays.next().unwrap_or(RETRY_BACKOFF.max_delay);
-            let merged = match self.retry.take() {
+            let merged = match next {
                 Some((_, Work::All)) => Work::All,
                 _ => Work::Only(failed),
             };
-            self.retry = Some((now + delay, merged));
+            next = Some((now + delay, merged));
         } else if *work == Work::All {
             self.retry_delays = fresh_delays();
         }
+        if let Some(earliest) = due.values().min().copied() {
+            let keys = Work::Only(due.into_keys().collect());
+            next = match next {
+                Some((at, work)) => Work::merge(Some(work), keys).map(|w| (at.min(earliest), w)),
+                None => Some((earliest, keys)),
+            };
+        }
+        self.retry = next;
     }
 }
 

@@ -15,4 +15,7 @@ pub(crate) enum Step {
         patched: bool,
         failed: bool,
     },
+    /// Stale, but given until then to resolve itself (a guarded binding
+    /// karmada-scheduler is to move): evaluated again at that time.
+    Overdue(tokio::time::Instant),
 }

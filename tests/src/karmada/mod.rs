@@ -85,6 +85,92 @@ pub fn guardrail_rules() -> serde_json::Value {
     ])
 }
 
+/// The last hop in Karmada's API server, validated by the webhook at `url`
+/// (its `/validate`) once every mutation is done, as the chart's
+/// `<release>-karmada-delivery` configuration: Works in the execution
+/// namespaces (`karmada-es-<member>`) and the bindings of the namespaces
+/// `bindings` selects (a namespaceSelector; ClusterResourceBindings too when
+/// `cluster_bindings`). A bed shared by several contenders scopes the Works
+/// to the bindings of one set of namespaces with `works_of`: the Works
+/// Karmada writes for the bindings of the namespaces whose names start with
+/// it (by Karmada's annotation `resourcebinding.karmada.io/namespace`; the
+/// chart checks every Work).
+pub fn delivery_configuration(
+    name: &str,
+    url: &str,
+    ca_pem: &str,
+    bindings: serde_json::Value,
+    cluster_bindings: bool,
+    works_of: Option<&str>,
+) -> serde_json::Value {
+    let mut binding_rules = vec![serde_json::json!({
+        "apiGroups": ["work.karmada.io"],
+        "apiVersions": ["v1alpha2"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["resourcebindings"],
+        "scope": "Namespaced"
+    })];
+    if cluster_bindings {
+        binding_rules.push(serde_json::json!({
+            "apiGroups": ["work.karmada.io"],
+            "apiVersions": ["v1alpha2"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["clusterresourcebindings"],
+            "scope": "Cluster"
+        }));
+    }
+    let webhook = |webhook: &str, rules: serde_json::Value| {
+        serde_json::json!({
+            "name": webhook,
+            "admissionReviewVersions": ["v1"],
+            "clientConfig": {"url": url, "caBundle": placement_certs::ca_bundle(ca_pem)},
+            "rules": rules,
+            "sideEffects": "NoneOnDryRun",
+            "timeoutSeconds": 10,
+            "failurePolicy": "Fail",
+            "matchConditions": [{
+                "name": "not-being-deleted",
+                "expression": "!has(object.metadata.deletionTimestamp)"
+            }]
+        })
+    };
+    let mut works = webhook(
+        "works.delivery.placement-policy.io",
+        serde_json::json!([{
+            "apiGroups": ["work.karmada.io"],
+            "apiVersions": ["v1alpha1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["works"],
+            "scope": "Namespaced"
+        }]),
+    );
+    let conditions = works["matchConditions"].as_array_mut().expect("a list");
+    conditions.push(serde_json::json!({
+        "name": "in-an-execution-namespace",
+        "expression": "request.namespace.startsWith('karmada-es-')"
+    }));
+    if let Some(prefix) = works_of {
+        const KEY: &str = "resourcebinding.karmada.io/namespace";
+        conditions.push(serde_json::json!({
+            "name": "of-these-bindings",
+            "expression": format!(
+                "has(object.metadata.annotations) && '{KEY}' in object.metadata.annotations && object.metadata.annotations['{KEY}'].startsWith('{prefix}')"
+            )
+        }));
+    }
+    let mut bindings_webhook = webhook(
+        "bindings.delivery.placement-policy.io",
+        serde_json::Value::Array(binding_rules),
+    );
+    bindings_webhook["namespaceSelector"] = bindings;
+    serde_json::json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [works, bindings_webhook]
+    })
+}
+
 /// The members, as registered with Karmada.
 pub const MEMBERS: [MemberSpec; 3] = [
     MemberSpec {
@@ -341,10 +427,11 @@ impl Karmada {
         SidecarProcess::start_as(&self.plane, Identity::Admin, opa, &args)
     }
 
-    /// Register the webhook at `url` (trusting `ca_pem`) with Karmada's API
-    /// server as the guardrail, for every namespace but Karmada's and the
-    /// system's: workload templates, ResourceBindings and
-    /// ClusterResourceBindings (`scripts/testbed up --karmada`).
+    /// Register the webhook at `url` (its `/mutate`, trusting `ca_pem`) with
+    /// Karmada's API server as the guardrail, for every namespace but
+    /// Karmada's and the system's: workload templates, ResourceBindings and
+    /// ClusterResourceBindings narrowed; and its `/validate` for the last
+    /// hop ([`delivery_configuration`]) (`scripts/testbed up --karmada`).
     pub fn register_guardrail_webhook(&self, url: &str, ca_pem: &str) {
         let mut rules = guardrail_rules();
         if let Some(rules) = rules.as_array_mut() {
@@ -377,7 +464,20 @@ impl Karmada {
                 "reinvocationPolicy": "Never"
             }]
         });
-        crate::kubectl::apply_documents(&self.karmada_kubeconfig(), vec![configuration]);
+        let delivery = delivery_configuration(
+            "placement-policy-delivery",
+            &url.replace("/mutate", "/validate"),
+            ca_pem,
+            serde_json::json!({"matchExpressions": [{
+                "key": "kubernetes.io/metadata.name",
+                "operator": "NotIn",
+                "values": ["kube-system", "kube-public", "kube-node-lease",
+                           "karmada-system", "karmada-cluster", crate::POLICY_NAMESPACE]
+            }]}),
+            true,
+            None,
+        );
+        crate::kubectl::apply_documents(&self.karmada_kubeconfig(), vec![configuration, delivery]);
     }
 
     /// A member joining the federation now: a plain API server (one Node of

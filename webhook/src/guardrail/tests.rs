@@ -108,7 +108,7 @@ fn without_a_decision_an_update_keeps_the_stored_bound_and_a_create_gets_none() 
 }
 
 #[test]
-fn only_writes_that_keep_placement_and_record_skip_evaluation() {
+fn only_writes_that_keep_placement_record_and_template_skip_evaluation() {
     let old = binding(&["member-eu-1"], Some("member-eu-1"));
     let mut scheduled = old.clone();
     scheduled["spec"]["clusters"] = json!([{"name": "member-eu-1", "replicas": 3}]);
@@ -131,6 +131,15 @@ fn only_writes_that_keep_placement_and_record_skip_evaluation() {
         !Guardrail::unchanged(&request("UPDATE", &unguarded, Some(&unguarded)), &unguarded),
         "a binding the guardrail never admitted is evaluated"
     );
+    // The detector rewrites a binding with its template's new version (an
+    // edit that may add a requirement): decided again.
+    let mut edited = old.clone();
+    edited["spec"]["resource"] = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "namespace": "shop", "name": "web", "resourceVersion": "2"});
+    assert!(!Guardrail::unchanged(
+        &request("UPDATE", &edited, Some(&old)),
+        &edited
+    ));
 }
 
 #[test]

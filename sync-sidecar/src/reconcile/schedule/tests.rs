@@ -31,7 +31,13 @@ fn settled() -> Schedule {
     schedule.take_over(plan.takeover.expect("a takeover"), None, "r1");
     let record = schedule.completed(&plan.work, 0, true, "r1".into());
     schedule.recorded(record.expect("a new revision"));
-    schedule.retry_after(&plan.work, 0, BTreeSet::new(), Instant::now());
+    schedule.retry_after(
+        &plan.work,
+        0,
+        BTreeSet::new(),
+        BTreeMap::new(),
+        Instant::now(),
+    );
     assert!(schedule.is_idle());
     schedule
 }
@@ -287,7 +293,7 @@ fn an_aborted_pass_is_pending_again_with_what_came_meanwhile() {
 fn a_held_pass_looks_for_its_confirmation_again_in_five_seconds() {
     let mut schedule = settled();
     let now = Instant::now();
-    schedule.retry_after(&Work::All, 3, keys(&["a"]), now);
+    schedule.retry_after(&Work::All, 3, keys(&["a"]), BTreeMap::new(), now);
     assert_eq!(schedule.retry_at(), Some(now + Duration::from_secs(5)));
     assert!(schedule.is_idle());
     schedule.wake(Wake::RetryDue);
@@ -302,7 +308,7 @@ fn a_held_pass_looks_for_its_confirmation_again_in_five_seconds() {
 fn failed_objects_are_retried_alone_unless_a_pass_over_everything_is_due() {
     let mut schedule = settled();
     let now = Instant::now();
-    schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), now);
+    schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), BTreeMap::new(), now);
     let at = schedule.retry_at().expect("a retry");
     assert!(at >= now + Duration::from_secs(1) && at < now + Duration::from_secs(2));
     schedule.wake(Wake::RetryDue);
@@ -311,15 +317,15 @@ fn failed_objects_are_retried_alone_unless_a_pass_over_everything_is_due() {
         Some(only(&["a"]))
     );
     // A held change's recheck (everything) stays everything.
-    schedule.retry_after(&Work::All, 1, BTreeSet::new(), now);
-    schedule.retry_after(&only(&["b"]), 0, keys(&["b"]), now);
+    schedule.retry_after(&Work::All, 1, BTreeSet::new(), BTreeMap::new(), now);
+    schedule.retry_after(&only(&["b"]), 0, keys(&["b"]), BTreeMap::new(), now);
     schedule.wake(Wake::RetryDue);
     assert_eq!(
         schedule.begin(Observed::default()).map(|p| p.work),
         Some(Work::All)
     );
     // A trigger drops the retry: its pass covers everything.
-    schedule.retry_after(&only(&["c"]), 0, keys(&["c"]), now);
+    schedule.retry_after(&only(&["c"]), 0, keys(&["c"]), BTreeMap::new(), now);
     schedule.wake(Wake::Fired);
     assert_eq!(schedule.retry_at(), None);
 }
@@ -329,17 +335,40 @@ fn failures_back_off_until_a_pass_over_everything_succeeds() {
     let mut schedule = settled();
     let now = Instant::now();
     for _ in 0..6 {
-        schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), now);
+        schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), BTreeMap::new(), now);
     }
     let at = schedule.retry_at().expect("a retry");
     assert!(at >= now + Duration::from_secs(32), "{:?}", at - now);
     // A pass over some objects only does not start over.
-    schedule.retry_after(&only(&["b"]), 0, BTreeSet::new(), now);
-    schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), now);
+    schedule.retry_after(&only(&["b"]), 0, BTreeSet::new(), BTreeMap::new(), now);
+    schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), BTreeMap::new(), now);
     let at = schedule.retry_at().expect("a retry");
     assert!(at >= now + Duration::from_secs(60), "{:?}", at - now);
-    schedule.retry_after(&Work::All, 0, BTreeSet::new(), now);
-    schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), now);
+    schedule.retry_after(&Work::All, 0, BTreeSet::new(), BTreeMap::new(), now);
+    schedule.retry_after(&only(&["a"]), 0, keys(&["a"]), BTreeMap::new(), now);
     let at = schedule.retry_at().expect("a retry");
     assert!(at < now + Duration::from_secs(2), "{:?}", at - now);
+}
+
+#[test]
+fn an_overdue_object_is_evaluated_again_at_its_own_time_with_what_else_is_due() {
+    let mut schedule = settled();
+    let now = Instant::now();
+    let due_at = now + Duration::from_secs(15);
+    let due: BTreeMap<ItemKey, Instant> = keys(&["a"]).into_iter().map(|k| (k, due_at)).collect();
+    schedule.retry_after(&Work::All, 0, BTreeSet::new(), due.clone(), now);
+    assert_eq!(schedule.retry_at(), Some(due_at));
+    // A failure retried sooner takes the overdue object along.
+    schedule.retry_after(&only(&["b"]), 0, keys(&["b"]), due, now);
+    let at = schedule.retry_at().expect("a retry");
+    assert!(at < due_at, "{:?}", at - now);
+    schedule.wake(Wake::RetryDue);
+    assert_eq!(
+        schedule.begin(Observed::default()).map(|p| p.work),
+        Some(only(&["a", "b"]))
+    );
+    // A held change still looks for its confirmation first.
+    let due: BTreeMap<ItemKey, Instant> = keys(&["a"]).into_iter().map(|k| (k, due_at)).collect();
+    schedule.retry_after(&Work::All, 2, BTreeSet::new(), due, now);
+    assert_eq!(schedule.retry_at(), Some(now + Duration::from_secs(5)));
 }

@@ -517,6 +517,7 @@ fn only_the_bindings_settings_ask_for_are_acted_on() {
         scheduler_name: "placement-policy".to_owned(),
         schedule,
         guard,
+        reschedule_grace: std::time::Duration::from_secs(15),
     };
     let (_, ours) = binding(json!({}), json!({}));
     let (_, theirs) = binding(json!({"schedulerName": "default-scheduler"}), json!({}));
