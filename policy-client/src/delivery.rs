@@ -15,13 +15,16 @@
 //! a policy that does not place its kind cannot keep it where it requires,
 //! and a requirement is never silently unbounded.
 
+use std::borrow::Cow;
+
 use kube::api::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::decision::Decision;
 use crate::input::{RequestMeta, policy_input};
-use crate::karmada::{Bound, BoundError, bound};
+use crate::karmada::{Bound, BoundError, PREFERENCES_ANNOTATION, bound};
 use crate::ownership_keys::OwnershipKeys;
+use crate::placement::OWNERSHIP_ANNOTATION;
 
 /// The prefix of the placement requirements workloads carry as annotations
 /// (`policy.federation.alpha.kubernetes.io/eu-jurisdiction-required`,
@@ -157,8 +160,10 @@ pub fn manifest_type(manifest: &Value) -> ApiResource {
 /// The policy input for a delivered `manifest`: the manifest as a template
 /// is placed everywhere else (an `UPDATE` of itself as stored, by no
 /// particular user), so a Work, a binding and the template itself get one
-/// answer.
+/// answer to where it may run, without its placement request
+/// ([`without_request`]).
 pub fn manifest_input(manifest: &Value, keys: &OwnershipKeys) -> Value {
+    let manifest = &without_request(manifest);
     let resource = manifest_type(manifest);
     let kind = json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
     let gvr =
@@ -180,6 +185,38 @@ pub fn manifest_input(manifest: &Value, keys: &OwnershipKeys) -> Value {
             keys,
         },
     )
+}
+
+/// `manifest` without its placement request: the placement annotation
+/// ([`PREFERENCES_ANNOTATION`]) and the ownership record
+/// ([`OWNERSHIP_ANNOTATION`]). Delivery asks where a manifest may run (its
+/// requirements decide that), not where it asked to: a manifest copied from
+/// a placed template carries the policy's earlier answer, whose record is
+/// bound to the template (its uid and creation time, which a delivered copy
+/// lacks), so it would read as the developer's request, and a request the
+/// policy no longer grants in full (a member relabelled) would refuse the
+/// manifest even on the members it may run on. Requests narrow where a
+/// workload runs, never widen it, so leaving them out never lets a manifest
+/// through that its requirements keep out.
+pub fn without_request(manifest: &Value) -> Cow<'_, Value> {
+    let carries = |key: &str| {
+        manifest
+            .pointer("/metadata/annotations")
+            .and_then(Value::as_object)
+            .is_some_and(|a| a.contains_key(key))
+    };
+    if !carries(PREFERENCES_ANNOTATION) && !carries(OWNERSHIP_ANNOTATION) {
+        return Cow::Borrowed(manifest);
+    }
+    let mut stripped = manifest.clone();
+    if let Some(annotations) = stripped
+        .pointer_mut("/metadata/annotations")
+        .and_then(Value::as_object_mut)
+    {
+        annotations.remove(PREFERENCES_ANNOTATION);
+        annotations.remove(OWNERSHIP_ANNOTATION);
+    }
+    Cow::Owned(stripped)
 }
 
 /// Why a decision allows a manifest no member.

@@ -20,7 +20,7 @@ use placement_tests::karmada::{Karmada, WORKLOAD_IMAGE};
 use placement_tests::{restoring, serial, wait_or_explain};
 use serde_json::{Value, json};
 
-use super::{ALLOWED, Guardrail, binding, divided, eu_pci2};
+use super::{ALLOWED, Guardrail, binding, eu_pci2};
 
 const US: &str = "member-us-1";
 
@@ -278,8 +278,8 @@ fn karmada_delivery_a_work_written_into_a_forbidden_members_namespace_is_refused
     ]);
 }
 
-/// 4. A reschedule karmada-scheduler cannot do: spread over two regions,
-///    then member-eu-2 relabelled non-EU. The narrowed placement leaves one
+/// 4. A reschedule karmada-scheduler cannot do: duplicated over two
+///    regions (a spread constraint), then member-eu-2 relabelled non-EU. The narrowed placement leaves one
 ///    region, karmada-scheduler fails ("the number of feasible region is
 ///    less than spreadConstraint.MinGroups") and writes nothing, so
 ///    `spec.clusters` keeps member-eu-2. placement-sync takes it out after
@@ -291,11 +291,16 @@ fn karmada_delivery_a_failed_reschedule_is_repaired_by_placement_sync() {
     let karmada = Karmada::shared();
     let guard = Guardrail::shipped_with(karmada, &["--karmada-reschedule-grace=3s"]);
     let ns = guard.namespace.clone();
-    let spread = divided(json!({"spreadConstraints": [
-        {"spreadByField": "region", "minGroups": 2, "maxGroups": 2},
-        {"spreadByField": "cluster", "minGroups": 2, "maxGroups": 2}
-    ]}));
-    guard.propagate(karmada, "spread", 4, spread);
+    // Duplicated: karmada-scheduler honours spread constraints there (it
+    // ignores them for a division by static weights).
+    let spread = json!({
+        "replicaScheduling": {"replicaSchedulingType": "Duplicated"},
+        "spreadConstraints": [
+            {"spreadByField": "region", "minGroups": 2, "maxGroups": 2},
+            {"spreadByField": "cluster", "minGroups": 2, "maxGroups": 2}
+        ]
+    });
+    guard.propagate(karmada, "spread", 2, spread);
     guard.wait_replicas(
         karmada,
         "spread",

@@ -143,3 +143,26 @@ fn manifests_are_named_by_kind_and_namespace() {
         "Namespace shop"
     );
 }
+
+#[test]
+fn a_delivered_copy_is_asked_where_it_may_run_not_where_it_asked_to() {
+    // A Deployment placed by the policy, copied into a Work: its placement
+    // annotation and record came with it.
+    let mut copy = eu_statefulset();
+    copy["metadata"]["annotations"]["federation.kubernetes.io/replica-set-preferences"] =
+        json!(r#"{"clusters":{"eu-1":{"weight":1},"eu-2":{"weight":1}}}"#);
+    copy["metadata"]["annotations"]["placement-policy.io/policy-owned"] = json!("{}");
+    let keys = OwnershipKeys::ephemeral().unwrap();
+    let input = manifest_input(&copy, &keys);
+    let annotations = input["metadata"]["annotations"].as_object().unwrap();
+    assert!(!annotations.contains_key("federation.kubernetes.io/replica-set-preferences"));
+    assert!(!annotations.contains_key("placement-policy.io/policy-owned"));
+    assert_eq!(
+        annotations["policy.federation.alpha.kubernetes.io/eu-jurisdiction-required"], "true",
+        "its requirements stay"
+    );
+    assert!(matches!(
+        without_request(&eu_statefulset()),
+        Cow::Borrowed(_)
+    ));
+}
