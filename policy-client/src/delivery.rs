@@ -21,7 +21,7 @@ use kube::api::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 
 use crate::decision::Decision;
-use crate::input::{RequestMeta, policy_input};
+use crate::input::stored_input;
 use crate::karmada::{Bound, BoundError, PREFERENCES_ANNOTATION, bound};
 use crate::ownership_keys::OwnershipKeys;
 use crate::placement::OWNERSHIP_ANNOTATION;
@@ -164,27 +164,7 @@ pub fn manifest_type(manifest: &Value) -> ApiResource {
 /// ([`without_request`]).
 pub fn manifest_input(manifest: &Value, keys: &OwnershipKeys) -> Value {
     let manifest = &without_request(manifest);
-    let resource = manifest_type(manifest);
-    let kind = json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
-    let gvr =
-        json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
-    policy_input(
-        manifest,
-        &RequestMeta {
-            uid: "",
-            operation: "UPDATE",
-            kind: &kind,
-            resource: &gvr,
-            namespace: manifest
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str),
-            name: manifest.pointer("/metadata/name").and_then(Value::as_str),
-            user_info: &json!({}),
-            dry_run: false,
-            old_object: Some(manifest),
-            keys,
-        },
-    )
+    stored_input(manifest, &manifest_type(manifest), &json!({}), keys)
 }
 
 /// `manifest` without its placement request: the placement annotation

@@ -164,6 +164,40 @@ pub fn policy_input(object: &Value, meta: &RequestMeta<'_>) -> Value {
     PolicyInput::new(object, meta).into_value()
 }
 
+/// The input for `object` (of type `resource`) as it is stored, where no
+/// request is being admitted: an `UPDATE` of itself by `user_info` (a
+/// reconciler's own identity, or `{}` where the writer is not known), so
+/// the answer is the one the webhook gives when the object is next written
+/// unchanged. A binding's template, a delivered manifest and a workload
+/// being remediated are asked about so.
+pub fn stored_input(
+    object: &Value,
+    resource: &kube::api::ApiResource,
+    user_info: &Value,
+    keys: &OwnershipKeys,
+) -> Value {
+    let kind = json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
+    let gvr =
+        json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
+    policy_input(
+        object,
+        &RequestMeta {
+            uid: "",
+            operation: "UPDATE",
+            kind: &kind,
+            resource: &gvr,
+            namespace: object
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str),
+            name: object.pointer("/metadata/name").and_then(Value::as_str),
+            user_info,
+            dry_run: false,
+            old_object: Some(object),
+            keys,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

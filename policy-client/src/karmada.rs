@@ -25,7 +25,7 @@ mod templates;
 use kube::api::ApiResource;
 use serde_json::{Map, Value, json};
 
-use crate::input::{BINDING_INPUT_KEY, RequestMeta, policy_input};
+use crate::input::{BINDING_INPUT_KEY, stored_input};
 use crate::ownership_keys::OwnershipKeys;
 pub use bound::{
     ALLOWED_CLUSTERS_ANNOTATION, Bound, BoundError, NO_CLUSTER, PREFERENCES_ANNOTATION, bound,
@@ -81,26 +81,7 @@ pub fn template_input(
     binding: &Value,
     keys: &OwnershipKeys,
 ) -> Value {
-    let kind = json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
-    let gvr =
-        json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
-    let mut input = policy_input(
-        template,
-        &RequestMeta {
-            uid: "",
-            operation: "UPDATE",
-            kind: &kind,
-            resource: &gvr,
-            namespace: template
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str),
-            name: template.pointer("/metadata/name").and_then(Value::as_str),
-            user_info: &json!({}),
-            dry_run: false,
-            old_object: Some(template),
-            keys,
-        },
-    );
+    let mut input = stored_input(template, resource, &json!({}), keys);
     if let Value::Object(map) = &mut input {
         map.insert(BINDING_INPUT_KEY.to_owned(), binding_view(binding));
     }

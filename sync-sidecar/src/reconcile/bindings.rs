@@ -414,17 +414,8 @@ impl Reconciler {
         if cancel.is_cancelled() || !self.may_act() {
             return Step::Aborted;
         }
-        let target = &self.targets[i];
-        let api = match &item.key.namespace {
-            Some(ns) => {
-                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
-            }
-            None => target.api.clone(),
-        };
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
+        let api = self.binding_api(i, item);
+        let params = write_params();
         let planned_from = item.binding.resource_version().map(str::to_owned);
         let patch = guarded_patch(&patch, planned_from.as_deref());
         match api
@@ -530,17 +521,8 @@ impl Reconciler {
         members: &BTreeSet<String>,
         note: &str,
     ) -> Result<(), SyncError> {
-        let target = &self.targets[i];
-        let api = match &item.key.namespace {
-            Some(ns) => {
-                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
-            }
-            None => target.api.clone(),
-        };
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
+        let api = self.binding_api(i, item);
+        let params = write_params();
         let patch = guarded_patch(
             &without_members(&item.raw, members),
             item.binding.resource_version(),
@@ -587,17 +569,8 @@ impl Reconciler {
         item: &BindingItem,
         write: &BindingWrite,
     ) -> Result<(), SyncError> {
-        let target = &self.targets[i];
-        let api = match &item.key.namespace {
-            Some(ns) => {
-                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
-            }
-            None => target.api.clone(),
-        };
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
+        let api = self.binding_api(i, item);
+        let params = write_params();
         let key = (i, item.key.clone());
         let planned_from = item.binding.resource_version().map(str::to_owned);
         let mut resource_version = planned_from.clone();
@@ -637,6 +610,27 @@ impl Reconciler {
             self.mark_in_flight(key, planned_from);
         }
         Ok(())
+    }
+}
+
+impl Reconciler {
+    /// The API of binding `item` of target `i` (its namespace's).
+    fn binding_api(&self, i: usize, item: &BindingItem) -> Api<kube::api::DynamicObject> {
+        let target = &self.targets[i];
+        match &item.key.namespace {
+            Some(ns) => {
+                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
+            }
+            None => target.api.clone(),
+        }
+    }
+}
+
+/// The reconciler's writes, under its field manager.
+fn write_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
     }
 }
 

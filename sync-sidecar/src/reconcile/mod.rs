@@ -56,11 +56,11 @@ use kube::Client;
 use kube::api::{Api, ApiResource, PostParams};
 use kube::runtime::events::Recorder;
 use policy_client::engine::PolicyEngine;
-use policy_client::input::{RequestMeta, policy_input};
+use policy_client::input::stored_input;
 use policy_client::karmada::Templates;
 use policy_client::ownership_keys::{OwnershipKeys, SharedKeys};
 use policy_client::ownership_secret::KeySecret;
-use serde_json::{Value, json};
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -448,24 +448,7 @@ impl Reconciler {
     /// written (an UPDATE by this reconciler, the stored object as
     /// `oldObject`), so both get the same answer.
     fn update_input(&self, value: &Value, resource: &ApiResource) -> Value {
-        let kind =
-            json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
-        let gvr = json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
-        policy_input(
-            value,
-            &RequestMeta {
-                uid: "",
-                operation: "UPDATE",
-                kind: &kind,
-                resource: &gvr,
-                namespace: value.pointer("/metadata/namespace").and_then(Value::as_str),
-                name: value.pointer("/metadata/name").and_then(Value::as_str),
-                user_info: &self.user_info,
-                dry_run: false,
-                old_object: Some(value),
-                keys: &self.keys.current(),
-            },
-        )
+        stored_input(value, resource, &self.user_info, &self.keys.current())
     }
 
     /// The configured revision now: the policy set (`policy_revision`) and
