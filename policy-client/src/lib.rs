@@ -19,6 +19,7 @@ pub mod configmaps;
 pub mod decision;
 mod delegating;
 pub mod embedded;
+mod embedded_builtins;
 pub mod engine;
 pub mod input;
 mod input_reads;
