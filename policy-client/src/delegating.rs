@@ -13,7 +13,9 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use crate::engine::{DecisionCacheStats, EncodedJson, EngineError, PolicyEngine, QueryOutcome};
+use crate::engine::{
+    AnswerChecks, DecisionCacheStats, EncodedJson, EngineError, PolicyEngine, QueryOutcome,
+};
 use crate::input::PolicyInput;
 
 /// A [`PolicyEngine`] made of the engine it wraps and the methods it changes;
@@ -84,6 +86,10 @@ pub(crate) trait Delegating: Send + Sync + fmt::Debug {
     fn decision_cache(&self) -> Option<DecisionCacheStats> {
         self.inner().decision_cache()
     }
+
+    fn answer_checks(&self) -> Option<AnswerChecks> {
+        self.inner().answer_checks()
+    }
 }
 
 #[async_trait]
@@ -148,5 +154,9 @@ impl<T: Delegating> PolicyEngine for T {
 
     fn decision_cache(&self) -> Option<DecisionCacheStats> {
         Delegating::decision_cache(self)
+    }
+
+    fn answer_checks(&self) -> Option<AnswerChecks> {
+        Delegating::answer_checks(self)
     }
 }

@@ -20,6 +20,7 @@
 
 mod directory;
 mod evaluate;
+mod refused_forms;
 mod template;
 
 use std::collections::BTreeMap;
@@ -33,15 +34,17 @@ use serde_json::{Map, Value};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::compiled::Programs;
-use crate::engine::{DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome, path_segments};
+use crate::compiled::{CheckCounts, Programs};
+use crate::engine::{
+    AnswerChecks, DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome, path_segments,
+};
 use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::DecisionMemo;
 use crate::rego_value::to_rego;
 pub use directory::LoadError;
 use directory::ensure_object;
-use evaluate::{evaluate, rego_query};
+use evaluate::{compare_off_path, evaluate, package_paths, question};
 use template::build_engine;
 
 /// The decision cache's default size in bytes.
@@ -57,6 +60,9 @@ pub struct Embedded {
     /// One permit per core: the evaluations allowed to run at once.
     evaluators: Arc<Semaphore>,
     memo: DecisionMemo,
+    /// Compiled answers compared with the interpreter's, over every module
+    /// set.
+    checks: Arc<CheckCounts>,
 }
 
 struct State {
@@ -70,6 +76,8 @@ struct State {
     /// What the modules read of the input, or why their answers are not
     /// remembered.
     reads: Result<Arc<InputReads>, Uncacheable>,
+    /// The modules' package paths.
+    packages: Arc<Vec<Vec<String>>>,
 }
 
 impl fmt::Debug for Embedded {
@@ -91,6 +99,7 @@ impl Default for Embedded {
 impl Embedded {
     /// An engine with no policies and empty data.
     pub fn new() -> Self {
+        let checks = Arc::<CheckCounts>::default();
         Embedded {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             evaluators: evaluators(),
@@ -100,9 +109,11 @@ impl Embedded {
                 modules: BTreeMap::new(),
                 data: Value::Object(Map::new()),
                 template: Arc::new(regorus::Engine::new()),
-                programs: Arc::default(),
+                programs: Arc::new(Programs::new(Arc::clone(&checks))),
                 generation: 0,
+                packages: Arc::default(),
             }),
+            checks,
         }
     }
 
@@ -113,6 +124,8 @@ impl Embedded {
     pub fn from_dir(dir: &Path) -> Result<Self, LoadError> {
         let (modules, data) = directory::read(dir)?;
         let template = build_engine(&modules, &data)?;
+        let checks = Arc::<CheckCounts>::default();
+        let packages = Arc::new(package_paths(&template));
         Ok(Embedded {
             instance: NEXT_INSTANCE.fetch_add(1, Ordering::Relaxed),
             evaluators: evaluators(),
@@ -122,9 +135,11 @@ impl Embedded {
                 modules,
                 data,
                 template: Arc::new(template),
-                programs: Arc::default(),
+                programs: Arc::new(Programs::new(Arc::clone(&checks))),
                 generation: 1,
+                packages,
             }),
+            checks,
         })
     }
 
@@ -159,8 +174,7 @@ impl Embedded {
             endpoint: "embedded".to_owned(),
             timeout: budget,
         };
-        let query = rego_query(path)?;
-        let (template, programs, generation, reads) = {
+        let (template, programs, generation, reads, packages) = {
             let state = self.read();
             let reads = state.reads.as_ref().ok().map(Arc::clone);
             (
@@ -168,10 +182,17 @@ impl Embedded {
                 Arc::clone(&state.programs),
                 state.generation,
                 reads,
+                Arc::clone(&state.packages),
             )
         };
+        let question = question(path, &packages)?;
+        // A query given up for the interpreter since an answer was
+        // remembered must not get that answer again.
         let key = match &reads {
-            Some(reads) if self.memo.enabled() => reads.key(path, input),
+            Some(reads) if self.memo.enabled() => reads.key(path, input).map(|mut key| {
+                key.extend_from_slice(&programs.give_ups().to_le_bytes());
+                key
+            }),
             _ => None,
         };
         if let Some(key) = &key
@@ -192,25 +213,31 @@ impl Embedded {
                 .map_err(|_| timeout())?
                 .expect("the evaluator semaphore is never closed");
         let limit = deadline.saturating_duration_since(Instant::now());
+        let (answer, answered) = tokio::sync::oneshot::channel();
         // The permit moves into the task, so it is held for as long as the
-        // evaluation runs, even when this query stops waiting for it.
-        let task = tokio::task::spawn_blocking(move || {
-            let outcome = evaluate(
-                instance, generation, &template, &programs, query, input, limit,
+        // evaluation runs, even when this query stops waiting for it, and
+        // for a comparison with the interpreter made once the answer is
+        // given (its work counts against the cores like any evaluation's).
+        tokio::task::spawn_blocking(move || {
+            let (outcome, compare_later) = evaluate(
+                instance, generation, &template, &programs, question, input, limit,
             );
+            let _ = answer.send(outcome);
+            if let Some(given) = compare_later {
+                compare_off_path(instance, generation, &template, &programs, given);
+            }
             drop(permit);
-            outcome
         });
-        match tokio::time::timeout_at(deadline, task).await {
+        match tokio::time::timeout_at(deadline, answered).await {
             Ok(Ok(outcome)) => {
                 if let (Some(key), Ok(outcome)) = (&key, &outcome) {
                     self.memo.put(generation, key, outcome);
                 }
                 outcome
             }
-            Ok(Err(join)) => Err(EngineError::Evaluation(format!(
-                "evaluation task failed: {join}"
-            ))),
+            Ok(Err(_)) => Err(EngineError::Evaluation(
+                "the evaluation task ended without an answer".to_owned(),
+            )),
             Err(_) => Err(timeout()),
         }
     }
@@ -241,7 +268,8 @@ impl Embedded {
                 );
             }
             state.reads = reads;
-            state.programs = Arc::default();
+            state.programs = Arc::new(Programs::new(Arc::clone(&self.checks)));
+            state.packages = Arc::new(package_paths(&template));
             template
         };
         state.modules = modules;
@@ -412,6 +440,14 @@ impl PolicyEngine for Embedded {
     fn decision_cache(&self) -> Option<DecisionCacheStats> {
         let refused = self.read().reads.as_ref().err().map(ToString::to_string);
         Some(self.memo.stats(refused))
+    }
+
+    fn answer_checks(&self) -> Option<AnswerChecks> {
+        let (compared, disagreements) = self.checks.totals();
+        Some(AnswerChecks {
+            compared,
+            disagreements,
+        })
     }
 }
 

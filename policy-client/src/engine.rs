@@ -256,6 +256,17 @@ pub struct DecisionCacheStats {
     pub bytes: u64,
 }
 
+/// How the embedded engine's compiled answers compared with its
+/// interpreter's (the reference), for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AnswerChecks {
+    /// Answers compared.
+    pub compared: u64,
+    /// Answers the interpreter gave otherwise (or failed on, as OPA does on
+    /// a conflict); each sent its query to the interpreter.
+    pub disagreements: u64,
+}
+
 /// A policy engine: evaluates decisions and stores data and policy modules.
 ///
 /// Paths are slash-separated document paths below `data`, e.g.
@@ -338,6 +349,12 @@ pub trait PolicyEngine: Send + Sync + fmt::Debug {
 
     /// What the engine's decision cache did; `None` when it has none.
     fn decision_cache(&self) -> Option<DecisionCacheStats> {
+        None
+    }
+
+    /// How the engine's compiled answers compared with its interpreter's;
+    /// `None` when it has no compiled form (OPA).
+    fn answer_checks(&self) -> Option<AnswerChecks> {
         None
     }
 }

@@ -20,6 +20,7 @@ pub mod decision;
 mod delegating;
 pub mod delivery;
 pub mod embedded;
+mod embedded_builtins;
 pub mod engine;
 pub mod input;
 mod input_reads;

@@ -1,5 +1,9 @@
 //! policy-client against a real OPA server, and the embedded engine doing the
-//! same operations with the same outcomes.
+//! same operations with the same outcomes; and OPA's own conformance cases
+//! through the embedded engine ([`conformance`]).
+
+#[path = "opa_client/conformance.rs"]
+mod conformance;
 
 use std::time::Duration;
 
@@ -142,6 +146,92 @@ async fn opa_and_embedded_behave_the_same() {
             json!("<undefined>"),
         ]
     );
+}
+
+/// The issue's example: a cluster labelled non-EU in a `europe-*` region is
+/// both `ok[name] := false` and `ok[name] := true`, a conflict.
+const CLUSTERS_OK: &str = r#"package io.k8s.federation.admission
+
+ok[name] := false if {
+	some name, cluster in data.clusters
+	cluster.labels.jurisdiction == "non-eu"
+}
+
+ok[name] := true if {
+	some name, cluster in data.clusters
+	startswith(cluster.region, "europe-")
+}
+
+errors := [sprintf("%s is not allowed", [name]) | some name, allowed in ok; not allowed]
+"#;
+
+async fn decide(engine: &dyn PolicyEngine) -> Result<QueryOutcome, EngineError> {
+    engine
+        .query("io/k8s/federation/admission", &json!({}), soon())
+        .await
+}
+
+fn conflict(outcome: &Result<QueryOutcome, EngineError>) -> bool {
+    matches!(outcome, Err(EngineError::Evaluation(m)) if m.contains("conflict"))
+}
+
+fn clusters(eu_1_jurisdiction: &str) -> Value {
+    json!({
+        "eu-1": {"region": "europe-west1", "labels": {"jurisdiction": eu_1_jurisdiction}},
+        "us-1": {"region": "us-central1", "labels": {"jurisdiction": "non-eu"}}
+    })
+}
+
+/// A conflict OPA refuses to answer (it fails closed) is refused by the
+/// embedded engine too, whose compiled form would keep one of the values:
+/// when the policy arrives with the conflicting data, and when a cluster is
+/// relabelled long after the policy (the comparisons that follow a policy
+/// change spent), where the first decision after the change is compared
+/// with the interpreter before it is given.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_conflict_opa_refuses_the_embedded_engine_refuses_too() {
+    let opa = OpaServer::start();
+    let remote = opa.client();
+
+    // The conflict is there when the policy is loaded.
+    let local = Embedded::new();
+    for engine in [&remote as &dyn PolicyEngine, &local] {
+        engine
+            .put_data("clusters", &clusters("non-eu"))
+            .await
+            .unwrap();
+        engine.put_policy("ok.rego", CLUSTERS_OK).await.unwrap();
+    }
+    let (opa_says, embedded_says) = (decide(&remote).await, decide(&local).await);
+    assert!(conflict(&opa_says), "OPA: {opa_says:?}");
+    assert!(conflict(&embedded_says), "embedded: {embedded_says:?}");
+
+    // The conflict comes with a relabelling, long after the policy.
+    let local = Embedded::new().with_decision_cache(0);
+    for engine in [&remote as &dyn PolicyEngine, &local] {
+        engine.put_data("clusters", &clusters("eu")).await.unwrap();
+        engine.put_policy("ok.rego", CLUSTERS_OK).await.unwrap();
+    }
+    let agreed = decide(&remote).await.unwrap();
+    assert_eq!(
+        agreed,
+        QueryOutcome::Defined(
+            json!({"ok": {"eu-1": true, "us-1": false}, "errors": ["us-1 is not allowed"]})
+        )
+    );
+    for _ in 0..100 {
+        assert_eq!(decide(&local).await.unwrap(), agreed);
+    }
+    for engine in [&remote as &dyn PolicyEngine, &local] {
+        engine
+            .put_data("clusters", &clusters("non-eu"))
+            .await
+            .unwrap();
+    }
+    let (opa_says, embedded_says) = (decide(&remote).await, decide(&local).await);
+    assert!(conflict(&opa_says), "OPA: {opa_says:?}");
+    assert!(conflict(&embedded_says), "embedded: {embedded_says:?}");
+    assert_eq!(local.answer_checks().unwrap().disagreements, 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]

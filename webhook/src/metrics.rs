@@ -230,7 +230,8 @@ impl Metrics {
             .set(i64::try_from(total).unwrap_or(i64::MAX));
     }
 
-    /// Export what `engine`'s decision cache did, read at each scrape.
+    /// Export what `engine`'s decision cache and answer checks did, read at
+    /// each scrape.
     pub(crate) fn watch_decision_cache(&mut self, engine: Arc<dyn PolicyEngine>) {
         self.registry
             .register_collector(Box::new(DecisionCacheCollector(engine)));
@@ -245,12 +246,35 @@ impl Metrics {
     }
 }
 
-/// The embedded engine's decision cache, as its counters stand.
+/// The embedded engine's decision cache and answer checks, as their
+/// counters stand.
 #[derive(Debug)]
 struct DecisionCacheCollector(Arc<dyn PolicyEngine>);
 
 impl Collector for DecisionCacheCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        if let Some(checks) = self.0.answer_checks() {
+            for (name, help, value) in [
+                (
+                    "embedded_answer_checks",
+                    "Compiled answers of the embedded engine compared with its interpreter's",
+                    checks.compared,
+                ),
+                (
+                    "embedded_disagreements",
+                    "Compiled answers the embedded engine's interpreter gave otherwise or refused (each sends its query to the interpreter; the log names the first)",
+                    checks.disagreements,
+                ),
+            ] {
+                let counter = ConstCounter::new(value);
+                counter.encode(encoder.encode_descriptor(
+                    name,
+                    help,
+                    None,
+                    counter.metric_type(),
+                )?)?;
+            }
+        }
         let Some(stats) = self.0.decision_cache() else {
             return Ok(());
         };
@@ -347,6 +371,8 @@ mod tests {
             "placement_webhook_decision_cache_misses_total 1",
             "placement_webhook_decision_cache_enabled 1",
             "placement_webhook_decision_cache_entries 1",
+            "placement_webhook_embedded_answer_checks_total 1",
+            "placement_webhook_embedded_disagreements_total 0",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
         }

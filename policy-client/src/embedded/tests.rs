@@ -1,4 +1,4 @@
-use super::evaluate::outcome_of;
+use super::evaluate::{outcome_of, rego_query};
 use super::*;
 use serde_json::json;
 use std::path::Path;
@@ -559,7 +559,9 @@ async fn a_compiled_answer_unlike_the_interpreters_is_not_given() {
         )
         .await
         .unwrap();
-    engine.write().programs = Arc::new(Programs::taking_known_wrong_forms());
+    engine.write().programs = Arc::new(Programs::taking_known_wrong_forms(Arc::clone(
+        &engine.checks,
+    )));
     let eu = json!({"eu": true});
     let not_eu = json!({"eu": false});
     // Agreeing answers keep the compiled form.
@@ -844,3 +846,6 @@ async fn the_explaining_rules_run_compiled_and_answer_as_interpreted() {
         assert!(compiled(&engine, path), "{path} must run compiled");
     }
 }
+
+mod checks;
+mod forms;
