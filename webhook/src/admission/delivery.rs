@@ -20,6 +20,7 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use policy_client::delivery::{Carrier, Refusal, allowed, allows, describe, manifest_input};
 use policy_client::input::PolicyInput;
@@ -80,13 +81,29 @@ impl Admission {
                 Some(member) => format!(" to {member}"),
                 None => String::new(),
             };
+            let made_by = replica_set_of(carrier, object);
+            let of = match &made_by {
+                Some(set) => format!(
+                    " (of ManifestWorkReplicaSet {}/{})",
+                    set.namespace.as_deref().unwrap_or_default(),
+                    set.name.as_deref().unwrap_or_default()
+                ),
+                None => String::new(),
+            };
             let message = bounded(format!(
-                "placement-policy: {} {} may not deliver{target}: {}",
+                "placement-policy: {} {}{of} may not deliver{target}: {}",
                 carrier.kind(),
                 named(request, object),
                 refused.join("; ")
             ));
-            self.events.emit(request, DELIVERY_DENIED, &message);
+            // A ManifestWork its ManifestWorkReplicaSet writes is never
+            // stored: the Event goes where its tenant looks.
+            match made_by {
+                Some(set) => self
+                    .events
+                    .emit_about(request, set, DELIVERY_DENIED, &message),
+                None => self.events.emit(request, DELIVERY_DENIED, &message),
+            }
             return (
                 AdmissionResponse::deny(uid, 403, "Forbidden", message),
                 Outcome::Denied,
@@ -260,16 +277,49 @@ impl Admission {
     }
 }
 
-/// The reviewed object as a message names it: `namespace/name`, or `name`.
+/// The reviewed object as a message names it: `namespace/name`, or `name`
+/// (`prefix*` for a name yet to be generated).
 fn named(request: &AdmissionRequest, object: &Value) -> String {
+    let field = |pointer: &str| {
+        object
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+    };
     let name = request
         .name
         .as_deref()
         .filter(|n| !n.is_empty())
-        .or_else(|| object.pointer("/metadata/name").and_then(Value::as_str))
-        .unwrap_or("(unnamed)");
+        .or_else(|| field("/metadata/name"))
+        .map(str::to_owned)
+        .or_else(|| field("/metadata/generateName").map(|prefix| format!("{prefix}*")))
+        .unwrap_or_else(|| "(unnamed)".to_owned());
     match request.namespace.as_deref() {
         Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_owned(),
+        _ => name,
     }
+}
+
+/// OCM's label on the ManifestWorks a ManifestWorkReplicaSet writes:
+/// `<namespace>.<name>` of the ManifestWorkReplicaSet.
+const REPLICA_SET_LABEL: &str = "work.open-cluster-management.io/manifestworkreplicaset";
+
+/// The ManifestWorkReplicaSet that wrote ManifestWork `object`, by OCM's
+/// label (namespaces have no dots, so the first one divides).
+fn replica_set_of(carrier: Carrier, object: &Value) -> Option<ObjectReference> {
+    if carrier != Carrier::ManifestWork {
+        return None;
+    }
+    let label = object
+        .pointer("/metadata/labels")?
+        .get(REPLICA_SET_LABEL)?
+        .as_str()?;
+    let (namespace, name) = label.split_once('.')?;
+    (!namespace.is_empty() && !name.is_empty()).then(|| ObjectReference {
+        api_version: Some("work.open-cluster-management.io/v1alpha1".to_owned()),
+        kind: Some("ManifestWorkReplicaSet".to_owned()),
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        ..ObjectReference::default()
+    })
 }
