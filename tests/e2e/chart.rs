@@ -492,7 +492,7 @@ fn values_run_the_delivery_guard_on_the_hub_of_open_cluster_management() {
     let bed = placement_tests::ocm::delivery::delivery_configuration(
         "bed",
         "https://127.0.0.1:1/validate",
-        &placement_certs::Ca::generate("bed").unwrap().cert_pem(),
+        placement_certs::Ca::generate("bed").unwrap().cert_pem(),
     );
     assert_eq!(
         without_client(&configuration),
