@@ -323,3 +323,36 @@ fn replica_set_of(carrier: Carrier, object: &Value) -> Option<ObjectReference> {
         ..ObjectReference::default()
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_manifestwork_names_the_replica_set_that_wrote_it() {
+        let written = json!({"metadata": {"generateName": "web", "labels": {
+            REPLICA_SET_LABEL: "shop.web",
+            "work.open-cluster-management.io/placement": "eu"}}});
+        let set = replica_set_of(Carrier::ManifestWork, &written).expect("its writer");
+        assert_eq!(set.kind.as_deref(), Some("ManifestWorkReplicaSet"));
+        assert_eq!(set.namespace.as_deref(), Some("shop"));
+        assert_eq!(set.name.as_deref(), Some("web"));
+        // A dotted name: the namespace ends at the first dot.
+        let dotted = json!({"metadata": {"labels": {REPLICA_SET_LABEL: "shop.web.v2"}}});
+        let set = replica_set_of(Carrier::ManifestWork, &dotted).expect("its writer");
+        assert_eq!(set.name.as_deref(), Some("web.v2"));
+        for other in [
+            json!({"metadata": {"name": "by-hand"}}),
+            json!({"metadata": {"labels": {REPLICA_SET_LABEL: "nodot"}}}),
+            json!({"metadata": {"labels": {REPLICA_SET_LABEL: ".web"}}}),
+        ] {
+            assert!(
+                replica_set_of(Carrier::ManifestWork, &other).is_none(),
+                "{other}"
+            );
+        }
+        assert!(replica_set_of(Carrier::KarmadaWork, &written).is_none());
+    }
+}
