@@ -312,10 +312,11 @@ fn ocm_delivery_a_late_replica_set_on_a_shared_placement_never_reaches_a_forbidd
     never_on(ocm, US, "deployment", &ns, "web", Duration::from_secs(5));
 }
 
-/// 7. A ManifestWorkReplicaSet naming the opted-in Placement and a second
-///    one that is not (OCM's scheduler decides it onto all three clusters):
-///    its ManifestWork for `ocm-us-1` is refused on every try and never
-///    stored, the tenant sees a `DeliveryDenied` Event on the
+/// 7. A ManifestWorkReplicaSet of the EU Deployment on the opted-in
+///    Placement, given a second one that is not opted in (OCM's scheduler
+///    decides it onto all three clusters): the change is admitted with a
+///    warning naming `ocm-us-1`; its ManifestWork there is refused on every
+///    try and never stored, the tenant sees a `DeliveryDenied` Event on the
 ///    ManifestWorkReplicaSet naming the cluster and the policy's reason, and
 ///    the Deployment runs on the EU clusters only.
 #[test]
@@ -326,7 +327,12 @@ fn ocm_delivery_a_second_placement_not_opted_in_delivers_nowhere_forbidden() {
     let ns = namespace(ocm, "ocm-second-ref");
     let eu = placement(&ns, "eu", Some(&decider), json!({}));
     let native = placement(&ns, "native", None, json!({}));
-    create(ocm, &[&native]);
+    let web = deployment(&ns, "web", 1, eu_pci("2"));
+    create(
+        ocm,
+        &[&replica_set(&ns, "web", "eu", &[&web]), &eu, &native],
+    );
+    wait_running_on(ocm, &decider, &ns, "web", &["ocm-eu-1", "ocm-eu-2"]);
     let all = names(&["ocm-eu-1", "ocm-eu-2", US]);
     wait_or_explain(
         "OCM's scheduler to decide native onto all three clusters",
@@ -334,19 +340,29 @@ fn ocm_delivery_a_second_placement_not_opted_in_delivers_nowhere_forbidden() {
         || (decided(ocm, &ns, "native") == all).then_some(()),
         || format!("{:?}", decisions(ocm, &ns, "native")),
     );
-    let web = deployment(&ns, "web", 1, eu_pci("2"));
-    let mut set = replica_set(&ns, "web", "eu", &[&web]);
-    set["spec"]["placementRefs"] = json!([{"name": "eu"}, {"name": "native"}]);
-    let out = ocm.kubectl_stdin(&["create", "-f", "-"], &set.to_string());
+    let refs = json!({"spec": {"placementRefs": [{"name": "eu"}, {"name": "native"}]}});
+    let out = ocm.kubectl(&[
+        "patch",
+        "manifestworkreplicaset",
+        "web",
+        "-n",
+        &ns,
+        "--type=merge",
+        "-p",
+        &refs.to_string(),
+    ]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("Placement native decides ocm-us-1"),
-        "the warning at create: {stderr}"
+        stderr.contains("Placement native decides ocm-us-1")
+            && stderr.contains(&format!("Deployment {ns}/web may not run")),
+        "the warning at the change: {stderr}"
     );
-    create(ocm, &[&eu]);
     never_on(ocm, US, "deployment", &ns, "web", Duration::from_secs(30));
-    wait_running_on(ocm, &decider, &ns, "web", &["ocm-eu-1", "ocm-eu-2"]);
+    assert_eq!(
+        clusters_running(ocm, &ns, "web"),
+        names(&["ocm-eu-1", "ocm-eu-2"])
+    );
     assert!(works_of(ocm, US, &ns, "web").is_empty());
     let events = wait_or_explain(
         "a DeliveryDenied Event on the ManifestWorkReplicaSet",

@@ -5,9 +5,10 @@
 //!   manifest it adds or changes may run on its member (the execution
 //!   namespace's, the cluster namespace's).
 //! - An OCM `ManifestWorkReplicaSet` is admitted only when each manifest it
-//!   adds or changes can be placed at all; the clusters its Placements decide
-//!   now that a manifest may not run on are named in a warning (their
-//!   ManifestWorks will be refused), so a tenant learns at once.
+//!   adds or changes (every one when its Placements change) can be placed at
+//!   all; the clusters its Placements decide now that a manifest may not run
+//!   on are named in a warning (their ManifestWorks will be refused), so a
+//!   tenant learns at once.
 //! - A Karmada binding write (`/validate`) is admitted only when every member
 //!   it adds to `spec.clusters` or `spec.requiredBy` (or gives more replicas,
 //!   or gets another template) is allowed the binding's template.
@@ -53,7 +54,17 @@ impl Admission {
             Operation::Update => request.old_object.as_ref(),
             _ => None,
         };
-        let changed = carrier.changed_manifests(object, stored);
+        let mut changed = carrier.changed_manifests(object, stored);
+        // A ManifestWorkReplicaSet given other Placements delivers all its
+        // manifests to their clusters: each is looked at again (and the
+        // warning names the clusters they decide).
+        if carrier == Carrier::ManifestWorkReplicaSet
+            && stored.is_some_and(|s| {
+                s.pointer("/spec/placementRefs") != object.pointer("/spec/placementRefs")
+            })
+        {
+            changed = carrier.manifests(object).iter().collect();
+        }
         let member = carrier.member(request.namespace.as_deref().unwrap_or_default());
         // A Karmada Work outside an execution namespace delivers nowhere.
         let delivers = member.is_some() || carrier == Carrier::ManifestWorkReplicaSet;
