@@ -285,13 +285,13 @@ fn ocm_delivery_a_late_replica_set_on_a_shared_placement_never_reaches_a_forbidd
     let out = ocm.kubectl_stdin(&["create", "-f", "-"], &late.to_string());
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
+    never_on(ocm, US, "deployment", &ns, "web", Duration::from_secs(20));
     assert!(
         stderr.contains("Warning: placement-policy: Placement shared decides ocm-us-1")
             && stderr.contains(&format!("Deployment {ns}/web may not run"))
             && stderr.contains("its ManifestWorks there will be refused"),
         "the warning at create: {stderr}"
     );
-    never_on(ocm, US, "deployment", &ns, "web", Duration::from_secs(20));
     wait_decided(
         ocm,
         &decider,
@@ -353,12 +353,12 @@ fn ocm_delivery_a_second_placement_not_opted_in_delivers_nowhere_forbidden() {
     ]);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "{stderr}");
+    never_on(ocm, US, "deployment", &ns, "web", Duration::from_secs(30));
     assert!(
         stderr.contains("Placement native decides ocm-us-1")
             && stderr.contains(&format!("Deployment {ns}/web may not run")),
         "the warning at the change: {stderr}"
     );
-    never_on(ocm, US, "deployment", &ns, "web", Duration::from_secs(30));
     assert_eq!(
         clusters_running(ocm, &ns, "web"),
         names(&["ocm-eu-1", "ocm-eu-2"])
