@@ -463,6 +463,149 @@ fn values_run_a_decider_on_the_hub_of_open_cluster_management() {
     assert_eq!(crd["spec"]["versions"][0]["name"], "v1alpha1", "{crd}");
 }
 
+/// With `ocm.deliveryGuard` (the default) each OCM decider pod also runs the
+/// webhook against the hub, which keeps its keys and certificates there (in
+/// `ocm.namespace`, shared with placement-sync) and registers the delivery
+/// guard this release renders: the same webhooks the OCM test bed registers
+/// (ManifestWorks and ManifestWorkReplicaSets, spec changes only, never an
+/// object being deleted), reached through the release's Service or
+/// `ocm.webhookHost`, accepted by a real API server. The hub permissions
+/// file grants what it needs there. Without it, neither webhook nor keys.
+#[test]
+fn values_run_the_delivery_guard_on_the_hub_of_open_cluster_management() {
+    let name = "placement-policy-ocm-decider";
+    let container = |docs: &[Value], c: &str| {
+        containers(named(docs, "Deployment", name))
+            .into_iter()
+            .find(|x| x["name"] == c)
+            .cloned()
+    };
+    let docs = render(&["ocm.enabled=true"]);
+    let webhook = container(&docs, "webhook").expect("the delivery guard's webhook");
+    let host = "placement-policy-ocm-webhook.placement-system.svc";
+    let keys = "--ownership-secret=open-cluster-management-hub/placement-policy-ocm-ownership";
+    let flags = args(&webhook);
+    for flag in [
+        "--kubeconfig=/etc/ocm/kubeconfig".to_owned(),
+        "--opa-url=http://127.0.0.1:8181".to_owned(),
+        "--policy-namespace=kube-federation-scheduling-policy".to_owned(),
+        keys.to_owned(),
+        "--tls-secret=open-cluster-management-hub/placement-policy-ocm-webhook-tls".to_owned(),
+        format!("--tls-dns-name={host}"),
+        "--register-configuration=/etc/placement/ocm-webhook/delivery.yaml".to_owned(),
+    ] {
+        assert!(flags.contains(&flag), "{flag} in {flags:?}");
+    }
+    let sync = container(&docs, "placement-sync").expect("placement-sync container");
+    assert!(args(&sync).contains(&keys.to_owned()), "{:?}", args(&sync));
+    let deployment = named(&docs, "Deployment", name);
+    let service = named(&docs, "Service", "placement-policy-ocm-webhook");
+    assert_eq!(
+        service["spec"]["selector"],
+        deployment["spec"]["selector"]["matchLabels"]
+    );
+    let configmap = named(
+        &docs,
+        "ConfigMap",
+        "placement-policy-ocm-webhook-configuration",
+    );
+    let configuration: Value =
+        yaml_serde::from_str(configmap["data"]["delivery.yaml"].as_str().unwrap())
+            .expect("the configuration parses");
+    assert_eq!(configuration["kind"], "ValidatingWebhookConfiguration");
+    assert_eq!(
+        configuration["metadata"]["name"],
+        "placement-policy-ocm-delivery"
+    );
+    let without_client = |configuration: &Value| -> Vec<Value> {
+        configuration["webhooks"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|hook| {
+                let mut hook = hook.clone();
+                hook.as_object_mut().map(|h| h.remove("clientConfig"));
+                hook
+            })
+            .collect()
+    };
+    let bed = placement_tests::ocm::delivery::delivery_configuration(
+        "bed",
+        "https://127.0.0.1:1/validate",
+        placement_certs::Ca::generate("bed").unwrap().cert_pem(),
+    );
+    assert_eq!(
+        without_client(&configuration),
+        without_client(&bed),
+        "the chart registers what the OCM test bed tests"
+    );
+    for hook in configuration["webhooks"].as_array().into_iter().flatten() {
+        assert_eq!(
+            hook["clientConfig"]["url"],
+            format!("https://{host}:443/validate")
+        );
+    }
+    // A configuration the hub's API server (a kube-apiserver) accepts.
+    let plane = ControlPlane::shared();
+    let accepted = plane.kubectl_stdin(
+        &["apply", "--dry-run=server", "-f", "-"],
+        &configuration.to_string(),
+    );
+    assert!(
+        accepted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&accepted.stderr)
+    );
+    let elsewhere = render(&["ocm.enabled=true", "ocm.webhookHost=guard.hub.example"]);
+    let flags = args(&container(&elsewhere, "webhook").expect("webhook"));
+    assert!(flags.contains(&"--tls-dns-name=guard.hub.example".to_owned()));
+
+    // The hub's permissions: its configuration, the decisions its warnings
+    // read, its Secrets in ocm.namespace.
+    let text = std::fs::read_to_string(
+        placement_tests::repo_root().join("charts/placement-policy/files/ocm-hub-clusterrole.yaml"),
+    )
+    .expect("read the hub permissions");
+    let roles = placement_tests::kubectl::yaml_documents(&text);
+    let grants = |kind: &str, resource: &str, verb: &str| {
+        roles.iter().filter(|r| r["kind"] == kind).any(|r| {
+            r["rules"].as_array().into_iter().flatten().any(|rule| {
+                rule["resources"]
+                    .as_array()
+                    .is_some_and(|x| x.contains(&json!(resource)))
+                    && rule["verbs"]
+                        .as_array()
+                        .is_some_and(|x| x.contains(&json!(verb)))
+            })
+        })
+    };
+    assert!(grants(
+        "ClusterRole",
+        "validatingwebhookconfigurations",
+        "patch"
+    ));
+    assert!(grants("ClusterRole", "placementdecisions", "list"));
+    assert!(grants("ClusterRole", "events", "create"));
+    assert!(grants("Role", "secrets", "create"));
+    assert!(grants("Role", "leases", "update"));
+    assert!(roles.iter().any(
+        |r| r["kind"] == "Role" && r["metadata"]["namespace"] == "open-cluster-management-hub"
+    ));
+
+    let off = render(&["ocm.enabled=true", "ocm.deliveryGuard=false"]);
+    assert!(container(&off, "webhook").is_none());
+    assert!(
+        !off.iter()
+            .any(|d| d["kind"] == "Service"
+                && d["metadata"]["name"] == "placement-policy-ocm-webhook")
+    );
+    let flags = args(&container(&off, "placement-sync").expect("placement-sync"));
+    assert!(
+        !flags.iter().any(|f| f.starts_with("--ownership-")),
+        "without the guard, no keys: {flags:?}"
+    );
+}
+
 /// `policy.weighting` fills the shipped policy's settings module; anything
 /// but `even` or `least-loaded` fails the render.
 #[test]

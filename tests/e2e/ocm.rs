@@ -12,11 +12,14 @@ use std::time::Duration;
 
 use placement_tests::karmada::{MemberKind, PCI_LABEL, WORKLOAD_IMAGE};
 use placement_tests::ocm::{
-    CLAIM_REGION, CLUSTER_SET, JURISDICTION_LABEL, MANAGED_CLUSTERS, REGION_LABEL, available,
-    claim, condition_true,
+    CLAIM_REGION, CLUSTER_SET, DeliveryGuard, JURISDICTION_LABEL, MANAGED_CLUSTERS, REGION_LABEL,
+    available, claim, condition_true,
 };
 use placement_tests::{Ocm, OpaServer, SidecarProcess, serial, unique_name, wait_for};
 use serde_json::{Value, json};
+
+#[path = "ocm_delivery.rs"]
+mod delivery;
 
 /// [`wait_for`], failing with `context()` (the state of the bed) added.
 fn wait_or_explain<T>(
@@ -313,10 +316,14 @@ const DISABLE: &str = "cluster.open-cluster-management.io/experimental-schedulin
 const SCHEDULER: &str = "placement-policy.io/scheduler-name";
 
 /// OPA and placement-sync deciding the Placements that name `name`, with the
-/// shipped policy in a policy namespace of their own.
+/// shipped policy in a policy namespace of their own; with the delivery
+/// guard (the webhook registered with the hub for ManifestWorks and
+/// ManifestWorkReplicaSets) when started [`Decider::guarded`].
 struct Decider {
     name: String,
     policy_namespace: String,
+    /// Unregistered (then stopped) before OPA stops.
+    guard: Option<DeliveryGuard>,
     /// Kept running while the decider is.
     _opa: OpaServer,
     sync: Option<SidecarProcess>,
@@ -330,6 +337,16 @@ impl Decider {
     /// Deciding the Placements that name `name` (the examples' name the
     /// default, `placement-policy`; the tests run one at a time).
     fn named(ocm: &Ocm, name: &str, extra: &[&str]) -> Decider {
+        Decider::with(ocm, name, extra, false)
+    }
+
+    /// A decider and the delivery guard, as `scripts/testbed up --ocm` runs
+    /// them.
+    fn guarded(ocm: &Ocm, name: &str) -> Decider {
+        Decider::with(ocm, name, &[], true)
+    }
+
+    fn with(ocm: &Ocm, name: &str, extra: &[&str], guarded: bool) -> Decider {
         let name = name.to_owned();
         let policy_namespace = unique_name("ocm-policy");
         ocm.create_policy_namespace(&policy_namespace);
@@ -342,24 +359,40 @@ impl Decider {
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let sync = ocm.start_placement_sync(&opa, &policy_namespace, &args);
+        let guard = guarded.then(|| {
+            ocm.start_delivery_guard(&opa, &policy_namespace, &unique_name("pp-delivery"))
+        });
         Decider {
             name,
             policy_namespace,
+            guard,
             _opa: opa,
             sync: Some(sync),
         }
     }
 
     fn log_tail(&self) -> String {
-        self.sync
+        let mut text = self
+            .sync
             .as_ref()
             .map(SidecarProcess::log_tail)
-            .unwrap_or_default()
+            .unwrap_or_default();
+        if let Some(guard) = &self.guard {
+            let log = guard.webhook().log();
+            let tail: Vec<&str> = log.lines().rev().take(20).collect();
+            text.push_str("\nplacement-webhook:\n");
+            for line in tail.into_iter().rev() {
+                text.push_str(line);
+                text.push('\n');
+            }
+        }
+        text
     }
 }
 
 impl Drop for Decider {
     fn drop(&mut self) {
+        self.guard.take();
         if let Some(sync) = self.sync.take() {
             sync.stop();
         }
@@ -1107,29 +1140,26 @@ fn ocm_publishes_sig_multicluster_placement_decisions_with_a_flag() {
     }
 }
 
-/// The tour of docs/ocm.md, with its files: `examples/ocm/web-eu-pci.yaml`
-/// is decided onto the EU clusters and its Deployment runs in `ocm-eu-1`;
-/// `examples/ocm/vault-forbidden.yaml` gets no decision, and its
-/// Placement's condition says why.
+/// The tour of docs/ocm.md, with its files, on what `scripts/testbed up
+/// --ocm` runs (the decider and the delivery guard):
+/// `examples/ocm/web-eu-pci.yaml` is decided onto the EU clusters and its
+/// Deployment runs in `ocm-eu-1`; `examples/ocm/vault-forbidden.yaml`,
+/// pointed at the same Placement, is refused at once in the policy's words,
+/// and the Placement keeps its decisions.
 #[test]
 fn ocm_the_tours_examples_are_decided_as_docs_ocm_md_says() {
     let _serial = serial();
     let ocm = Ocm::shared();
-    let decider = Decider::named(ocm, "placement-policy", &[]);
+    let decider = Decider::guarded(ocm, "placement-policy");
     let examples = placement_tests::repo_root().join("examples/ocm");
     let files: Vec<String> = ["web-eu-pci.yaml", "vault-forbidden.yaml"]
         .iter()
         .map(|f| examples.join(f).display().to_string())
         .collect();
+    let eu = names(&["ocm-eu-1", "ocm-eu-2"]);
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         ocm.kubectl_ok(&["apply", "-f", &files[0]]);
-        wait_decided(
-            ocm,
-            &decider,
-            "default",
-            "web-eu",
-            &names(&["ocm-eu-1", "ocm-eu-2"]),
-        );
+        wait_decided(ocm, &decider, "default", "web-eu", &eu);
         let eu1 = ocm.cluster("ocm-eu-1");
         wait_or_explain(
             "the tour's Deployment to run in ocm-eu-1",
@@ -1147,23 +1177,19 @@ fn ocm_the_tours_examples_are_decided_as_docs_ocm_md_says() {
             },
             || eu1.cluster().expect("ocm-eu-1 has a node").diagnostics(),
         );
-        ocm.kubectl_ok(&["apply", "-f", &files[1]]);
-        let condition = wait_or_explain(
-            "the forbidden example's condition to say why",
-            Duration::from_secs(120),
-            || {
-                placement_condition(ocm, "default", "vault", "PlacementSatisfied")
-                    .filter(|c| c["reason"] == "PolicyDenied")
-            },
-            || decider.log_tail(),
-        );
-        assert!(
-            condition["message"].as_str().is_some_and(|m| m.contains(
-                "no cluster satisfies the placement requirements (eu-jurisdiction-required=true, pci-compliance-level>=4)"
-            )),
-            "{condition}"
-        );
-        assert!(decided(ocm, "default", "vault").is_empty());
+        let out = ocm.kubectl(&["create", "-f", &files[1]]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "the forbidden example was admitted");
+        for words in [
+            "placement-policy: ManifestWorkReplicaSet default/vault may not deliver",
+            "Deployment default/vault: the placement policy reports errors for it",
+            "no cluster satisfies the placement requirements (eu-jurisdiction-required=true, pci-compliance-level>=4)",
+        ] {
+            assert!(stderr.contains(words), "{words:?} in {stderr}");
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        assert_eq!(decided(ocm, "default", "web-eu"), eu);
+        assert!(clusters_running(ocm, "default", "vault").is_empty());
     }));
     for file in files.iter().rev() {
         let _ = ocm.kubectl(&["delete", "--ignore-not-found", "-f", file]);

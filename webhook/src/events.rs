@@ -266,13 +266,24 @@ impl EventSink {
     /// of the caller that sent it. Skipped for dry-run requests, which must
     /// have no side effects.
     pub(crate) fn emit(&self, request: &AdmissionRequest, reason: &str, message: &str) {
+        self.emit_about(request, object_reference(request), reason, message);
+    }
+
+    /// Emit a Warning Event about `reference` (another object than the
+    /// request's: the one its author watches), as [`EventSink::emit`] does.
+    pub(crate) fn emit_about(
+        &self,
+        request: &AdmissionRequest,
+        reference: ObjectReference,
+        reason: &str,
+        message: &str,
+    ) {
         if request.dry_run.unwrap_or(false) {
             return;
         }
         let Some(inner) = &self.inner else {
             return;
         };
-        let reference = object_reference(request);
         let key = key(
             &inner.keys,
             reference.namespace.as_deref().unwrap_or_default(),

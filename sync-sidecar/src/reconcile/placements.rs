@@ -18,12 +18,13 @@ use std::sync::Arc;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
-use policy_client::input::{PLACEMENT_INPUT_KEY, RequestMeta, policy_input};
+use policy_client::delivery::manifest_input;
+use policy_client::input::PLACEMENT_INPUT_KEY;
 use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use self::hub::{delivered, manifest_type};
+use self::hub::delivered;
 pub(crate) use self::watch::{OcmState, OcmSubscriptions, placement_fingerprint, start};
 use self::watch::{decision_fingerprint, replica_set_refs};
 use super::changes::ItemKey;
@@ -163,7 +164,7 @@ impl Reconciler {
                 Some(allowed) => allowed,
                 None => return Verdict::Failed,
             },
-            _ => Allowed::Clusters(None),
+            _ => Allowed::clusters(None),
         };
         if allowed == Allowed::Undefined {
             return Verdict::Nothing;
@@ -254,36 +255,18 @@ impl Reconciler {
             input
         };
         let keys = self.keys.current();
+        // Each workload as the delivery guard asks about it: the manifest
+        // as the template (one question wherever a manifest is delivered).
         let mut inputs: Vec<(Subject, &Value, Value)> = workloads
             .iter()
             .map(|w| {
-                let resource = manifest_type(&w.manifest);
-                let kind = json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
-                let gvr = json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
-                // As the webhook of a managed cluster sees it: created there.
-                let input = policy_input(
-                    &w.manifest,
-                    &RequestMeta {
-                        uid: "",
-                        operation: "CREATE",
-                        kind: &kind,
-                        resource: &gvr,
-                        namespace: w.manifest.pointer("/metadata/namespace").and_then(Value::as_str),
-                        name: w.manifest.pointer("/metadata/name").and_then(Value::as_str),
-                        user_info: &self.user_info,
-                        dry_run: false,
-                        old_object: None,
-                        keys: &keys,
-                    },
-                );
+                let input = manifest_input(&w.manifest, &keys);
                 (w.subject.clone(), &w.manifest, with_placement(input))
             })
             .collect();
         let own = self.update_input(&item.raw, self.targets[i].resource());
         inputs.push((
-            Subject {
-                name: format!("Placement {}", item.placement.describe()),
-            },
+            Subject::placement(format!("Placement {}", item.placement.describe())),
             &item.raw,
             with_placement(own),
         ));
@@ -349,7 +332,7 @@ impl Reconciler {
                     .metrics
                     .placement_decision(if failed { "failed" } else { "decided" });
                 tracing::info!(placement = %name, clusters = ?write.clusters, interim = write.interim, "decided placement");
-                if let Some((normal, reason, note)) = &write.event {
+                for (normal, reason, note) in &write.events {
                     let type_ = if *normal {
                         EventType::Normal
                     } else {

@@ -272,7 +272,7 @@ fn up_karmada(bare: bool) {
 
 /// `up --ocm [--bare]`: an OCM hub and its three managed clusters and,
 /// unless `--bare`, the shipped policy, OPA and placement-sync deciding the
-/// Placements that opt in.
+/// Placements that opt in, and the webhook guarding ManifestWorks.
 fn up_ocm(bare: bool) {
     let runtime = start_up();
     eprintln!("starting the OCM hub and its three managed clusters ...");
@@ -287,7 +287,9 @@ fn up_ocm(bare: bool) {
         );
         let sidecar = ocm.start_placement_sync(&opa, POLICY_NAMESPACE, &[]);
         runtime.block_on(sidecar.wait_ready(Duration::from_secs(60)));
-        product = Some((opa, sidecar));
+        eprintln!("starting placement-webhook, registered with the hub for ManifestWorks ...");
+        let guard = ocm.start_delivery_guard(&opa, POLICY_NAMESPACE, "placement-policy-delivery");
+        product = Some((opa, sidecar, guard));
     }
 
     println!();
@@ -295,7 +297,7 @@ fn up_ocm(bare: bool) {
     for cluster in ocm.clusters() {
         println!("{:<18} {}", cluster.name(), cluster.server_url());
     }
-    if let Some((opa, sidecar)) = &product {
+    if let Some((opa, sidecar, guard)) = &product {
         println!(
             "OPA                {} (bearer token in {})",
             opa.url(),
@@ -305,6 +307,11 @@ fn up_ocm(bare: bool) {
             "placement-sync     http://127.0.0.1:{}/metrics (log: {})",
             sidecar.port,
             sidecar.log_path().display()
+        );
+        println!(
+            "placement-webhook  {} (registered with the hub for ManifestWorks and ManifestWorkReplicaSets; log: {})",
+            guard.webhook().url("/validate"),
+            guard.webhook().dir.join("webhook.log").display()
         );
     }
     println!("logs               {}", ocm.dir().display());
@@ -325,6 +332,7 @@ fn up_ocm(bare: bool) {
         println!(
             "  kubectl get placementdecisions -l cluster.open-cluster-management.io/placement=web-eu -o yaml"
         );
+        println!("  kubectl create -f examples/ocm/vault-forbidden.yaml   # refused");
     }
     println!(
         "  (the cluster set {} is bound to namespace default; workloads for ocm-eu-1 run image {}; docs/ocm.md has the tour)",

@@ -19,6 +19,7 @@
 //! OCM's binaries and manifests come from `scripts/testbed ocm-assets`
 //! (built from `../shared/peers/ocm`) or `PLACEMENT_OCM_BIN`.
 
+pub mod delivery;
 mod hub;
 mod managed;
 
@@ -32,6 +33,7 @@ use serde_json::{Value, json};
 use crate::karmada::{MemberKind, MemberSpec};
 use crate::{ControlPlane, Identity, OpaServer, SidecarProcess, repo_root, wait_for};
 
+pub use delivery::DeliveryGuard;
 pub use managed::ManagedCluster;
 
 /// The managed clusters, as registered with the hub.
@@ -220,19 +222,35 @@ impl Ocm {
         let text = std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
         let mut documents = crate::kubectl::yaml_documents(&text);
-        let role = documents
-            .first()
-            .and_then(|d| d["metadata"]["name"].as_str())
-            .expect("a ClusterRole")
-            .to_owned();
-        documents.push(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": role},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [{"kind": "ServiceAccount", "name": crate::control_plane::SIDECAR_ACCOUNT,
-                          "namespace": crate::SYSTEM_NAMESPACE}],
-        }));
+        assert_eq!(
+            documents.first().map(|d| &d["kind"]),
+            Some(&json!("ClusterRole")),
+            "{} starts with the ClusterRole",
+            path.display()
+        );
+        let subjects = json!([{"kind": "ServiceAccount", "name": crate::control_plane::SIDECAR_ACCOUNT,
+                               "namespace": crate::SYSTEM_NAMESPACE}]);
+        // Each role bound where it is: the ClusterRole on the hub, the Role
+        // in its namespace.
+        let bindings: Vec<Value> = documents
+            .iter()
+            .map(|role| {
+                let kind = role["kind"].as_str().unwrap_or_default();
+                let mut binding = json!({
+                    "apiVersion": "rbac.authorization.k8s.io/v1",
+                    "kind": format!("{kind}Binding"),
+                    "metadata": {"name": role["metadata"]["name"]},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind,
+                                "name": role["metadata"]["name"]},
+                    "subjects": subjects,
+                });
+                if let Some(namespace) = role["metadata"]["namespace"].as_str() {
+                    binding["metadata"]["namespace"] = json!(namespace);
+                }
+                binding
+            })
+            .collect();
+        documents.extend(bindings);
         crate::kubectl::apply_documents(&self.kubeconfig(Identity::Admin), documents);
     }
 
@@ -390,6 +408,19 @@ impl Ocm {
         args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         SidecarProcess::start_as(&self.hub, Identity::Sidecar, opa, &args)
+    }
+
+    /// The delivery guard: the webhook against `opa` and the policies of
+    /// `policy_namespace`, registered with the hub for ManifestWorks and
+    /// ManifestWorkReplicaSets as configuration `name` (removed with it).
+    /// The one start the OCM tests and `testbed up --ocm` share.
+    pub fn start_delivery_guard(
+        &self,
+        opa: &OpaServer,
+        policy_namespace: &str,
+        name: &str,
+    ) -> DeliveryGuard {
+        DeliveryGuard::start(&self.hub, opa, policy_namespace, name)
     }
 
     /// Where the logs are, and the state of the ManagedClusters, for a

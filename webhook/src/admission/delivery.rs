@@ -5,9 +5,10 @@
 //!   manifest it adds or changes may run on its member (the execution
 //!   namespace's, the cluster namespace's).
 //! - An OCM `ManifestWorkReplicaSet` is admitted only when each manifest it
-//!   adds or changes can be placed at all; the clusters its Placements decide
-//!   now that a manifest may not run on are named in a warning (their
-//!   ManifestWorks will be refused), so a tenant learns at once.
+//!   adds or changes (every one when its Placements change) can be placed at
+//!   all; the clusters its Placements decide now that a manifest may not run
+//!   on are named in a warning (their ManifestWorks will be refused), so a
+//!   tenant learns at once.
 //! - A Karmada binding write (`/validate`) is admitted only when every member
 //!   it adds to `spec.clusters` or `spec.requiredBy` (or gives more replicas,
 //!   or gets another template) is allowed the binding's template.
@@ -20,6 +21,7 @@
 
 use std::collections::BTreeSet;
 
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use policy_client::delivery::{Carrier, Refusal, allowed, allows, describe, manifest_input};
 use policy_client::input::PolicyInput;
@@ -52,7 +54,17 @@ impl Admission {
             Operation::Update => request.old_object.as_ref(),
             _ => None,
         };
-        let changed = carrier.changed_manifests(object, stored);
+        let mut changed = carrier.changed_manifests(object, stored);
+        // A ManifestWorkReplicaSet given other Placements delivers all its
+        // manifests to their clusters: each is looked at again (and the
+        // warning names the clusters they decide).
+        if carrier == Carrier::ManifestWorkReplicaSet
+            && stored.is_some_and(|s| {
+                s.pointer("/spec/placementRefs") != object.pointer("/spec/placementRefs")
+            })
+        {
+            changed = carrier.manifests(object).iter().collect();
+        }
         let member = carrier.member(request.namespace.as_deref().unwrap_or_default());
         // A Karmada Work outside an execution namespace delivers nowhere.
         let delivers = member.is_some() || carrier == Carrier::ManifestWorkReplicaSet;
@@ -80,13 +92,29 @@ impl Admission {
                 Some(member) => format!(" to {member}"),
                 None => String::new(),
             };
+            let made_by = replica_set_of(carrier, object);
+            let of = match &made_by {
+                Some(set) => format!(
+                    " (of ManifestWorkReplicaSet {}/{})",
+                    set.namespace.as_deref().unwrap_or_default(),
+                    set.name.as_deref().unwrap_or_default()
+                ),
+                None => String::new(),
+            };
             let message = bounded(format!(
-                "placement-policy: {} {} may not deliver{target}: {}",
+                "placement-policy: {} {}{of} may not deliver{target}: {}",
                 carrier.kind(),
                 named(request, object),
                 refused.join("; ")
             ));
-            self.events.emit(request, DELIVERY_DENIED, &message);
+            // A ManifestWork its ManifestWorkReplicaSet writes is never
+            // stored: the Event goes where its tenant looks.
+            match made_by {
+                Some(set) => self
+                    .events
+                    .emit_about(request, set, DELIVERY_DENIED, &message),
+                None => self.events.emit(request, DELIVERY_DENIED, &message),
+            }
             return (
                 AdmissionResponse::deny(uid, 403, "Forbidden", message),
                 Outcome::Denied,
@@ -260,16 +288,82 @@ impl Admission {
     }
 }
 
-/// The reviewed object as a message names it: `namespace/name`, or `name`.
+/// The reviewed object as a message names it: `namespace/name`, or `name`
+/// (`prefix*` for a name yet to be generated).
 fn named(request: &AdmissionRequest, object: &Value) -> String {
+    let field = |pointer: &str| {
+        object
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+    };
     let name = request
         .name
         .as_deref()
         .filter(|n| !n.is_empty())
-        .or_else(|| object.pointer("/metadata/name").and_then(Value::as_str))
-        .unwrap_or("(unnamed)");
+        .or_else(|| field("/metadata/name"))
+        .map(str::to_owned)
+        .or_else(|| field("/metadata/generateName").map(|prefix| format!("{prefix}*")))
+        .unwrap_or_else(|| "(unnamed)".to_owned());
     match request.namespace.as_deref() {
         Some(ns) if !ns.is_empty() => format!("{ns}/{name}"),
-        _ => name.to_owned(),
+        _ => name,
+    }
+}
+
+/// OCM's label on the ManifestWorks a ManifestWorkReplicaSet writes:
+/// `<namespace>.<name>` of the ManifestWorkReplicaSet.
+const REPLICA_SET_LABEL: &str = "work.open-cluster-management.io/manifestworkreplicaset";
+
+/// The ManifestWorkReplicaSet that wrote ManifestWork `object`, by OCM's
+/// label (namespaces have no dots, so the first one divides).
+fn replica_set_of(carrier: Carrier, object: &Value) -> Option<ObjectReference> {
+    if carrier != Carrier::ManifestWork {
+        return None;
+    }
+    let label = object
+        .pointer("/metadata/labels")?
+        .get(REPLICA_SET_LABEL)?
+        .as_str()?;
+    let (namespace, name) = label.split_once('.')?;
+    (!namespace.is_empty() && !name.is_empty()).then(|| ObjectReference {
+        api_version: Some("work.open-cluster-management.io/v1alpha1".to_owned()),
+        kind: Some("ManifestWorkReplicaSet".to_owned()),
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        ..ObjectReference::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_manifestwork_names_the_replica_set_that_wrote_it() {
+        let written = json!({"metadata": {"generateName": "web", "labels": {
+            REPLICA_SET_LABEL: "shop.web",
+            "work.open-cluster-management.io/placement": "eu"}}});
+        let set = replica_set_of(Carrier::ManifestWork, &written).expect("its writer");
+        assert_eq!(set.kind.as_deref(), Some("ManifestWorkReplicaSet"));
+        assert_eq!(set.namespace.as_deref(), Some("shop"));
+        assert_eq!(set.name.as_deref(), Some("web"));
+        // A dotted name: the namespace ends at the first dot.
+        let dotted = json!({"metadata": {"labels": {REPLICA_SET_LABEL: "shop.web.v2"}}});
+        let set = replica_set_of(Carrier::ManifestWork, &dotted).expect("its writer");
+        assert_eq!(set.name.as_deref(), Some("web.v2"));
+        for other in [
+            json!({"metadata": {"name": "by-hand"}}),
+            json!({"metadata": {"labels": {REPLICA_SET_LABEL: "nodot"}}}),
+            json!({"metadata": {"labels": {REPLICA_SET_LABEL: ".web"}}}),
+        ] {
+            assert!(
+                replica_set_of(Carrier::ManifestWork, &other).is_none(),
+                "{other}"
+            );
+        }
+        assert!(replica_set_of(Carrier::KarmadaWork, &written).is_none());
     }
 }

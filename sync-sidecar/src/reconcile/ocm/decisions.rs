@@ -7,9 +7,11 @@
 //! `numberOfSelectedClusters`, `decisionGroups` and the conditions
 //! `PlacementSatisfied` and `PlacementMisconfigured`.
 //!
-//! Rules of our own, beside OCM's: a decision with errors, or a Placement
-//! whose configuration cannot be honoured, changes no decision (its
-//! conditions say why); a cluster is added before one is removed (a change
+//! Rules of our own, beside OCM's: a decision with errors (of the Placement
+//! itself, or of every workload), or a Placement whose configuration cannot
+//! be honoured, changes no decision (its conditions say why); workloads
+//! left out for their errors are named in its conditions while the others
+//! decide it ([`super::policy`]); a cluster is added before one is removed (a change
 //! that does both first writes both, and removes once that is stored).
 //!
 //! Here the decisions and the choice; the groups and objects are in
@@ -106,6 +108,9 @@ pub(crate) enum Outcome {
         /// The candidates the Placement selected (for the message when the
         /// policy allows none of them).
         candidates: Vec<String>,
+        /// The errors of the workloads left out of the decision (see
+        /// [`super::policy`]): said in the Placement's conditions.
+        left_out: Vec<String>,
     },
     /// The Placement selects nothing (no bound set, ...): as OCM, its
     /// decisions are emptied.
@@ -132,12 +137,12 @@ pub(crate) fn choose(
         Ok(Candidates::Unsatisfied(u)) => return Outcome::Unsatisfied(u),
         Ok(Candidates::Clusters(c)) => c,
     };
-    let allowed = match allowed {
+    let (allowed, left_out) = match allowed {
         Allowed::Denied(errors) => return Outcome::Denied(errors.clone()),
         Allowed::Undefined => {
             return Outcome::Denied(vec!["the policy has no decision yet".into()]);
         }
-        Allowed::Clusters(allowed) => allowed,
+        Allowed::Clusters { allowed, left_out } => (allowed, left_out),
     };
     let mut feasible: Vec<(&String, u64)> = candidates
         .keys()
@@ -171,6 +176,7 @@ pub(crate) fn choose(
         chosen,
         unscheduled,
         candidates: candidates.into_keys().collect(),
+        left_out: left_out.clone(),
     }
 }
 

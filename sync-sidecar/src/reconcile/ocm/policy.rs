@@ -1,13 +1,22 @@
 //! What the policy allows a Placement: the answers of the decision for each
 //! of its subjects (the workloads its ManifestWorkReplicaSets deliver, and
-//! the Placement itself), each the webhook's answer for that object, read
-//! together. A cluster is allowed when every answer that names clusters
+//! the Placement itself), each the delivery guard's answer for that object,
+//! read together. A cluster is allowed when every answer that names clusters
 //! allows it; an answer that names none (a ConfigMap, a Namespace) does not
-//! restrict; an answer with errors fails the whole Placement.
+//! restrict, unless its object carries a placement requirement (then it is
+//! an error: a requirement is never unbounded).
+//!
+//! Errors: a ManifestWorkReplicaSet one of whose workloads has errors is
+//! left out, and the Placement is decided from the others (the delivery
+//! guard refuses its ManifestWorks on every cluster), so one tenant's error
+//! never freezes a Placement shared with other workloads. Errors of the
+//! Placement itself, or of every ManifestWorkReplicaSet that names it, leave
+//! nothing to decide from: its decisions stay as they are.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use policy_client::decision::Decision;
+use policy_client::delivery::{Refusal, allowed};
 use policy_client::engine::QueryOutcome;
 use policy_client::ownership_keys::OwnershipKeys;
 use policy_client::placement::desired_annotations;
@@ -25,6 +34,27 @@ pub(crate) const REASONS_ANNOTATION: &str = "placement-policy.io/cluster-reasons
 pub(crate) struct Subject {
     /// `Deployment shop/web`, `Placement shop/web`.
     pub(crate) name: String,
+    /// What delivers it (`ManifestWorkReplicaSet shop/web`); `None` for the
+    /// Placement itself.
+    pub(crate) carrier: Option<String>,
+}
+
+impl Subject {
+    /// A workload `name` that `carrier` delivers.
+    pub(crate) fn workload(name: String, carrier: String) -> Subject {
+        Subject {
+            name,
+            carrier: Some(carrier),
+        }
+    }
+
+    /// The Placement `name` itself.
+    pub(crate) fn placement(name: String) -> Subject {
+        Subject {
+            name,
+            carrier: None,
+        }
+    }
 }
 
 /// What one answer allows.
@@ -76,7 +106,7 @@ pub(crate) fn read(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKeys)
         Err(e) => return Read::Errors(vec![e.to_string()]),
     };
     let Some(preferences) = annotations.get(PREFERENCES_ANNOTATION) else {
-        return Read::Unrestricted;
+        return unrestricted(object, &decision);
     };
     let preferences = match serde_json::from_str::<Preferences>(preferences) {
         Ok(p) => p.clusters,
@@ -88,7 +118,7 @@ pub(crate) fn read(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKeys)
     };
     // Federation's "*": every cluster.
     if preferences.contains_key("*") {
-        return Read::Unrestricted;
+        return unrestricted(object, &decision);
     }
     let reasons: BTreeMap<String, String> = decision
         .annotations
@@ -112,16 +142,43 @@ pub(crate) fn read(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKeys)
     Read::Clusters(clusters)
 }
 
+/// An answer that names no clusters for `object`: unrestricted, unless the
+/// object carries a placement requirement, which the policy then cannot
+/// keep (the delivery guard refuses it too: [`allowed`]).
+fn unrestricted(object: &Value, decision: &Decision) -> Read {
+    match allowed(object, decision) {
+        Err(refusal @ Refusal::Unbounded { .. }) => Read::Errors(vec![refusal.to_string()]),
+        _ => Read::Unrestricted,
+    }
+}
+
 /// The answers for a Placement's subjects read together.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Allowed {
     /// Some answer is undefined: decide nothing now.
     Undefined,
-    /// Every error, each with its subject.
+    /// Nothing to decide from (errors of the Placement itself, or of every
+    /// ManifestWorkReplicaSet): every error, each with its subject.
     Denied(Vec<String>),
-    /// `None`: no answer restricts; else the clusters every restricting
-    /// answer allows, with the summed weight and each subject's reason.
-    Clusters(Option<BTreeMap<String, Combined>>),
+    /// The clusters of the subjects decided from.
+    Clusters {
+        /// `None`: no answer restricts; else the clusters every restricting
+        /// answer allows, with the summed weight and each subject's reason.
+        allowed: Option<BTreeMap<String, Combined>>,
+        /// The errors of the ManifestWorkReplicaSets left out, each with
+        /// its carrier and subject.
+        left_out: Vec<String>,
+    },
+}
+
+impl Allowed {
+    /// Clusters allowed with nothing left out.
+    pub(crate) fn clusters(allowed: Option<BTreeMap<String, Combined>>) -> Allowed {
+        Allowed::Clusters {
+            allowed,
+            left_out: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -131,25 +188,46 @@ pub(crate) struct Combined {
     pub(crate) reasons: Vec<(String, String)>,
 }
 
+/// Read `answers` together (see the module documentation for errors).
 pub(crate) fn combine(answers: &[(Subject, Read)]) -> Allowed {
     if answers.iter().any(|(_, r)| *r == Read::Undefined) {
         return Allowed::Undefined;
     }
-    let errors: Vec<String> = answers
+    let failing: BTreeSet<Option<&str>> = answers
         .iter()
-        .flat_map(|(subject, read)| match read {
-            Read::Errors(errors) => errors
-                .iter()
-                .map(|e| format!("{}: {e}", subject.name))
-                .collect(),
-            _ => Vec::new(),
+        .filter(|(_, read)| matches!(read, Read::Errors(_)))
+        .map(|(subject, _)| subject.carrier.as_deref())
+        .collect();
+    if !failing.is_empty() {
+        let decided_from = answers
+            .iter()
+            .filter_map(|(subject, _)| subject.carrier.as_deref())
+            .any(|carrier| !failing.contains(&Some(carrier)));
+        // The Placement's own errors, or no workload left to decide from.
+        if failing.contains(&None) || !decided_from {
+            return Allowed::Denied(
+                answers
+                    .iter()
+                    .flat_map(|(subject, read)| errors(read, &subject.name))
+                    .collect(),
+            );
+        }
+    }
+    let left_out: Vec<String> = answers
+        .iter()
+        .flat_map(|(subject, read)| {
+            let named = match &subject.carrier {
+                Some(carrier) => format!("{carrier}: {}", subject.name),
+                None => subject.name.clone(),
+            };
+            errors(read, &named)
         })
         .collect();
-    if !errors.is_empty() {
-        return Allowed::Denied(errors);
-    }
     let mut allowed: Option<BTreeMap<String, Combined>> = None;
     for (subject, read) in answers {
+        if failing.contains(&subject.carrier.as_deref()) {
+            continue;
+        }
         let Read::Clusters(clusters) = read else {
             continue;
         };
@@ -172,7 +250,15 @@ pub(crate) fn combine(answers: &[(Subject, Read)]) -> Allowed {
         }
         allowed = Some(next);
     }
-    Allowed::Clusters(allowed)
+    Allowed::Clusters { allowed, left_out }
+}
+
+/// The errors of `read`, each prefixed with `subject`.
+fn errors(read: &Read, subject: &str) -> Vec<String> {
+    match read {
+        Read::Errors(errors) => errors.iter().map(|e| format!("{subject}: {e}")).collect(),
+        _ => Vec::new(),
+    }
 }
 
 /// Longest reason of one ClusterDecision.

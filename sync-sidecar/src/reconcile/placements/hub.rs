@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
-use kube::api::{ApiResource, GroupVersionKind};
+use policy_client::delivery::{Carrier, describe};
 use serde_json::Value;
 
 use super::watch::{OcmState, replica_set_refs};
@@ -118,65 +118,21 @@ impl OcmState {
     }
 }
 
-/// The workloads a ManifestWorkReplicaSet delivers.
+/// The workloads a ManifestWorkReplicaSet delivers, each with it as its
+/// carrier.
 pub(super) fn delivered(replica_set: &Value) -> Vec<Workload> {
-    let manifests = replica_set
-        .pointer("/spec/manifestWorkTemplate/workload/manifests")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    manifests
-        .into_iter()
+    let field = |p: &str| replica_set.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let carrier = format!(
+        "ManifestWorkReplicaSet {}/{}",
+        field("/metadata/namespace"),
+        field("/metadata/name")
+    );
+    Carrier::ManifestWorkReplicaSet
+        .manifests(replica_set)
+        .iter()
         .map(|manifest| Workload {
-            subject: Subject {
-                name: describe_manifest(&manifest),
-            },
-            manifest,
+            subject: Subject::workload(describe(manifest), carrier.clone()),
+            manifest: manifest.clone(),
         })
         .collect()
-}
-
-/// `Deployment shop/web`.
-fn describe_manifest(manifest: &Value) -> String {
-    let text = |p: &str| manifest.pointer(p).and_then(Value::as_str).unwrap_or("");
-    let name = match text("/metadata/namespace") {
-        "" => text("/metadata/name").to_owned(),
-        ns => format!("{ns}/{}", text("/metadata/name")),
-    };
-    format!("{} {name}", text("/kind"))
-}
-
-/// The resource type of a manifest, as its apiVersion and kind say (the
-/// plural guessed as Kubernetes names them: the manifest's type may exist
-/// only on the managed clusters).
-pub(super) fn manifest_type(manifest: &Value) -> ApiResource {
-    let api_version = manifest
-        .get("apiVersion")
-        .and_then(Value::as_str)
-        .unwrap_or("v1");
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let kind = manifest.get("kind").and_then(Value::as_str).unwrap_or("");
-    ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn manifests_are_described_and_typed_as_kubernetes_names_them() {
-        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
-                                "metadata": {"name": "web", "namespace": "shop"}});
-        assert_eq!(describe_manifest(&deployment), "Deployment shop/web");
-        let resource = manifest_type(&deployment);
-        assert_eq!(
-            (resource.group.as_str(), resource.plural.as_str()),
-            ("apps", "deployments")
-        );
-        let namespace =
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}});
-        assert_eq!(describe_manifest(&namespace), "Namespace shop");
-        assert_eq!(manifest_type(&namespace).plural, "namespaces");
-    }
 }

@@ -22,9 +22,10 @@ fn allowed(names: &[&str]) -> Allowed {
         })
         .collect();
     combine(&[(
-        Subject {
-            name: "Deployment shop/web".into(),
-        },
+        Subject::workload(
+            "Deployment shop/web".into(),
+            "ManifestWorkReplicaSet shop/web".into(),
+        ),
         Read::Clusters(clusters),
     )])
 }
@@ -80,7 +81,7 @@ fn the_policy_narrows_the_candidates_and_reasons_are_its_words() {
         chosen[0].reason,
         "placement policy: in the EU (eu-jurisdiction-required) (Deployment shop/web)"
     );
-    let (_, o) = outcome(json!({}), &Allowed::Clusters(None), &[]);
+    let (_, o) = outcome(json!({}), &Allowed::clusters(None), &[]);
     assert_eq!(names(&o), ["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]);
 }
 
@@ -97,7 +98,10 @@ fn number_of_clusters_keeps_what_it_has_then_the_weight_then_the_name() {
     };
     assert_eq!(unscheduled, 1);
     let mut heavy = allowed(&["ocm-eu-1", "ocm-eu-2"]);
-    if let Allowed::Clusters(Some(c)) = &mut heavy {
+    if let Allowed::Clusters {
+        allowed: Some(c), ..
+    } = &mut heavy
+    {
         c.get_mut("ocm-eu-2").unwrap().weight = 5;
     }
     let (_, o) = outcome(json!({"numberOfClusters": 1}), &heavy, &[]);
@@ -136,7 +140,7 @@ fn a_new_placement_gets_its_decision_objects_and_status() {
     assert_eq!(status["conditions"][1]["type"], MISCONFIGURED);
     assert_eq!(status["conditions"][1]["status"], "False");
     assert!(write.removes.is_empty() && !write.interim);
-    assert_eq!(write.event.as_ref().unwrap().1, "DecisionUpdate");
+    assert_eq!(write.events[0].1, "DecisionUpdate");
 }
 
 #[test]
@@ -213,7 +217,7 @@ fn errors_and_misconfiguration_keep_the_decisions_and_say_why() {
         "{status}"
     );
     assert!(status.get("numberOfSelectedClusters").is_none());
-    assert_eq!(write.event.unwrap().1, "PolicyDenied");
+    assert_eq!(write.events[0].1, "PolicyDenied");
 
     let (p, o) = outcome(
         json!({"predicates": [{"requiredClusterSelector": {"celSelector": {"celExpressions": ["true"]}}}]}),
@@ -225,7 +229,49 @@ fn errors_and_misconfiguration_keep_the_decisions_and_say_why() {
     let status = &write.placement_status.unwrap()["status"];
     assert_eq!(status["conditions"][1]["type"], MISCONFIGURED);
     assert_eq!(status["conditions"][1]["status"], "True");
-    assert_eq!(write.event.unwrap().1, "Misconfigured");
+    assert_eq!(write.events[0].1, "Misconfigured");
+}
+
+/// A shared Placement with a workload left out for its errors: decided from
+/// the others (its decisions change), and `PlacementSatisfied=False`,
+/// `PolicyDenied`, with a Warning Event, names what was left out and why.
+#[test]
+fn workloads_left_out_are_named_while_the_others_decide() {
+    let Allowed::Clusters { allowed, .. } = allowed(&["ocm-eu-1", "ocm-eu-2"]) else {
+        panic!()
+    };
+    let partly = Allowed::Clusters {
+        allowed,
+        left_out: vec![
+            "ManifestWorkReplicaSet shop/vault: Deployment shop/vault: no cluster satisfies the placement requirements".into(),
+        ],
+    };
+    let (p, o) = outcome(json!({}), &partly, &["ocm-eu-1", "ocm-eu-2", "ocm-us-1"]);
+    assert_eq!(names(&o), ["ocm-eu-1", "ocm-eu-2"]);
+    let existing = [stored(
+        "web-decision-1",
+        "",
+        "0",
+        &["ocm-eu-1", "ocm-eu-2", "ocm-us-1"],
+    )];
+    let write = plan(&p, &o, &existing, &by_name(), NOW);
+    assert!(write.changes_decisions());
+    assert_eq!(write.removes, BTreeSet::from(["ocm-us-1".to_owned()]));
+    let status = &write.placement_status.unwrap()["status"];
+    let satisfied = &status["conditions"][0];
+    assert_eq!(satisfied["type"], SATISFIED);
+    assert_eq!(satisfied["status"], "False");
+    assert_eq!(satisfied["reason"], "PolicyDenied");
+    let message = satisfied["message"].as_str().unwrap();
+    assert!(
+        message.contains("left out")
+            && message
+                .contains("ManifestWorkReplicaSet shop/vault: Deployment shop/vault: no cluster"),
+        "{message}"
+    );
+    assert_eq!(status["numberOfSelectedClusters"], 2);
+    let reasons: Vec<&str> = write.events.iter().map(|e| e.1).collect();
+    assert_eq!(reasons, ["PolicyDenied", "DecisionUpdate"]);
 }
 
 #[test]
@@ -269,7 +315,7 @@ fn decision_groups_follow_ocm() {
         "decisionGroups": [{"groupName": "canary", "groupClusterSelector": {"labelSelector": {
             "matchLabels": {"placement-policy.io/jurisdiction": "non-eu"}}}}],
     }}});
-    let (p, o) = outcome(spec, &Allowed::Clusters(None), &[]);
+    let (p, o) = outcome(spec, &Allowed::clusters(None), &[]);
     let write = plan(&p, &o, &[], &by_name(), NOW);
     let labels: Vec<(String, String, String)> = write
         .create
@@ -298,19 +344,19 @@ fn decision_groups_follow_ocm() {
     // A percentage of the selected clusters.
     let (p, o) = outcome(
         json!({"decisionStrategy": {"groupStrategy": {"clustersPerDecisionGroup": "50%"}}}),
-        &Allowed::Clusters(None),
+        &Allowed::clusters(None),
         &[],
     );
     let write = plan(&p, &o, &[], &by_name(), NOW);
     assert_eq!(write.create.len(), 2, "ceil(1.5) = 2 per group");
     let (p, o) = outcome(
         json!({"decisionStrategy": {"groupStrategy": {"clustersPerDecisionGroup": "half"}}}),
-        &Allowed::Clusters(None),
+        &Allowed::clusters(None),
         &[],
     );
     let write = plan(&p, &o, &[], &by_name(), NOW);
     assert!(write.create.is_empty());
-    assert_eq!(write.event.unwrap().1, "Misconfigured");
+    assert_eq!(write.events[0].1, "Misconfigured");
 }
 
 #[test]

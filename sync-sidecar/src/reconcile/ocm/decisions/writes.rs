@@ -37,8 +37,8 @@ pub(crate) struct PlacementWrite {
     /// Only the first step of a change that adds and removes clusters: the
     /// removal follows once this is stored.
     pub(crate) interim: bool,
-    /// The Event to record on the Placement: normal, reason, note.
-    pub(crate) event: Option<(bool, &'static str, String)>,
+    /// The Events to record on the Placement: normal, reason, note.
+    pub(crate) events: Vec<(bool, &'static str, String)>,
 }
 
 impl PlacementWrite {
@@ -77,8 +77,19 @@ pub(crate) fn plan(
             chosen,
             unscheduled,
             candidates,
+            left_out,
         } => {
-            let satisfied = if chosen.is_empty() && *unscheduled == 0 && candidates.is_empty() {
+            let satisfied = if !left_out.is_empty() {
+                let message = format!(
+                    "The placement policy reports errors for workloads of the Placement, which are left out: its other workloads decide it, and placement-policy's delivery guard refuses the ManifestWorks of those left out on every cluster: {}",
+                    left_out.join("; ")
+                );
+                let satisfied = condition(false, "PolicyDenied", &message);
+                if changed(placement, SATISFIED, &satisfied) {
+                    write.events.push((false, "PolicyDenied", message));
+                }
+                satisfied
+            } else if chosen.is_empty() && *unscheduled == 0 && candidates.is_empty() {
                 condition(
                     false,
                     "NoManagedClusterMatched",
@@ -123,7 +134,7 @@ pub(crate) fn plan(
                 now,
             );
             if changed(placement, SATISFIED, &satisfied) {
-                write.event = Some((false, "PolicyDenied", message));
+                write.events.push((false, "PolicyDenied", message));
             }
             return write;
         }
@@ -137,7 +148,7 @@ pub(crate) fn plan(
             write.placement_status =
                 status_patch(placement, None, &[satisfied, misconfigured.clone()], now);
             if changed(placement, MISCONFIGURED, &misconfigured) {
-                write.event = Some((false, "Misconfigured", message));
+                write.events.push((false, "Misconfigured", message));
             }
             return write;
         }
@@ -245,7 +256,7 @@ pub(crate) fn plan(
                 join(&was)
             )
         };
-        write.event = Some((true, "DecisionUpdate", note));
+        write.events.push((true, "DecisionUpdate", note));
     }
     // The status follows the decisions once they are final.
     if !write.interim {
