@@ -801,8 +801,10 @@ fn the_metrics_tables_name_every_metric_and_no_other() {
 
 /// The Event reasons the code under `dir` emits: PascalCase literals passed
 /// where an Event is made (`emit(`, `_event(`, `_events(`, an event planned
-/// as `Some((normal, "Reason", ..))`, `reason: "Reason".to_owned()`), and
-/// the webhook's failure reasons (`PlacementFailure::.. => "Reason"`).
+/// as `Some((normal, "Reason", ..))` or pushed as `events.push((normal,
+/// "Reason", ..))`, `reason: "Reason".to_owned()`, a constant passed to an
+/// `emit`), and the webhook's failure reasons (`PlacementFailure::.. =>
+/// "Reason"`).
 fn emitted_reasons(dir: &Path) -> BTreeSet<String> {
     let mut reasons = BTreeSet::new();
     let mut files = vec![dir.to_path_buf()];
@@ -847,6 +849,9 @@ fn emitted_reasons(dir: &Path) -> BTreeSet<String> {
                 || window.contains("_events(")
                 || window.ends_with("Some((true, ")
                 || window.ends_with("Some((false, ")
+                || window.ends_with("events.push((true, ")
+                || window.ends_with("events.push((false, ")
+                || (window.ends_with(": &str = ") && emitted_const(&flat, &window))
                 || (window.ends_with("reason: ") && after.starts_with(".to_owned()"))
                 || (window.contains("PlacementFailure::") && window.ends_with("=> "));
             if event {
@@ -855,6 +860,22 @@ fn emitted_reasons(dir: &Path) -> BTreeSet<String> {
         }
     }
     reasons
+}
+
+/// Whether the constant whose declaration `window` ends with (`NAME: &str = `)
+/// is passed where an Event is made (`emit(request, NAME,`, `emit_about(.., NAME,`).
+fn emitted_const(flat: &str, window: &str) -> bool {
+    let Some(declared) = window.strip_suffix(": &str = ") else {
+        return false;
+    };
+    let name = declared.rsplit(' ').next().unwrap_or_default();
+    let upper = name.chars().all(|c| c.is_ascii_uppercase() || c == '_');
+    upper
+        && !name.is_empty()
+        && flat.match_indices(&format!(", {name},")).any(|(at, _)| {
+            let line_start = flat[..at].rfind(';').map_or(0, |i| i + 1);
+            flat[line_start..at].contains(".emit")
+        })
 }
 
 /// The reasons of a page's Events table (its first column).
