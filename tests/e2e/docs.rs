@@ -782,8 +782,8 @@ fn the_metrics_tables_name_every_metric_and_no_other() {
         let text = read(&root.join(page));
         let metrics_heading = text
             .lines()
-            .find(|l| l.starts_with("## Metrics"))
-            .unwrap_or_else(|| panic!("{page} has no Metrics section"));
+            .find(|l| l.starts_with("### Metrics"))
+            .unwrap_or_else(|| panic!("{page} has no Metrics section under its Reference"));
         let documented = documented_metrics(&section(&text, metrics_heading), prefix);
         for name in registered.difference(&documented) {
             problems.push(format!(
@@ -907,7 +907,9 @@ fn the_events_tables_name_every_event_reason_and_no_other() {
         let emitted = emitted_reasons(&root.join(src));
         assert!(emitted.len() > 5, "{src}: {emitted:?}");
         let text = read(&root.join(page));
-        let documented = documented_reasons(&section(&text, "## Events"));
+        let events = section(&text, "### Events");
+        assert!(!events.is_empty(), "{page} has no Events section under its Reference");
+        let documented = documented_reasons(&events);
         for reason in emitted.difference(&documented) {
             problems.push(format!(
                 "{page}: Event reason {reason} ({src} emits it) is missing from the Events table"
