@@ -38,7 +38,9 @@ mod rego_writes;
 mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -152,7 +154,7 @@ impl ConfigMapLoader {
         match store.load().await {
             Ok(Some(kept)) => {
                 tracing::info!(modules = kept.modules.len(), revision = %kept.revision, "read the last good policy set kept in the cluster");
-                *self.lock_kept() = Some(kept.revision);
+                *self.kept_revision.lock() = Some(kept.revision);
                 self.modules.restore_last_good(kept.modules);
             }
             Ok(None) => {}
@@ -165,10 +167,6 @@ impl ConfigMapLoader {
         Ok(())
     }
 
-    fn lock_kept(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.kept_revision.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Keep the set in force in the cluster, when it changed (unless another
     /// sidecar keeps it).
     async fn keep_last_good(&self) {
@@ -176,11 +174,11 @@ impl ConfigMapLoader {
             return;
         };
         let revision = self.modules.revision();
-        if self.lock_kept().as_deref() == Some(revision.as_str()) {
+        if self.kept_revision.lock().as_deref() == Some(revision.as_str()) {
             return;
         }
         match store.save(&revision, self.modules.last_good()).await {
-            Ok(()) => *self.lock_kept() = Some(revision),
+            Ok(()) => *self.kept_revision.lock() = Some(revision),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot keep the last good policy set in the cluster; a restart while a policy is in error would load the previous one")
             }
@@ -282,7 +280,7 @@ impl ConfigMapLoader {
             let sources: Vec<&str> = data.values().map(String::as_str).collect();
             self.require_data_of(&sources).await?;
         }
-        let previous = self.lock_kinds().get(key).copied();
+        let previous = self.kinds.lock().get(key).copied();
         let mut changed = false;
         let mut fail = |e: EngineError| {
             self.metrics.write_error(COMPONENT, e.kind());
@@ -320,7 +318,7 @@ impl ConfigMapLoader {
             None => None,
         };
         {
-            let mut kinds = self.lock_kinds();
+            let mut kinds = self.kinds.lock();
             match kind {
                 Some(kind) => kinds.insert(key.to_owned(), kind),
                 None => kinds.remove(key),
@@ -347,10 +345,6 @@ impl ConfigMapLoader {
             self.write_status(&cm, &status).await?;
         }
         Ok(())
-    }
-
-    fn lock_kinds(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ConfigMapKind>> {
-        self.kinds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Ours and kube-mgmt's status annotations, when they differ from what the
@@ -452,7 +446,8 @@ impl ConfigMapLoader {
         keys.extend(self.modules.configmap_order(&policies));
         // What is on record but no longer selected or there: unload.
         let known: BTreeSet<String> = self
-            .lock_kinds()
+            .kinds
+            .lock()
             .keys()
             .cloned()
             .chain(self.modules.configmaps())

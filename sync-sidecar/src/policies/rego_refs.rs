@@ -248,28 +248,27 @@ impl DataReads {
 /// write of a type no policy reads triggers no remediation). [`DataReads::All`]
 /// until the loader first analysed the policies.
 #[derive(Debug, Clone)]
-pub(crate) struct PolicyReads(std::sync::Arc<std::sync::RwLock<DataReads>>);
+pub(crate) struct PolicyReads(std::sync::Arc<parking_lot::RwLock<DataReads>>);
 
 impl Default for PolicyReads {
     fn default() -> Self {
-        PolicyReads(std::sync::Arc::new(std::sync::RwLock::new(DataReads::All)))
+        PolicyReads(std::sync::Arc::new(parking_lot::RwLock::new(
+            DataReads::All,
+        )))
     }
 }
 
 impl PolicyReads {
     pub(crate) fn includes(&self, resource: &str) -> bool {
-        self.0
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .includes(resource)
+        self.0.read().includes(resource)
     }
 
     pub(crate) fn get(&self) -> DataReads {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().clone()
     }
 
     pub(crate) fn set(&self, reads: DataReads) {
-        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.0.write();
         if *current != reads {
             tracing::info!(?reads, "replicated types the policies read");
             *current = reads;

@@ -304,7 +304,7 @@ impl Reconciler {
             Guarding::Bounded { patch: None, .. } => outside_record(&item.raw),
             _ => BTreeSet::new(),
         };
-        let due = self.overdue().observe(
+        let due = self.overdue.lock().observe(
             &key,
             &outside,
             Instant::now(),
@@ -488,7 +488,7 @@ impl Reconciler {
         );
         match self.write_repair(i, item, members, &note).await {
             Ok(()) => {
-                self.overdue().forget(&key);
+                self.overdue.lock().forget(&key);
                 self.mark_in_flight(key, item.binding.resource_version().map(str::to_owned));
                 self.ctx.metrics.binding_schedule("repaired");
                 tracing::warn!(binding = %name, members = %members_text, "took members the placement policy forbids out of the binding");
@@ -499,7 +499,7 @@ impl Reconciler {
                 }
             }
             Err(SyncError::Kube(kube::Error::Api(s))) if s.code == 404 => {
-                self.overdue().forget(&key);
+                self.overdue.lock().forget(&key);
                 Step::Placed
             }
             Err(e) => {

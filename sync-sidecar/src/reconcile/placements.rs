@@ -365,7 +365,7 @@ impl Reconciler {
     fn recheck(&self, key: ItemKey, at: Timestamp) {
         let Some(ocm) = &self.ocm else { return };
         {
-            let mut rechecks = ocm.rechecks.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rechecks = ocm.rechecks.lock();
             if rechecks.get(&key).is_some_and(|t| *t <= at) {
                 return;
             }
@@ -418,7 +418,6 @@ impl Reconciler {
             if !write.interim {
                 ocm.written
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner())
                     .entry(ObjectKey::new(Some(namespace), name))
                     .or_default()
                     .extend(prints);

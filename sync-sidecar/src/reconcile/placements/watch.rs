@@ -7,7 +7,9 @@
 //! are what deciding reads ([`OcmState`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -222,7 +224,7 @@ pub(crate) async fn start(
             decisions,
             cancel.clone(),
             move |key, object, announce| {
-                let mut owners = owners.lock().unwrap_or_else(|e| e.into_inner());
+                let mut owners = owners.lock();
                 let Some(object) = object else {
                     // Deleted (by the garbage collector with its Placement,
                     // by the decider, or by someone): decided again.
@@ -236,7 +238,7 @@ pub(crate) async fn start(
                     object.pointer("/status/decisions").unwrap_or(&Value::Null),
                 );
                 let ours = {
-                    let mut written = written.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut written = written.lock();
                     match written.get_mut(key) {
                         Some(prints) => match prints.iter().position(|p| *p == print) {
                             Some(at) => {
@@ -270,7 +272,7 @@ pub(crate) async fn start(
             replica_sets,
             cancel.clone(),
             move |key, object, announce| {
-                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                let mut seen = seen.lock();
                 let before = seen.remove(key);
                 let after = object.map(|o| replica_set_refs(key, o));
                 if announce && before.as_ref().map(|b| b.1) != after.as_ref().map(|a| a.1) {
@@ -294,7 +296,7 @@ pub(crate) async fn start(
         let seen: Mutex<HashMap<ObjectKey, u64>> = Mutex::default();
         tasks.push(follow(sub, cancel.clone(), move |key, object, announce| {
             let now = object.map(|o| fingerprint(&print(o)));
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+            let mut seen = seen.lock();
             let before = match now {
                 Some(now) => seen.insert(key.clone(), now),
                 None => seen.remove(key),
