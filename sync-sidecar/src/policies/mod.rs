@@ -44,7 +44,7 @@ use parking_lot::Mutex;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -54,6 +54,7 @@ use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::cause::{Cause, Trigger};
+use crate::kube_writes::patch_params;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine_sync::SyncState;
@@ -73,9 +74,6 @@ use status::{
 
 /// Sync-state component name of the policy loader.
 pub(crate) const COMPONENT: &str = "policies";
-
-/// Field manager used for the status annotation.
-const FIELD_MANAGER: &str = "placement-sync";
 
 /// The ConfigMaps watched: one reflector per namespace of the selection, or
 /// one over every namespace.
@@ -372,14 +370,7 @@ impl ConfigMapLoader {
             cm.metadata.namespace.as_deref().unwrap_or_default(),
         );
         match api
-            .patch(
-                &cm.name_any(),
-                &PatchParams {
-                    field_manager: Some(FIELD_MANAGER.to_owned()),
-                    ..PatchParams::default()
-                },
-                &Patch::Merge(&patch),
-            )
+            .patch(&cm.name_any(), &patch_params(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => Ok(()),

@@ -85,9 +85,6 @@ use crate::replication::revision::{ReplicatedTypes, configured_revision};
 use crate::replication::watched::{Need, Subscription, WatchedType};
 use crate::scope::{Scope, ScopeFilter, parse_label_selector};
 
-/// Field manager of the reconciler's writes.
-pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";
-
 /// Now, as Kubernetes writes times in conditions (RFC 3339, seconds, UTC).
 pub(crate) fn now_rfc3339() -> String {
     serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
