@@ -12,8 +12,10 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::RwLock;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
@@ -120,13 +122,11 @@ impl TlsSettings {
     }
 
     pub fn replace(&self, config: Arc<ServerConfig>) {
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = config;
+        *self.current.write() = config;
     }
 
     fn acceptor(&self) -> TlsAcceptor {
-        TlsAcceptor::from(Arc::clone(
-            &self.current.read().unwrap_or_else(|p| p.into_inner()),
-        ))
+        TlsAcceptor::from(Arc::clone(&self.current.read()))
     }
 }
 

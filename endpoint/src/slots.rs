@@ -32,9 +32,11 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -288,7 +290,7 @@ impl Slots {
     /// listener that trusts it), taking an idle connection of another peer
     /// when every slot is taken and that is fairer.
     pub(crate) fn acquire(self: &Arc<Self>, peer: IpAddr, trusted: bool) -> Result<Slot, Refused> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock();
         match self.sharing {
             Sharing::Fair => self.make_room_fairly(&mut state, peer, trusted)?,
             Sharing::Beyond => self.make_room_beyond(&mut state, peer)?,
@@ -381,7 +383,7 @@ impl Slots {
 
     /// Slots held.
     pub(crate) fn held(&self) -> usize {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).total
+        self.state.lock().total
     }
 }
 
@@ -389,7 +391,7 @@ impl Slot {
     /// The connection turned out trusted (its client certificate verified):
     /// it no longer counts toward its peer's share, and is never taken.
     pub(crate) fn trust(&self) {
-        let mut state = self.slots.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.slots.state.lock();
         if let Some(held) = state
             .peers
             .get_mut(&self.peer)
@@ -402,7 +404,7 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        let mut state = self.slots.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.slots.state.lock();
         let Some(held) = state.peers.get_mut(&self.peer) else {
             return;
         };

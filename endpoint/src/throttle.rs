@@ -2,8 +2,9 @@
 //! (of refused connections, failed accepts, dropped Events) is visible in the
 //! log without becoming the flood itself.
 
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 #[derive(Debug)]
 pub struct Throttle {
@@ -31,7 +32,7 @@ impl Throttle {
     /// `Some(n)` when this occurrence may be logged, `n` being how many were
     /// held back since the last one logged.
     pub fn admit(&self) -> Option<u64> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.state.lock();
         let now = Instant::now();
         if state.last.is_some_and(|last| now < last + self.every) {
             state.suppressed += 1;

@@ -29,9 +29,11 @@
 
 use std::collections::HashMap;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use regorus::languages::rego::compiler::Compiler;
 use regorus::rvm::instructions::Instruction;
@@ -167,14 +169,10 @@ impl Programs {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.by_query.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The program of `query` (`data...`) over the modules of `template`,
     /// compiled on first use; `None` when it is interpreted.
     pub(crate) fn get(&self, template: &regorus::Engine, query: &str) -> Option<Arc<Program>> {
-        let mut programs = self.lock();
+        let mut programs = self.by_query.lock();
         if let Some(entry) = programs.get(query) {
             return entry.program.clone();
         }
@@ -196,7 +194,8 @@ impl Programs {
 
     #[cfg(test)]
     pub(crate) fn is_compiled(&self, query: &str) -> bool {
-        self.lock()
+        self.by_query
+            .lock()
             .get(query)
             .is_some_and(|entry| entry.program.is_some())
     }
@@ -207,7 +206,7 @@ impl Programs {
     /// change (spaced by [`DATA_SAMPLE_SPACING`]); off it one in
     /// [`SAMPLE_EVERY`], one comparison of a query at a time.
     pub(crate) fn check(&self, query: &str, generation: u64) -> Check {
-        let mut programs = self.lock();
+        let mut programs = self.by_query.lock();
         let Some(entry) = programs.get_mut(query) else {
             return Check::None;
         };
@@ -235,7 +234,7 @@ impl Programs {
 
     /// An off-path comparison of `query` ended.
     pub(crate) fn compared_off_path(&self, query: &str) {
-        if let Some(entry) = self.lock().get_mut(query) {
+        if let Some(entry) = self.by_query.lock().get_mut(query) {
             entry.comparing = false;
         }
     }
@@ -260,7 +259,7 @@ impl Programs {
     /// decision member that is undefined for ordinary inputs (a rule without
     /// an `else` or `default`) makes every such decision cost the interpreter.
     pub(crate) fn left_undefined(&self, query: &str) {
-        let mut programs = self.lock();
+        let mut programs = self.by_query.lock();
         let Some(entry) = programs.get_mut(query) else {
             return;
         };
@@ -275,7 +274,8 @@ impl Programs {
 
     #[cfg(test)]
     pub(crate) fn undefined_answers(&self, query: &str) -> usize {
-        self.lock()
+        self.by_query
+            .lock()
             .get(query)
             .map_or(0, |entry| entry.undefined_answers)
     }
@@ -288,7 +288,9 @@ impl Programs {
             %why,
             "the compiled form of this query failed or answered otherwise than the interpreter: the embedded engine interprets it until the policies change"
         );
-        self.lock().insert(query.to_owned(), Entry::new(None, 0));
+        self.by_query
+            .lock()
+            .insert(query.to_owned(), Entry::new(None, 0));
         self.give_ups.fetch_add(1, Ordering::Relaxed);
     }
 }

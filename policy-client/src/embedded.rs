@@ -26,8 +26,10 @@ mod template;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+
+use parking_lot::RwLock;
 
 use async_trait::async_trait;
 use serde_json::{Map, Value};
@@ -82,7 +84,7 @@ struct State {
 
 impl fmt::Debug for Embedded {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = self.state.read().unwrap_or_else(|p| p.into_inner());
+        let state = self.state.read();
         f.debug_struct("Embedded")
             .field("modules", &state.modules.keys().collect::<Vec<_>>())
             .field("generation", &state.generation)
@@ -151,15 +153,7 @@ impl Embedded {
 
     /// Number of loaded policy modules.
     pub fn module_count(&self) -> usize {
-        self.read().modules.len()
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+        self.state.read().modules.len()
     }
 
     /// The decision at `path` for the input read at `input`.
@@ -175,7 +169,7 @@ impl Embedded {
             timeout: budget,
         };
         let (template, programs, generation, reads, packages) = {
-            let state = self.read();
+            let state = self.state.read();
             let reads = state.reads.as_ref().ok().map(Arc::clone);
             (
                 Arc::clone(&state.template),
@@ -247,7 +241,7 @@ impl Embedded {
         &self,
         change: impl FnOnce(&mut BTreeMap<String, String>, &mut Value) -> Result<(), EngineError>,
     ) -> Result<(), EngineError> {
-        let mut state = self.write();
+        let mut state = self.state.write();
         let mut modules = state.modules.clone();
         let mut data = state.data.clone();
         change(&mut modules, &mut data)?;
@@ -420,7 +414,7 @@ impl PolicyEngine for Embedded {
     }
 
     async fn delete_policy(&self, id: &str) -> Result<(), EngineError> {
-        if !self.read().modules.contains_key(id) {
+        if !self.state.read().modules.contains_key(id) {
             return Ok(());
         }
         self.update(|modules, _| {
@@ -430,7 +424,7 @@ impl PolicyEngine for Embedded {
     }
 
     async fn policies(&self) -> Result<BTreeMap<String, String>, EngineError> {
-        Ok(self.read().modules.clone())
+        Ok(self.state.read().modules.clone())
     }
 
     async fn health(&self) -> Result<(), EngineError> {
@@ -438,7 +432,13 @@ impl PolicyEngine for Embedded {
     }
 
     fn decision_cache(&self) -> Option<DecisionCacheStats> {
-        let refused = self.read().reads.as_ref().err().map(ToString::to_string);
+        let refused = self
+            .state
+            .read()
+            .reads
+            .as_ref()
+            .err()
+            .map(ToString::to_string);
         Some(self.memo.stats(refused))
     }
 

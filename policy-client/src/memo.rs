@@ -9,8 +9,9 @@
 //! data starts a new generation, which empties it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
 
 use crate::engine::{DecisionCacheStats, QueryOutcome};
 
@@ -75,13 +76,9 @@ impl DecisionMemo {
         self.budget > 0
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Halves> {
-        self.halves.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// Forget everything before `generation` now.
     pub(crate) fn advance(&self, generation: u64) {
-        let mut halves = self.lock();
+        let mut halves = self.halves.lock();
         if generation > halves.generation {
             halves.reset(generation);
         }
@@ -89,7 +86,7 @@ impl DecisionMemo {
 
     /// The answer remembered for `key` under `generation`.
     pub(crate) fn get(&self, generation: u64, key: &[u8]) -> Option<QueryOutcome> {
-        let mut halves = self.lock();
+        let mut halves = self.halves.lock();
         if halves.generation != generation {
             if generation > halves.generation {
                 halves.reset(generation);
@@ -133,7 +130,7 @@ impl DecisionMemo {
         if bytes > half {
             return;
         }
-        let mut halves = self.lock();
+        let mut halves = self.halves.lock();
         if halves.generation != generation {
             if generation < halves.generation {
                 // Computed under policies or data since replaced.
@@ -152,7 +149,7 @@ impl DecisionMemo {
     }
 
     pub(crate) fn stats(&self, refused: Option<String>) -> DecisionCacheStats {
-        let halves = self.lock();
+        let halves = self.halves.lock();
         DecisionCacheStats {
             refused,
             budget_bytes: self.budget as u64,

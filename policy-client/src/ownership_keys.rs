@@ -7,7 +7,9 @@
 //! through a Secret ([`crate::ownership_secret`]) or a file.
 
 use std::fmt;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
 
 use base64::Engine as _;
 use ring::hmac;
@@ -140,11 +142,11 @@ impl SharedKeys {
 
     /// The keys in force now.
     pub fn current(&self) -> Arc<OwnershipKeys> {
-        Arc::clone(&self.0.read().unwrap_or_else(|p| p.into_inner()))
+        Arc::clone(&self.0.read())
     }
 
     pub fn replace(&self, keys: OwnershipKeys) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(keys);
+        *self.0.write() = Arc::new(keys);
     }
 }
 

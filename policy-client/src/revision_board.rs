@@ -21,8 +21,10 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
@@ -185,13 +187,9 @@ impl RevisionBoard {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Board> {
-        self.board.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The current revision.
     pub fn current(&self) -> Revision {
-        self.revision(self.lock().counter)
+        self.revision(self.board.lock().counter)
     }
 
     fn revision(&self, counter: u64) -> Revision {
@@ -210,7 +208,7 @@ impl RevisionBoard {
         }
         let mut changed = self.changed.subscribe();
         {
-            let mut board = self.lock();
+            let mut board = self.board.lock();
             let now = Instant::now();
             board
                 .readers
@@ -236,7 +234,7 @@ impl RevisionBoard {
             }
         }
         let _ = tokio::time::timeout(hold, changed.changed()).await;
-        Ok(self.answer(&mut self.lock(), &poll.reader))
+        Ok(self.answer(&mut self.board.lock(), &poll.reader))
     }
 
     /// The current revision, as sent to `reader` now (which starts its lease).
@@ -261,7 +259,7 @@ impl RevisionBoard {
     /// the revision before it. Hold the ticket for as long as the write runs.
     pub async fn begin_write(self: &Arc<Self>, kind: WriteKind) -> WriteTicket {
         let target = {
-            let mut board = self.lock();
+            let mut board = self.board.lock();
             board.writers += 1;
             if kind == WriteKind::Modules {
                 // Counted before the write reaches the engine, so the revision
@@ -282,7 +280,7 @@ impl RevisionBoard {
         loop {
             acknowledged.mark_unchanged();
             let waiting_until = {
-                let board = self.lock();
+                let board = self.board.lock();
                 let now = Instant::now();
                 board
                     .readers
@@ -300,7 +298,7 @@ impl RevisionBoard {
     }
 
     fn end_write(&self, ended: Ended) {
-        let mut board = self.lock();
+        let mut board = self.board.lock();
         board.writers -= 1;
         match ended {
             Ended::Applied => board.in_doubt = false,

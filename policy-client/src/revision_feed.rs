@@ -12,8 +12,10 @@
 //! answer, the lease runs out and every review is evaluated.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use async_trait::async_trait;
 use reqwest::Url;
@@ -84,7 +86,7 @@ impl fmt::Debug for RememberingEngine {
         f.debug_struct("RememberingEngine")
             .field("inner", &self.inner)
             .field("board", &crate::opa::redacted_url(&self.board))
-            .field("state", &*self.lock())
+            .field("state", &*self.state.lock())
             .finish()
     }
 }
@@ -158,14 +160,10 @@ impl RememberingEngine {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Following> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The generation and input reads to remember under, when remembering is
     /// sound now.
     fn remembering(&self) -> Option<(u64, Arc<InputReads>)> {
-        let state = self.lock();
+        let state = self.state.lock();
         let seen = state.seen?;
         if !seen.at_rest() || Instant::now() >= state.trusted_until {
             return None;
@@ -181,7 +179,7 @@ impl RememberingEngine {
     /// Whether an answer that arrived now, asked for under `generation`,
     /// belongs to it: no newer revision acknowledged, and the lease still on.
     fn still_trusted(&self, generation: u64) -> bool {
-        let state = self.lock();
+        let state = self.state.lock();
         state.generation == generation && Instant::now() < state.trusted_until
     }
 
@@ -189,7 +187,7 @@ impl RememberingEngine {
     pub async fn follow(&self) {
         let mut failing = false;
         loop {
-            let acknowledged = self.lock().seen;
+            let acknowledged = self.state.lock().seen;
             let asked = Instant::now();
             match self.ask(acknowledged).await {
                 Ok(announced) => {
@@ -267,7 +265,7 @@ impl RememberingEngine {
     /// whether the input reads of this revision are to be fetched.
     fn observe(&self, announced: Announcement, asked: Instant) -> bool {
         let revision = announced.revision;
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         state.feed_error = None;
         if state.seen != Some(revision) {
             state.seen = Some(revision);
@@ -288,7 +286,7 @@ impl RememberingEngine {
         announced: Announcement,
         reads: Result<Result<Arc<InputReads>, Uncacheable>, String>,
     ) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         if state.seen != Some(announced.revision) || Instant::now() >= state.trusted_until {
             return;
         }
@@ -308,7 +306,7 @@ impl RememberingEngine {
     }
 
     fn lose_trust(&self, why: String) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         state.feed_error = Some(why);
         state.trusted_until = state.trusted_until.min(Instant::now());
     }
@@ -348,7 +346,7 @@ impl delegating::Delegating for RememberingEngine {
     }
 
     fn decision_cache(&self) -> Option<DecisionCacheStats> {
-        let off = self.lock().off();
+        let off = self.state.lock().off();
         Some(self.memo.stats(off))
     }
 }

@@ -135,20 +135,17 @@ impl Causes {
 /// them.
 #[derive(Debug, Default)]
 pub(crate) struct Trigger {
-    causes: std::sync::Mutex<Causes>,
+    causes: parking_lot::Mutex<Causes>,
     notify: Notify,
     /// The revision of the policy set in force.
-    policy_revision: std::sync::Mutex<String>,
+    policy_revision: parking_lot::Mutex<String>,
 }
 
 impl Trigger {
     pub(crate) fn fire(&self, cause: Cause) {
         let cause = match cause {
             Cause::Policy(revision) => {
-                let mut current = self
-                    .policy_revision
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
+                let mut current = self.policy_revision.lock();
                 if *current == revision {
                     // The same set in force again (an engine filled again):
                     // a pass, but no edit.
@@ -160,10 +157,7 @@ impl Trigger {
             }
             other => other,
         };
-        self.causes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .add(cause);
+        self.causes.lock().add(cause);
         self.notify.notify_one();
     }
 
@@ -176,14 +170,11 @@ impl Trigger {
     pub(crate) fn take(&self) -> Causes {
         // The wake-up they left is consumed with them.
         let _ = self.notify.notified().now_or_never();
-        std::mem::take(&mut *self.causes.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.causes.lock())
     }
 
     pub(crate) fn policy_revision(&self) -> String {
-        self.policy_revision
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.policy_revision.lock().clone()
     }
 }
 

@@ -19,7 +19,8 @@
 //! over `server` and `reconcile`, over `replication`, over `policies`, over
 //! `engine_sync`, over `config`, and beneath them all what they share:
 //! `cause` (why placements may be stale, and the trigger that carries it),
-//! `gvr`, `scope`, `hex`, `queue`, `metrics` and `error`.
+//! `gvr`, `scope`, `hex`, `queue`, `kube_writes` (the field manager of
+//! every write), `metrics` and `error`.
 //!
 //! The binary parses [`Args`], builds [`Settings`] and calls [`run`]; nothing
 //! else is public.
@@ -32,6 +33,7 @@ mod engine_sync;
 mod error;
 mod gvr;
 mod hex;
+mod kube_writes;
 mod metrics;
 mod policies;
 mod queue;

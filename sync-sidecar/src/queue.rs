@@ -14,8 +14,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use policy_client::retry::Backoff;
 use tokio::sync::Semaphore;
@@ -92,7 +94,7 @@ where
 
     /// Schedule `key`. Must be called from within a Tokio runtime.
     pub(crate) fn push(&self, key: K) {
-        let mut slots = self.inner.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.inner.slots.lock();
         if let Some(slot) = slots.get_mut(&key) {
             slot.dirty = true;
             return;
@@ -106,11 +108,7 @@ where
     /// Keys waiting, running or backing off.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.inner
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        self.inner.slots.lock().len()
     }
 
     #[cfg(test)]
@@ -163,7 +161,7 @@ where
                     }
                     failures = 0;
                     delays = self.backoff.delays();
-                    let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut slots = self.slots.lock();
                     if slots.get(&key).is_some_and(|s| s.dirty) {
                         continue;
                     }
@@ -187,7 +185,7 @@ where
             }
         }
         // Shut down: forget the key.
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.lock();
         slots.remove(&key);
         let empty = slots.is_empty();
         drop(slots);
@@ -197,12 +195,7 @@ where
     }
 
     fn set_dirty(&self, key: &K, dirty: bool) {
-        if let Some(slot) = self
-            .slots
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(key)
-        {
+        if let Some(slot) = self.slots.lock().get_mut(key) {
             slot.dirty = dirty;
         }
     }

@@ -832,7 +832,7 @@ errors := set()
                 let done = handed
                     && binding["status"]["schedulerObservedGeneration"]
                         == binding["metadata"]["generation"]
-                    && status_written_by(karmada, &namespace, name, "placement-sync-remediator");
+                    && status_written_by(karmada, &namespace, name, "placement-sync");
                 done.then_some(binding)
             },
             || {

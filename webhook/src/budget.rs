@@ -11,7 +11,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
@@ -55,7 +57,7 @@ impl fmt::Debug for MemoryBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryBudget")
             .field("total", &self.total)
-            .field("used", &self.lock().used)
+            .field("used", &self.held.lock().used)
             .finish()
     }
 }
@@ -130,10 +132,6 @@ impl MemoryBudget {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Held> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The share of one peer: everything but the reserve.
     fn share(&self) -> usize {
         self.total - self.reserve
@@ -156,7 +154,7 @@ impl Charge {
     /// Grow (if the budget allows) or shrink to `bytes`.
     pub(crate) fn resize(&mut self, bytes: usize) -> Result<(), Refusal> {
         let budget = &self.budget;
-        let mut held = budget.lock();
+        let mut held = budget.held.lock();
         if bytes <= self.bytes {
             let freed = self.bytes - bytes;
             held.used -= freed;
@@ -344,7 +342,7 @@ mod tests {
         let mut c = charge(&budget, None, 20 << 20).unwrap();
         c.resize(4 << 20).unwrap();
         drop((b, small, c));
-        assert_eq!(budget.lock().used, 0);
+        assert_eq!(budget.held.lock().used, 0);
     }
 
     #[test]
@@ -353,7 +351,7 @@ mod tests {
         let mut charge = charge(&budget, None, 1 << 20).unwrap();
         assert!(charge.resize(15 << 20).is_err());
         assert_eq!(charge.bytes, 1 << 20);
-        assert_eq!(budget.lock().used, 1 << 20);
+        assert_eq!(budget.held.lock().used, 1 << 20);
     }
 
     /// One peer holds three quarters at most, however small its charges
@@ -379,11 +377,11 @@ mod tests {
             .map(|_| charge(&budget, peer(3), 1 << 20).unwrap())
             .collect();
         drop(held);
-        assert!(!budget.lock().peers.contains_key(&peer(2).unwrap()));
+        assert!(!budget.held.lock().peers.contains_key(&peer(2).unwrap()));
         let verified = charge(&budget, None, 1 << 20).unwrap();
         drop((others, verified));
-        assert_eq!(budget.lock().used, 0);
-        assert!(budget.lock().peers.is_empty());
+        assert_eq!(budget.held.lock().used, 0);
+        assert!(budget.held.lock().peers.is_empty());
     }
 
     #[test]

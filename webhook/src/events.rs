@@ -20,8 +20,10 @@ use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, RandomState};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
@@ -291,11 +293,10 @@ impl EventSink {
             reference.name.as_deref().unwrap_or_default(),
             reason,
         );
-        let admitted = inner.gates.lock().unwrap_or_else(|p| p.into_inner()).admit(
-            request.caller,
-            key,
-            Instant::now(),
-        );
+        let admitted = inner
+            .gates
+            .lock()
+            .admit(request.caller, key, Instant::now());
         let dropped = match admitted {
             Err(why) => why,
             Ok(()) => {

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use kube::{Api, Client, Config};
-use placement_endpoint::{ConnectionLimits, Peers, connection_cap};
+use placement_endpoint::{ConnectionLimits, Peers, TlsSettings, connection_cap};
+use policy_client::configmaps::ConfigMapSelection;
 use policy_client::ownership_keys::{KeyError, LoadingKeys, OwnershipKeys, SharedKeys};
 use policy_client::ownership_secret::KeySecret;
 use policy_client::revision_feed::RememberingEngine;
@@ -216,7 +217,54 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
     // only when given one (or in a cluster); with OPA the usual inference applies.
     let infer = matches!(resolved.kind, EngineKind::Opa { .. });
     let client = kube_client(args.kubeconfig.as_deref(), infer).await?;
-    let presence = match (&resolved.kind, &client) {
+    let presence = policy_presence(&resolved.kind, client.as_ref(), policy_configmaps);
+    let events = event_sink(&args, client.as_ref(), &metrics);
+    let ownership_keys = ownership_keys(&args, client.as_ref())?;
+    let admission = Admission::new(
+        resolved.engine,
+        AdmissionSettings {
+            decision_path: resolved.decision_path.clone(),
+            engine_deadline: args.engine.engine_deadline,
+            ownership_keys,
+        },
+        presence,
+        events,
+        metrics,
+        Guardrail::new(client.clone(), args.karmada_scheduler_name.clone()),
+    );
+    let (tls, ca_note) = admission_tls(&args, &client).await?;
+    let listeners = Listeners::bind(args.listen, args.metrics_listen)?;
+    announce(
+        &listeners,
+        &resolved.kind,
+        &resolved.decision_path,
+        ca_note,
+        &settings,
+        &memory,
+    );
+    // Endpoints of a terminating pod take a moment to leave every
+    // kube-proxy: the server keeps answering for the shutdown delay, so no
+    // write in flight to us fails (then stops accepting and finishes what is
+    // running).
+    serve_http(
+        admission,
+        tls,
+        listeners,
+        settings,
+        placement_endpoint::shutdown_signal(),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Whether there are policies to answer with: fixed for the embedded engine,
+/// the policy ConfigMaps watched for OPA (assumed there without the API).
+fn policy_presence(
+    kind: &EngineKind,
+    client: Option<&Client>,
+    policy_configmaps: ConfigMapSelection,
+) -> PolicyPresence {
+    match (kind, client) {
         (EngineKind::Embedded { dir, modules }, _) => PolicyPresence::fixed(
             *modules > 0,
             format!("{modules} Rego module(s) in {}", dir.display()),
@@ -233,11 +281,15 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
                 "no Kubernetes API access; policies assumed to exist".to_owned(),
             )
         }
-    };
-    let events = match &client {
+    }
+}
+
+/// Where the webhook's Events go (nowhere without the API).
+fn event_sink(args: &ServeArgs, client: Option<&Client>, metrics: &Arc<Metrics>) -> EventSink {
+    match client {
         Some(client) => EventSink::new(
             client.clone(),
-            Arc::clone(&metrics),
+            Arc::clone(metrics),
             EventLimits {
                 rate: args.event_rate,
                 burst: args.event_burst,
@@ -248,56 +300,64 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
             },
         ),
         None => EventSink::disabled(),
-    };
-    let ownership_keys = ownership_keys(&args, client.as_ref())?;
-    let admission = Admission::new(
-        resolved.engine,
-        AdmissionSettings {
-            decision_path: resolved.decision_path.clone(),
-            engine_deadline: args.engine.engine_deadline,
-            ownership_keys,
-        },
-        presence,
-        events,
-        metrics,
-        Guardrail::new(client.clone(), args.karmada_scheduler_name.clone()),
-    );
+    }
+}
+
+/// The admission server's TLS: from a self-managed Secret, from the given
+/// files, or from a CA and a certificate generated for localhost (then the
+/// CA bundle's path comes with it).
+async fn admission_tls(
+    args: &ServeArgs,
+    client: &Option<Client>,
+) -> Result<(TlsSettings, Option<PathBuf>), RunError> {
     let verifier = match &args.client_ca_file {
         Some(path) => Some(client_verifier(path)?),
         None => None,
     };
-    let (tls, ca_note) = match (&args.tls_cert, &args.tls_key, &args.self_managed.tls_secret) {
-        (_, _, Some(secret)) => (
-            crate::self_managed::start(
-                &args.self_managed,
-                secret.clone(),
-                client.clone(),
-                verifier.clone(),
-            )
-            .await?,
-            None,
-        ),
-        (Some(cert), Some(key), None) => (
-            reloading_tls(cert.clone(), key.clone(), verifier.clone())?,
-            None,
-        ),
-        _ => {
-            let dir = match &args.cert_dir {
-                Some(dir) => dir.clone(),
-                None => tempfile_dir()?,
-            };
-            let names = [
-                "localhost".to_owned(),
-                "127.0.0.1".to_owned(),
-                "::1".to_owned(),
-            ];
-            let paths = placement_certs::generate_to_dir(&dir, &names)?;
-            let tls = reloading_tls(paths.cert.clone(), paths.key.clone(), verifier)?;
-            (tls, Some(paths.ca))
-        }
-    };
-    let listeners = Listeners::bind(args.listen, args.metrics_listen)?;
-    let engine_note = match &resolved.kind {
+    Ok(
+        match (&args.tls_cert, &args.tls_key, &args.self_managed.tls_secret) {
+            (_, _, Some(secret)) => (
+                crate::self_managed::start(
+                    &args.self_managed,
+                    secret.clone(),
+                    client.clone(),
+                    verifier.clone(),
+                )
+                .await?,
+                None,
+            ),
+            (Some(cert), Some(key), None) => (
+                reloading_tls(cert.clone(), key.clone(), verifier.clone())?,
+                None,
+            ),
+            _ => {
+                let dir = match &args.cert_dir {
+                    Some(dir) => dir.clone(),
+                    None => tempfile_dir()?,
+                };
+                let names = [
+                    "localhost".to_owned(),
+                    "127.0.0.1".to_owned(),
+                    "::1".to_owned(),
+                ];
+                let paths = placement_certs::generate_to_dir(&dir, &names)?;
+                let tls = reloading_tls(paths.cert.clone(), paths.key.clone(), verifier)?;
+                (tls, Some(paths.ca))
+            }
+        },
+    )
+}
+
+/// Say where the webhook serves, with what, and within which limits.
+fn announce(
+    listeners: &Listeners,
+    kind: &EngineKind,
+    decision_path: &str,
+    ca_note: Option<PathBuf>,
+    settings: &ServeSettings,
+    memory: &MemorySizing,
+) {
+    let engine_note = match kind {
         EngineKind::Opa { url } => format!("OPA at {url}"),
         EngineKind::Embedded { dir, modules } => {
             format!("embedded, {modules} module(s) from {}", dir.display())
@@ -307,7 +367,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         "placement-webhook: admission on https://{}, metrics on http://{}/metrics (engine: {engine_note}; decision: data.{})",
         listeners.admission_addr(),
         listeners.metrics_addr(),
-        resolved.decision_path.replace('/', "."),
+        decision_path.replace('/', "."),
     );
     if let Some(ca) = ca_note {
         println!(
@@ -328,19 +388,6 @@ pub async fn serve(args: ServeArgs) -> Result<(), RunError> {
         client_certificates = settings.requests.require_client_certificate,
         "serving"
     );
-    // Endpoints of a terminating pod take a moment to leave every
-    // kube-proxy: the server keeps answering for the shutdown delay, so no
-    // write in flight to us fails (then stops accepting and finishes what is
-    // running).
-    serve_http(
-        admission,
-        tls,
-        listeners,
-        settings,
-        placement_endpoint::shutdown_signal(),
-    )
-    .await?;
-    Ok(())
 }
 
 fn tempfile_dir() -> Result<PathBuf, RunError> {

@@ -199,7 +199,7 @@ async fn patches_data_atomically() {
         serde_json::from_value(json!([{"op": "add", "path": "/api", "value": "us"}])).unwrap();
     engine.patch_data("regions", &patch).await.unwrap();
     assert_eq!(
-        engine.read().data,
+        engine.state.read().data,
         json!({"regions": {"web": "eu", "api": "us"}})
     );
     let failing: json_patch::Patch = serde_json::from_value(
@@ -209,7 +209,7 @@ async fn patches_data_atomically() {
     let err = engine.patch_data("regions", &failing).await.unwrap_err();
     assert!(matches!(err, EngineError::NotFound { .. }), "{err:?}");
     assert_eq!(
-        engine.read().data["regions"],
+        engine.state.read().data["regions"],
         json!({"web": "eu", "api": "us"}),
         "all or nothing"
     );
@@ -232,7 +232,7 @@ fn loads_directory_like_opa() {
     std::fs::write(dir.path().join("other/data.yaml"), "a: 1\n").unwrap();
     let engine = Embedded::from_dir(dir.path()).unwrap();
     assert_eq!(engine.module_count(), 1);
-    let state = engine.read();
+    let state = engine.state.read();
     assert_eq!(
         state.data,
         json!({"regions": {"web": "eu"}, "other": {"a": 1}})
@@ -331,7 +331,7 @@ async fn answers(engine: &Embedded, inputs: &[Value]) -> Vec<QueryOutcome> {
 /// evaluates, reduced to what the modules read).
 fn reference(engine: &Embedded, path: &str) -> impl FnMut(&Value) -> QueryOutcome {
     let (modules, data) = {
-        let state = engine.read();
+        let state = engine.state.read();
         (state.modules.clone(), state.data.clone())
     };
     let mut interpreter = build_engine(&modules, &data).unwrap();
@@ -350,7 +350,7 @@ fn reference(engine: &Embedded, path: &str) -> impl FnMut(&Value) -> QueryOutcom
 }
 
 fn compiled(engine: &Embedded, path: &str) -> bool {
-    let state = engine.read();
+    let state = engine.state.read();
     state.programs.is_compiled(&rego_query(path).unwrap())
 }
 
@@ -490,7 +490,7 @@ async fn compiled_decisions_equal_interpreted_ones_on_the_shipped_policy() {
         );
         let query = rego_query(crate::DEFAULT_DECISION_PATH).unwrap();
         assert_eq!(
-            engine.read().programs.undefined_answers(&query),
+            engine.state.read().programs.undefined_answers(&query),
             0,
             "{case}: every member of the shipped decision must be defined, or the interpreter answers"
         );
@@ -559,7 +559,7 @@ async fn a_compiled_answer_unlike_the_interpreters_is_not_given() {
         )
         .await
         .unwrap();
-    engine.write().programs = Arc::new(Programs::taking_known_wrong_forms(Arc::clone(
+    engine.state.write().programs = Arc::new(Programs::taking_known_wrong_forms(Arc::clone(
         &engine.checks,
     )));
     let eu = json!({"eu": true});

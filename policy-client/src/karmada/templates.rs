@@ -2,8 +2,9 @@
 //! kept by version.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
 
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
 use kube::discovery::{Scope, pinned_kind};
@@ -205,12 +206,7 @@ impl Templates {
         kind: &str,
     ) -> Result<(ApiResource, bool), TemplateError> {
         let id = (api_version.to_owned(), kind.to_owned());
-        if let Some(found) = self
-            .types
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&id)
-        {
+        if let Some(found) = self.types.lock().get(&id) {
             return Ok(found.clone());
         }
         let discovery_error = |reason: String| TemplateError::Discovery {
@@ -218,7 +214,7 @@ impl Templates {
             kind: kind.to_owned(),
             reason,
         };
-        let failed = || self.failed.lock().unwrap_or_else(|e| e.into_inner());
+        let failed = || self.failed.lock();
         if let Some(reason) = failed().get(&id, Instant::now()) {
             return Err(discovery_error(format!(
                 "{reason} (a discovery of the last {} seconds)",
@@ -236,10 +232,7 @@ impl Templates {
             }
         };
         let found = (resource, capabilities.scope == Scope::Namespaced);
-        self.types
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, found.clone());
+        self.types.lock().insert(id, found.clone());
         Ok(found)
     }
 
@@ -254,7 +247,6 @@ impl Templates {
         let kept = self
             .versions
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .get(&template.uid, &template.resource_version);
         match kept {
             Some(kept) => Ok(Some(kept)),
@@ -268,7 +260,7 @@ impl Templates {
         &self,
         template: &TemplateRef,
     ) -> Result<Option<(Value, ApiResource)>, TemplateError> {
-        let versions = || self.versions.lock().unwrap_or_else(|e| e.into_inner());
+        let versions = || self.versions.lock();
         let (resource, namespaced) = self.resource(&template.api_version, &template.kind).await?;
         let api: Api<DynamicObject> = match (&template.namespace, namespaced) {
             (Some(ns), true) => Api::namespaced_with(self.client.clone(), ns, &resource),

@@ -18,9 +18,11 @@ pub(crate) mod component;
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use policy_client::engine::{PolicyEngine, QueryOutcome};
 use serde_json::{Value, json};
@@ -76,7 +78,7 @@ impl SyncState {
     /// Declare a component that must load every epoch before the engine is synced.
     /// Call before the monitor starts.
     pub(crate) fn register(&self, name: &str) {
-        self.lock().insert(name.to_owned(), 0);
+        self.components.lock().insert(name.to_owned(), 0);
     }
 
     pub(crate) fn epoch(&self) -> u64 {
@@ -102,7 +104,7 @@ impl SyncState {
 
     /// A component finished loading everything it holds into the engine for `epoch`.
     pub(crate) fn mark_loaded(&self, name: &str, epoch: u64) {
-        if let Some(loaded) = self.lock().get_mut(name) {
+        if let Some(loaded) = self.components.lock().get_mut(name) {
             *loaded = (*loaded).max(epoch);
         }
         self.progress.notify_one();
@@ -118,6 +120,7 @@ impl SyncState {
         loop {
             let done = self.epoch() != epoch
                 || self
+                    .components
                     .lock()
                     .iter()
                     .all(|(name, loaded)| name == except || *loaded >= epoch);
@@ -133,7 +136,8 @@ impl SyncState {
     /// Components not yet loaded for the current epoch.
     pub(crate) fn pending(&self) -> Vec<String> {
         let epoch = self.epoch();
-        self.lock()
+        self.components
+            .lock()
             .iter()
             .filter(|(_, loaded)| **loaded < epoch || epoch == 0)
             .map(|(name, _)| name.clone())
@@ -147,10 +151,6 @@ impl SyncState {
             engine_up: self.engine_up.load(Ordering::Relaxed),
             pending: self.pending(),
         }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
-        self.components.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn begin_epoch(&self) -> u64 {

@@ -7,7 +7,9 @@
 //! written.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use policy_client::engine::{CompileError, EngineError, PolicyEngine};
 use serde_json::Value;
@@ -41,20 +43,16 @@ impl DataSet {
         }
     }
 
-    fn written(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, BTreeMap<String, Value>>> {
-        self.written.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A digest of every document written.
     pub(super) fn revision(&self) -> String {
-        let written = serde_json::to_vec(&*self.written()).unwrap_or_default();
+        let written = serde_json::to_vec(&*self.written.lock()).unwrap_or_default();
         let digest = ring::digest::digest(&ring::digest::SHA256, &written);
         crate::hex::hex(digest.as_ref(), 8)
     }
 
     /// ConfigMaps (`namespace/name`) with data written.
     pub(super) fn configmaps(&self) -> Vec<String> {
-        self.written().keys().cloned().collect()
+        self.written.lock().keys().cloned().collect()
     }
 
     /// Bring the engine's documents of ConfigMap `key` (`namespace/name`) to
@@ -67,7 +65,7 @@ impl DataSet {
         reload: bool,
     ) -> Result<ModuleSync, EngineError> {
         let Some(data) = data else {
-            let had = self.written().remove(key).is_some();
+            let had = self.written.lock().remove(key).is_some();
             if had {
                 self.engine.delete_data(key).await?;
                 tracing::info!(configmap = %key, "data removed");
@@ -79,7 +77,7 @@ impl DataSet {
         };
         let mut changed = false;
         let mut errors = Vec::new();
-        let previous = self.written().get(key).cloned().unwrap_or_default();
+        let previous = self.written.lock().get(key).cloned().unwrap_or_default();
         let mut now = BTreeMap::new();
         for (name, text) in data {
             let path = format!("{key}/{name}");
@@ -116,7 +114,7 @@ impl DataSet {
             self.engine.delete_data(&format!("{key}/{name}")).await?;
             changed = true;
         }
-        self.written().insert(key.to_owned(), now);
+        self.written.lock().insert(key.to_owned(), now);
         let status = if errors.is_empty() {
             PolicyStatus::Ok
         } else {

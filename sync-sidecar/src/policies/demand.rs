@@ -11,7 +11,8 @@
 //! written from memory at once.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use tokio::sync::watch;
 
@@ -55,10 +56,7 @@ impl Demand {
 
     /// A replicator found its type.
     pub(crate) fn register(&self, resource: &str) {
-        self.replicated
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(resource.to_owned());
+        self.replicated.lock().insert(resource.to_owned());
     }
 
     /// A replicator wrote its whole type for `epoch` (`None`: removed it).
@@ -95,7 +93,7 @@ impl Demand {
         let mut warn_at = Some(tokio::time::Instant::now() + SLOW_WRITE);
         loop {
             let missing: Vec<String> = {
-                let replicated = self.replicated.lock().unwrap_or_else(|e| e.into_inner());
+                let replicated = self.replicated.lock();
                 let written = written.borrow_and_update();
                 replicated
                     .iter()

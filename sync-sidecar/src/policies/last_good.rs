@@ -18,9 +18,11 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+
+use crate::kube_writes::patch_params;
 
 /// Data key of the kept set.
 pub(crate) const DATA_KEY: &str = "policy-set.json";
@@ -108,14 +110,7 @@ impl LastGood {
         }
         let patch = json!({"data": {DATA_KEY: text}});
         self.api
-            .patch(
-                &self.name,
-                &PatchParams {
-                    field_manager: Some("placement-sync".to_owned()),
-                    ..PatchParams::default()
-                },
-                &Patch::Merge(&patch),
-            )
+            .patch(&self.name, &patch_params(), &Patch::Merge(&patch))
             .await
             .map_err(|e| LastGoodError::Api(self.describe(), e))?;
         Ok(())

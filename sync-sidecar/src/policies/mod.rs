@@ -38,11 +38,13 @@ mod rego_writes;
 mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
@@ -52,6 +54,7 @@ use serde_json::json;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::cause::{Cause, Trigger};
+use crate::kube_writes::patch_params;
 use tokio_util::sync::CancellationToken;
 
 use crate::engine_sync::SyncState;
@@ -71,9 +74,6 @@ use status::{
 
 /// Sync-state component name of the policy loader.
 pub(crate) const COMPONENT: &str = "policies";
-
-/// Field manager used for the status annotation.
-const FIELD_MANAGER: &str = "placement-sync";
 
 /// The ConfigMaps watched: one reflector per namespace of the selection, or
 /// one over every namespace.
@@ -152,7 +152,7 @@ impl ConfigMapLoader {
         match store.load().await {
             Ok(Some(kept)) => {
                 tracing::info!(modules = kept.modules.len(), revision = %kept.revision, "read the last good policy set kept in the cluster");
-                *self.lock_kept() = Some(kept.revision);
+                *self.kept_revision.lock() = Some(kept.revision);
                 self.modules.restore_last_good(kept.modules);
             }
             Ok(None) => {}
@@ -165,10 +165,6 @@ impl ConfigMapLoader {
         Ok(())
     }
 
-    fn lock_kept(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.kept_revision.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Keep the set in force in the cluster, when it changed (unless another
     /// sidecar keeps it).
     async fn keep_last_good(&self) {
@@ -176,11 +172,11 @@ impl ConfigMapLoader {
             return;
         };
         let revision = self.modules.revision();
-        if self.lock_kept().as_deref() == Some(revision.as_str()) {
+        if self.kept_revision.lock().as_deref() == Some(revision.as_str()) {
             return;
         }
         match store.save(&revision, self.modules.last_good()).await {
-            Ok(()) => *self.lock_kept() = Some(revision),
+            Ok(()) => *self.kept_revision.lock() = Some(revision),
             Err(e) => {
                 tracing::warn!(error = %e, "cannot keep the last good policy set in the cluster; a restart while a policy is in error would load the previous one")
             }
@@ -282,7 +278,7 @@ impl ConfigMapLoader {
             let sources: Vec<&str> = data.values().map(String::as_str).collect();
             self.require_data_of(&sources).await?;
         }
-        let previous = self.lock_kinds().get(key).copied();
+        let previous = self.kinds.lock().get(key).copied();
         let mut changed = false;
         let mut fail = |e: EngineError| {
             self.metrics.write_error(COMPONENT, e.kind());
@@ -320,7 +316,7 @@ impl ConfigMapLoader {
             None => None,
         };
         {
-            let mut kinds = self.lock_kinds();
+            let mut kinds = self.kinds.lock();
             match kind {
                 Some(kind) => kinds.insert(key.to_owned(), kind),
                 None => kinds.remove(key),
@@ -349,10 +345,6 @@ impl ConfigMapLoader {
         Ok(())
     }
 
-    fn lock_kinds(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ConfigMapKind>> {
-        self.kinds.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Ours and kube-mgmt's status annotations, when they differ from what the
     /// ConfigMap says already.
     async fn write_status(&self, cm: &ConfigMap, status: &PolicyStatus) -> Result<(), SyncError> {
@@ -378,14 +370,7 @@ impl ConfigMapLoader {
             cm.metadata.namespace.as_deref().unwrap_or_default(),
         );
         match api
-            .patch(
-                &cm.name_any(),
-                &PatchParams {
-                    field_manager: Some(FIELD_MANAGER.to_owned()),
-                    ..PatchParams::default()
-                },
-                &Patch::Merge(&patch),
-            )
+            .patch(&cm.name_any(), &patch_params(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => Ok(()),
@@ -452,7 +437,8 @@ impl ConfigMapLoader {
         keys.extend(self.modules.configmap_order(&policies));
         // What is on record but no longer selected or there: unload.
         let known: BTreeSet<String> = self
-            .lock_kinds()
+            .kinds
+            .lock()
             .keys()
             .cloned()
             .chain(self.modules.configmaps())

@@ -1,7 +1,9 @@
 //! The engine side of the policy loader: which modules are loaded and how.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use policy_client::engine::{CompileError, EngineError, PolicyEngine};
 
@@ -62,7 +64,7 @@ impl ModuleSet {
     /// A kept module that writes a package its namespace does not own (kept
     /// before the owners were configured so) is left out.
     pub(super) fn restore_last_good(&self, modules: BTreeMap<String, String>) {
-        let mut records = self.records();
+        let mut records = self.records.lock();
         for (id, source) in modules {
             if let Err(trespass) = self.owners.check(&id, &source) {
                 tracing::warn!(module = %id, package = %trespass.owned, "the last good policy set kept a module that writes a package its namespace does not own; it is left out");
@@ -82,10 +84,6 @@ impl ModuleSet {
         self.in_force()
     }
 
-    fn records(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, ModuleRecord>> {
-        self.records.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Module ids of ConfigMap `key` (`namespace/name`) start with this.
     fn prefix(&self, key: &str) -> String {
         format!("{key}/")
@@ -93,7 +91,7 @@ impl ModuleSet {
 
     /// `(loaded, failed)`: modules in force, and modules whose current source fails.
     pub(super) fn counts(&self) -> (usize, usize) {
-        let records = self.records();
+        let records = self.records.lock();
         let failed = records.values().filter(|r| r.outcome.is_err()).count();
         let loaded = records
             .values()
@@ -117,7 +115,8 @@ impl ModuleSet {
 
     /// The modules in force: each one's accepted source.
     fn in_force(&self) -> BTreeMap<String, String> {
-        self.records()
+        self.records
+            .lock()
             .iter()
             .filter_map(|(id, r)| {
                 let source = match &r.outcome {
@@ -224,7 +223,8 @@ impl ModuleSet {
 
     /// ConfigMaps (`namespace/name`) that have modules on record.
     pub(super) fn configmaps(&self) -> BTreeSet<String> {
-        self.records()
+        self.records
+            .lock()
             .keys()
             .filter_map(|id| id.rsplit_once('/').map(|(key, _)| key.to_owned()))
             .collect()
@@ -257,7 +257,7 @@ impl ModuleSet {
         let mut puts: Vec<(&String, &&String)> = desired.iter().collect();
         puts.sort_by_key(|(id, _)| order.iter().position(|o| o == *id));
         for (id, source) in puts {
-            let previous = self.records().get(id).cloned();
+            let previous = self.records.lock().get(id).cloned();
             if !reload
                 && previous
                     .as_ref()
@@ -293,22 +293,23 @@ impl ModuleSet {
                 }
                 Err(e) => return Err(e),
             };
-            self.records().insert(id.clone(), record);
+            self.records.lock().insert(id.clone(), record);
         }
         let removed: Vec<String> = self
-            .records()
+            .records
+            .lock()
             .keys()
             .filter(|id| id.starts_with(&prefix) && !desired.contains_key(*id))
             .cloned()
             .collect();
         for id in removed {
             self.engine.delete_policy(&id).await?;
-            self.records().remove(&id);
+            self.records.lock().remove(&id);
             changed = true;
             tracing::info!(module = %id, "policy module removed");
         }
         let status = data.map(|_| {
-            let records = self.records();
+            let records = self.records.lock();
             PolicyStatus::from_outcomes(
                 desired
                     .keys()
@@ -333,7 +334,8 @@ impl ModuleSet {
         let mut changed = false;
         let prefix = self.prefix(name);
         let kept: Vec<(String, ModuleRecord)> = self
-            .records()
+            .records
+            .lock()
             .iter()
             .filter(|(id, _)| id.starts_with(&prefix))
             .map(|(id, r)| (id.clone(), r.clone()))
@@ -364,7 +366,7 @@ impl ModuleSet {
             } else {
                 Err(own)
             };
-            self.records().insert(
+            self.records.lock().insert(
                 id.clone(),
                 ModuleRecord {
                     source: (*source).clone(),
@@ -383,7 +385,7 @@ impl ModuleSet {
                 .filter(|e| e.file.as_deref() == Some(id.as_str()))
                 .cloned()
                 .collect();
-            self.records().insert(
+            self.records.lock().insert(
                 id,
                 ModuleRecord {
                     outcome: Err(if own.is_empty() { errors.clone() } else { own }),
@@ -410,7 +412,7 @@ impl ModuleSet {
                     .owned_namespaces
                     .iter()
                     .any(|ns| id.starts_with(&format!("{ns}/")));
-            if ours && !self.records().contains_key(&id) {
+            if ours && !self.records.lock().contains_key(&id) {
                 self.engine.delete_policy(&id).await?;
                 tracing::info!(module = %id, "removed a policy module no ConfigMap holds");
                 changed = true;

@@ -5,7 +5,8 @@
 //! modules of one change dependencies first, so that no query sees a module
 //! without the ones it needs.
 //!
-//! A scanner, not a parser: comments and string literals are skipped, then
+//! A scanner, not a parser: comments and string literals are skipped (not
+//! the expressions inside a template string's `{...}`, which are code), then
 //! `package`, `import data.…` and dotted `data.…` references are read. A
 //! reference in a rule body only counts as a package reference when its first
 //! segment is also the first segment of a package of the set (anything else
@@ -248,28 +249,27 @@ impl DataReads {
 /// write of a type no policy reads triggers no remediation). [`DataReads::All`]
 /// until the loader first analysed the policies.
 #[derive(Debug, Clone)]
-pub(crate) struct PolicyReads(std::sync::Arc<std::sync::RwLock<DataReads>>);
+pub(crate) struct PolicyReads(std::sync::Arc<parking_lot::RwLock<DataReads>>);
 
 impl Default for PolicyReads {
     fn default() -> Self {
-        PolicyReads(std::sync::Arc::new(std::sync::RwLock::new(DataReads::All)))
+        PolicyReads(std::sync::Arc::new(parking_lot::RwLock::new(
+            DataReads::All,
+        )))
     }
 }
 
 impl PolicyReads {
     pub(crate) fn includes(&self, resource: &str) -> bool {
-        self.0
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .includes(resource)
+        self.0.read().includes(resource)
     }
 
     pub(crate) fn get(&self) -> DataReads {
-        self.0.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.read().clone()
     }
 
     pub(crate) fn set(&self, reads: DataReads) {
-        let mut current = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.0.write();
         if *current != reads {
             tracing::info!(?reads, "replicated types the policies read");
             *current = reads;
@@ -347,10 +347,20 @@ fn path_at(text: &str) -> String {
 }
 
 /// The source with comments removed and string literals emptied (line
-/// structure kept).
+/// structure kept). The expressions of a template string (`{...}` in
+/// `$"..."` or `` $`...` ``) are code and stay; its text goes like a string's.
 fn strip_comments_and_strings(source: &str) -> String {
     let mut out = String::with_capacity(source.len());
-    let mut chars = source.chars().peekable();
+    strip_code(&mut source.chars().peekable(), &mut out, false);
+    out
+}
+
+type Chars<'a> = std::iter::Peekable<std::str::Chars<'a>>;
+
+/// Code to its end or, `in_template`, to the `}` that closes a template
+/// string's expression (written out, as are the braces of the code).
+fn strip_code(chars: &mut Chars<'_>, out: &mut String, in_template: bool) {
+    let mut depth = 0usize;
     while let Some(c) = chars.next() {
         match c {
             '#' => {
@@ -386,10 +396,51 @@ fn strip_comments_and_strings(source: &str) -> String {
                 }
                 out.push('`');
             }
+            '$' if matches!(chars.peek(), Some('"' | '`')) => {
+                let quote = chars.next().unwrap_or('"');
+                out.push('$');
+                out.push(quote);
+                strip_template(chars, out, quote);
+                out.push(quote);
+            }
+            '{' => {
+                depth += 1;
+                out.push('{');
+            }
+            '}' if in_template && depth == 0 => {
+                out.push('}');
+                return;
+            }
+            '}' => {
+                depth = depth.saturating_sub(1);
+                out.push('}');
+            }
             other => out.push(other),
         }
     }
-    out
+}
+
+/// A template string's text after its opening `quote`, through its closing
+/// one: `{` starts an expression (code), `\{` is a literal brace, and in
+/// `$"..."` a backslash escapes the character after it.
+fn strip_template(chars: &mut Chars<'_>, out: &mut String, quote: char) {
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if quote == '"' => {
+                chars.next();
+            }
+            '\\' => {
+                chars.next_if_eq(&'{');
+            }
+            c if c == quote => return,
+            '{' => {
+                out.push('{');
+                strip_code(chars, out, true);
+            }
+            '\n' => out.push('\n'),
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -513,6 +564,39 @@ y := data.a.c.rule
                 module: "m".into(),
                 package: "a.c".into()
             }]
+        );
+    }
+
+    #[test]
+    fn a_data_reference_inside_a_template_string_is_a_reference() {
+        // `$"..."` holds Rego expressions in `{...}`; `\{` is a literal brace
+        // and strings inside an expression are strings.
+        let main = r#"package a.main
+msg := $"allowed: {data.a.lib.allowed} \{data.not.this} {concat(",", ["data.nor.this"])}"
+raw := $`{data.a.other.rule}`
+"#;
+        let refs = scan(main);
+        assert_eq!(
+            refs.references,
+            BTreeSet::from(["a.lib.allowed".to_owned(), "a.other.rule".to_owned()])
+        );
+        let lib = "package a.lib\nallowed := true\n";
+        let set = BTreeMap::from([
+            ("cm/a.rego".to_owned(), main.to_owned()),
+            ("cm/b.rego".to_owned(), lib.to_owned()),
+        ]);
+        assert_eq!(load_order(&set), ["cm/b.rego", "cm/a.rego"]);
+        assert_eq!(
+            missing_packages(&set, &[]),
+            [Missing {
+                module: "cm/a.rego".into(),
+                package: "a.other".into()
+            }]
+        );
+        let reads = "package a\nm := $\"{count(data.kubernetes.nodes)}\"\n";
+        assert_eq!(
+            data_reads([reads], &["kubernetes"]),
+            DataReads::Types(["nodes".to_owned()].into())
         );
     }
 

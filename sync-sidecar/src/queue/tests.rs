@@ -20,9 +20,9 @@ async fn one_key_never_runs_twice_at_once_and_a_push_during_a_run_reruns_once() 
             let (l, r, g) = (l.clone(), r.clone(), g.clone());
             async move {
                 assert_eq!(r.fetch_add(1, Ordering::SeqCst), 0, "overlapping runs");
-                l.lock().unwrap().push(format!("start {key}"));
+                l.lock().push(format!("start {key}"));
                 g.acquire().await.unwrap().forget();
-                l.lock().unwrap().push(format!("end {key}"));
+                l.lock().push(format!("end {key}"));
                 r.fetch_sub(1, Ordering::SeqCst);
                 Ok::<(), String>(())
             }
@@ -33,7 +33,7 @@ async fn one_key_never_runs_twice_at_once_and_a_push_during_a_run_reruns_once() 
     );
     queue.push("a".to_owned());
     tokio::task::yield_now().await;
-    while log.lock().unwrap().is_empty() {
+    while log.lock().is_empty() {
         tokio::task::yield_now().await;
     }
     // Three pushes while the first run is in flight coalesce into one more run.
@@ -42,10 +42,7 @@ async fn one_key_never_runs_twice_at_once_and_a_push_during_a_run_reruns_once() 
     queue.push("a".to_owned());
     gate.add_permits(2);
     queue.wait_idle().await;
-    assert_eq!(
-        *log.lock().unwrap(),
-        ["start a", "end a", "start a", "end a"]
-    );
+    assert_eq!(*log.lock(), ["start a", "end a", "start a", "end a"]);
 }
 
 #[tokio::test]
@@ -86,7 +83,7 @@ async fn failures_retry_with_backoff_without_blocking_other_keys() {
                 if key == "bad" && a.fetch_add(1, Ordering::SeqCst) < 3 {
                     return Err("engine unavailable".to_owned());
                 }
-                l.lock().unwrap().push(key);
+                l.lock().push(key);
                 Ok(())
             }
         },
@@ -102,9 +99,9 @@ async fn failures_retry_with_backoff_without_blocking_other_keys() {
     queue.push("good".to_owned());
     tokio::time::sleep(Duration::from_millis(1)).await;
     // The good key ran while the bad one was backing off.
-    assert_eq!(*log.lock().unwrap(), ["good"]);
+    assert_eq!(*log.lock(), ["good"]);
     queue.wait_idle().await;
-    assert_eq!(*log.lock().unwrap(), ["good", "bad"]);
+    assert_eq!(*log.lock(), ["good", "bad"]);
     assert_eq!(attempts.load(Ordering::SeqCst), 4);
     assert!(started.elapsed() >= Duration::from_millis(300));
 }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::api::{Api, ApiResource, Patch, PatchParams};
+use kube::api::{Api, ApiResource, Patch};
 use kube::runtime::events::EventType;
 use policy_client::engine::QueryOutcome;
 use policy_client::karmada::{
@@ -27,8 +27,9 @@ use super::events::reference;
 use super::step::Step;
 use super::target::{BindingItem, Item, Kind, describe};
 use super::workloads::guarded_patch;
-use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
+use super::{Reconciler, now_rfc3339};
 use crate::error::SyncError;
+use crate::kube_writes::patch_params;
 use crate::reconcile::karmada::binding::{Binding, BindingWrite, Mode, Placement, placement, plan};
 use crate::reconcile::karmada::guard::{
     Due, Guarding, enforced_conditions, guard, guarded_view, outside_record, scheduler_said,
@@ -304,7 +305,7 @@ impl Reconciler {
             Guarding::Bounded { patch: None, .. } => outside_record(&item.raw),
             _ => BTreeSet::new(),
         };
-        let due = self.overdue().observe(
+        let due = self.overdue.lock().observe(
             &key,
             &outside,
             Instant::now(),
@@ -415,7 +416,7 @@ impl Reconciler {
             return Step::Aborted;
         }
         let api = self.binding_api(i, item);
-        let params = write_params();
+        let params = patch_params();
         let planned_from = item.binding.resource_version().map(str::to_owned);
         let patch = guarded_patch(&patch, planned_from.as_deref());
         match api
@@ -488,7 +489,7 @@ impl Reconciler {
         );
         match self.write_repair(i, item, members, &note).await {
             Ok(()) => {
-                self.overdue().forget(&key);
+                self.overdue.lock().forget(&key);
                 self.mark_in_flight(key, item.binding.resource_version().map(str::to_owned));
                 self.ctx.metrics.binding_schedule("repaired");
                 tracing::warn!(binding = %name, members = %members_text, "took members the placement policy forbids out of the binding");
@@ -499,7 +500,7 @@ impl Reconciler {
                 }
             }
             Err(SyncError::Kube(kube::Error::Api(s))) if s.code == 404 => {
-                self.overdue().forget(&key);
+                self.overdue.lock().forget(&key);
                 Step::Placed
             }
             Err(e) => {
@@ -522,7 +523,7 @@ impl Reconciler {
         note: &str,
     ) -> Result<(), SyncError> {
         let api = self.binding_api(i, item);
-        let params = write_params();
+        let params = patch_params();
         let patch = guarded_patch(
             &without_members(&item.raw, members),
             item.binding.resource_version(),
@@ -570,7 +571,7 @@ impl Reconciler {
         write: &BindingWrite,
     ) -> Result<(), SyncError> {
         let api = self.binding_api(i, item);
-        let params = write_params();
+        let params = patch_params();
         let key = (i, item.key.clone());
         let planned_from = item.binding.resource_version().map(str::to_owned);
         let mut resource_version = planned_from.clone();
@@ -623,14 +624,6 @@ impl Reconciler {
             }
             None => target.api.clone(),
         }
-    }
-}
-
-/// The reconciler's writes, under its field manager.
-fn write_params() -> PatchParams {
-    PatchParams {
-        field_manager: Some(FIELD_MANAGER.to_owned()),
-        ..PatchParams::default()
     }
 }
 

@@ -38,7 +38,9 @@
 //! an outage needs no one.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
@@ -126,7 +128,7 @@ impl Guard {
     /// that of the occurrence held since, when these moves are among the
     /// ones it was held with; a new one otherwise.
     pub(crate) fn occurrence(&self, moves: BTreeSet<String>) -> String {
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = self.held.lock();
         if let Some(occurrence) = held.as_mut()
             && moves.is_subset(&occurrence.moves)
         {
@@ -143,7 +145,7 @@ impl Guard {
     /// Nothing is held any more (applied, or nothing left to hold): the
     /// occurrence is over.
     pub(crate) fn release(&self) {
-        *self.held.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.held.lock() = None;
     }
 }
 

@@ -17,8 +17,8 @@ pub(crate) type ItemKey = (usize, ObjectKey);
 
 #[derive(Default)]
 pub(crate) struct Changes {
-    seen: std::sync::Mutex<HashMap<ItemKey, u64>>,
-    due: std::sync::Mutex<BTreeSet<ItemKey>>,
+    seen: parking_lot::Mutex<HashMap<ItemKey, u64>>,
+    due: parking_lot::Mutex<BTreeSet<ItemKey>>,
     pub(crate) notify: Notify,
 }
 
@@ -26,16 +26,9 @@ impl Changes {
     /// An object as watched, by the fingerprint of what decides its
     /// placement; `announce`: a new or changed fingerprint is due.
     pub(crate) fn observe(&self, key: ItemKey, fingerprint: u64, announce: bool) {
-        let before = self
-            .seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), fingerprint);
+        let before = self.seen.lock().insert(key.clone(), fingerprint);
         if announce && before != Some(fingerprint) {
-            self.due
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key);
+            self.due.lock().insert(key);
             self.notify.notify_one();
         }
     }
@@ -43,26 +36,17 @@ impl Changes {
     /// `key` is due: something it is decided from changed elsewhere (an OCM
     /// Placement's ManifestWorkReplicaSets or PlacementDecisions).
     pub(crate) fn due(&self, key: ItemKey) {
-        self.due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key);
+        self.due.lock().insert(key);
         self.notify.notify_one();
     }
 
     pub(crate) fn forget(&self, key: &ItemKey) {
-        self.seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
-        self.due
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(key);
+        self.seen.lock().remove(key);
+        self.due.lock().remove(key);
     }
 
     pub(crate) fn take(&self) -> BTreeSet<ItemKey> {
-        std::mem::take(&mut *self.due.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.due.lock())
     }
 }
 

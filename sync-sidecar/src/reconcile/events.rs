@@ -33,14 +33,14 @@ const NOTE_LIMIT: usize = 1000;
 
 pub(crate) struct PassEvents {
     recorder: Recorder,
-    queued: std::sync::Mutex<Vec<(ObjectReference, Event)>>,
+    queued: parking_lot::Mutex<Vec<(ObjectReference, Event)>>,
 }
 
 impl PassEvents {
     pub(crate) fn new(recorder: Recorder) -> Self {
         PassEvents {
             recorder,
-            queued: std::sync::Mutex::new(Vec::new()),
+            queued: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -60,14 +60,11 @@ impl PassEvents {
             action: action.to_owned(),
             secondary: None,
         };
-        self.queued
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((reference, event));
+        self.queued.lock().push((reference, event));
     }
 
     pub(crate) async fn publish(&self, cancel: &CancellationToken) {
-        let events = std::mem::take(&mut *self.queued.lock().unwrap_or_else(|e| e.into_inner()));
+        let events = std::mem::take(&mut *self.queued.lock());
         let publish = futures::stream::iter(events).for_each_concurrent(
             EVENT_CONCURRENCY,
             |(reference, event)| async move {

@@ -11,12 +11,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::writers::LeaderSettings;
+use crate::kube_writes::{FIELD_MANAGER, patch_params};
 use crate::metrics::Metrics;
 use policy_client::retry::Backoff;
 
@@ -71,7 +72,7 @@ async fn build(
         .with_identity(&settings.identity)
         .with_duration(duration)
         .with_grace(grace)
-        .with_field_manager("placement-sync")
+        .with_field_manager(FIELD_MANAGER)
         .build()
         .await
 }
@@ -171,14 +172,7 @@ impl AppliedRecord {
             serde_json::json!({"metadata": {"annotations": {APPLIED_ANNOTATION: revision}}});
         match self
             .api
-            .patch(
-                &self.name,
-                &PatchParams {
-                    field_manager: Some("placement-sync-remediator".to_owned()),
-                    ..PatchParams::default()
-                },
-                &Patch::Merge(&patch),
-            )
+            .patch(&self.name, &patch_params(), &Patch::Merge(&patch))
             .await
         {
             Ok(_) => true,

@@ -85,9 +85,6 @@ use crate::replication::revision::{ReplicatedTypes, configured_revision};
 use crate::replication::watched::{Need, Subscription, WatchedType};
 use crate::scope::{Scope, ScopeFilter, parse_label_selector};
 
-/// Field manager of the reconciler's writes.
-pub(crate) const FIELD_MANAGER: &str = "placement-sync-remediator";
-
 /// Now, as Kubernetes writes times in conditions (RFC 3339, seconds, UTC).
 pub(crate) fn now_rfc3339() -> String {
     serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
@@ -170,7 +167,7 @@ pub(crate) struct Reconciler {
     limiter: RateLimiter,
     /// Objects written from a resourceVersion the cache still shows: skipped
     /// until the cache catches up, so the same write is not sent twice.
-    in_flight: std::sync::Mutex<HashMap<ItemKey, String>>,
+    in_flight: parking_lot::Mutex<HashMap<ItemKey, String>>,
     /// Events of the running pass, published once its writes are done.
     events: PassEvents,
     /// Objects created or changed since they were last evaluated.
@@ -183,7 +180,7 @@ pub(crate) struct Reconciler {
     /// What the OCM decider reads besides its Placements.
     ocm: Option<placements::OcmState>,
     /// Since when guarded bindings deliver outside their record.
-    overdue: std::sync::Mutex<karmada::guard::Overdue>,
+    overdue: parking_lot::Mutex<karmada::guard::Overdue>,
 }
 
 /// The ownership keys of the reconciler's source; `None` when stopping first.
@@ -399,7 +396,7 @@ pub(crate) async fn run(
         user_info,
         keys,
         changes,
-        in_flight: std::sync::Mutex::new(HashMap::new()),
+        in_flight: parking_lot::Mutex::new(HashMap::new()),
         templates,
         karmada_clusters,
         propagation_policies,
@@ -460,10 +457,6 @@ impl Reconciler {
         )
     }
 
-    fn overdue(&self) -> std::sync::MutexGuard<'_, karmada::guard::Overdue> {
-        self.overdue.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn may_act(&self) -> bool {
         *self.ctx.leader.borrow() && self.ctx.state.is_ready()
     }
@@ -471,10 +464,7 @@ impl Reconciler {
     /// Note that `key` was written from `resource_version`.
     fn mark_in_flight(&self, key: ItemKey, resource_version: Option<String>) {
         if let Some(rv) = resource_version {
-            self.in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, rv);
+            self.in_flight.lock().insert(key, rv);
         }
     }
 
@@ -482,7 +472,6 @@ impl Reconciler {
     fn is_in_flight(&self, key: &ItemKey, resource_version: Option<&str>) -> bool {
         self.in_flight
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .get(key)
             .is_some_and(|rv| resource_version == Some(rv.as_str()))
     }
@@ -490,7 +479,6 @@ impl Reconciler {
     fn forget_caught_up(&self) {
         self.in_flight
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .retain(|(i, key), rv| self.targets[*i].resource_version(key).as_ref() == Some(rv));
     }
 

@@ -9,23 +9,24 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::Resource;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch};
 use kube::runtime::events::EventType;
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::Reconciler;
 use super::bindings::BindingEvaluation;
 use super::changes::ItemKey;
 use super::placements::PlacementEvaluation;
 use super::step::Step;
 use super::target::{Item, Kind, Target, describe};
 use super::workloads::{Assessment, assess, guarded_patch, is_placed};
-use super::{FIELD_MANAGER, Reconciler};
 use crate::cause::Causes;
 use crate::config::writers::RemediationMode;
 use crate::error::SyncError;
 use crate::hex::hex;
+use crate::kube_writes::patch_params;
 use crate::reconcile::blast::{self, Hold};
 use crate::replication::document::{ObjectKey, object_value};
 
@@ -621,10 +622,7 @@ impl Reconciler {
         };
         let rv = object.metadata.resource_version.clone();
         let guarded = guarded_patch(patch, rv.as_deref());
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
+        let params = patch_params();
         match api.patch(&name, &params, &Patch::<()>::Json(guarded)).await {
             Ok(_) => {
                 self.ctx.metrics.patch(true);

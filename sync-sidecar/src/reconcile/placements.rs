@@ -31,8 +31,9 @@ use super::changes::ItemKey;
 use super::events::reference;
 use super::step::Step;
 use super::target::{Item, Kind};
-use super::{FIELD_MANAGER, Reconciler, now_rfc3339};
+use super::{Reconciler, now_rfc3339};
 use crate::error::SyncError;
+use crate::kube_writes::{FIELD_MANAGER, patch_params};
 use crate::reconcile::ocm::clusters::{Candidates, Inventory, candidates};
 use crate::reconcile::ocm::decisions::{Outcome, PlacementWrite, choose, decided, plan};
 use crate::reconcile::ocm::item::{PlacementItem, Workload};
@@ -365,7 +366,7 @@ impl Reconciler {
     fn recheck(&self, key: ItemKey, at: Timestamp) {
         let Some(ocm) = &self.ocm else { return };
         {
-            let mut rechecks = ocm.rechecks.lock().unwrap_or_else(|e| e.into_inner());
+            let mut rechecks = ocm.rechecks.lock();
             if rechecks.get(&key).is_some_and(|t| *t <= at) {
                 return;
             }
@@ -405,10 +406,7 @@ impl Reconciler {
         let client = self.targets[i].api.clone().into_client();
         let decisions: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), namespace, &ocm.decisions.resource);
-        let params = PatchParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PatchParams::default()
-        };
+        let params = patch_params();
         let post = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
@@ -418,7 +416,6 @@ impl Reconciler {
             if !write.interim {
                 ocm.written
                     .lock()
-                    .unwrap_or_else(|e| e.into_inner())
                     .entry(ObjectKey::new(Some(namespace), name))
                     .or_default()
                     .extend(prints);

@@ -10,7 +10,8 @@
 //! (kube-controller-manager's `--unhealthy-zone-threshold`, below).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Mutex;
+
+use parking_lot::Mutex;
 
 use serde_json::Value;
 use tokio::time::Instant;
@@ -94,14 +95,10 @@ pub(crate) struct ClusterHealth {
 }
 
 impl ClusterHealth {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<(String, ObjectKey), Health>> {
-        self.clusters.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A cluster of type `resource` as watched now (one first seen did not
     /// turn (un)healthy: it is as it was).
     pub(crate) fn observe(&self, resource: &str, key: ObjectKey, healthy: bool, now: Instant) {
-        let mut clusters = self.lock();
+        let mut clusters = self.clusters.lock();
         let entry = clusters
             .entry((resource.to_owned(), key))
             .or_insert(Health {
@@ -117,18 +114,23 @@ impl ClusterHealth {
     }
 
     pub(crate) fn forget(&self, resource: &str, key: &ObjectKey) {
-        self.lock().remove(&(resource.to_owned(), key.clone()));
+        self.clusters
+            .lock()
+            .remove(&(resource.to_owned(), key.clone()));
     }
 
     /// Keep only the clusters of type `resource` that `keep` accepts (a
     /// relist: the others are gone).
     pub(crate) fn retain(&self, resource: &str, keep: impl Fn(&ObjectKey) -> bool) {
-        self.lock().retain(|(r, key), _| r != resource || keep(key));
+        self.clusters
+            .lock()
+            .retain(|(r, key), _| r != resource || keep(key));
     }
 
     /// The names of the clusters unhealthy now.
     pub(crate) fn unhealthy(&self) -> BTreeSet<String> {
-        self.lock()
+        self.clusters
+            .lock()
             .iter()
             .filter(|(_, h)| !h.healthy)
             .map(|((_, key), _)| key.name.clone())
@@ -138,7 +140,7 @@ impl ClusterHealth {
     /// The clusters that turned unhealthy within the rule's window (and still
     /// are), when they look like a partition under `rule`.
     pub(crate) fn partition(&self, rule: &PartitionRule, now: Instant) -> Option<Vec<String>> {
-        let clusters = self.lock();
+        let clusters = self.clusters.lock();
         let recent: Vec<String> = clusters
             .iter()
             .filter(|(_, h)| {

@@ -18,7 +18,9 @@ pub(crate) mod revision;
 pub(crate) mod watched;
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use policy_client::engine::PolicyEngine;
 use serde_json::Value;
@@ -143,7 +145,8 @@ impl TypeReplicator {
         if read {
             let cause =
                 classify::classify(self.cluster, resource, key, before.as_ref(), after.as_ref());
-            self.lock_causes()
+            self.causes
+                .lock()
                 .entry(key.clone())
                 .or_default()
                 .push(cause);
@@ -172,18 +175,14 @@ impl TypeReplicator {
         }
     }
 
-    fn lock_causes(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectKey, Vec<Cause>>> {
-        self.causes.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Ask for remediation with the causes of what was written (`key`, or
     /// the whole type), unless no policy can see this type: status heartbeats
     /// of an unread type must not re-query every workload.
     fn fire(&self, key: Option<&ObjectKey>) {
         let causes: Vec<Cause> = match key {
-            Some(key) => self.lock_causes().remove(key).unwrap_or_default(),
+            Some(key) => self.causes.lock().remove(key).unwrap_or_default(),
             None => {
-                let mut all: Vec<Cause> = std::mem::take(&mut *self.lock_causes())
+                let mut all: Vec<Cause> = std::mem::take(&mut *self.causes.lock())
                     .into_values()
                     .flatten()
                     .collect();

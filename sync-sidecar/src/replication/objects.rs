@@ -7,7 +7,8 @@
 //! collected aside and replaces the objects only once complete.
 
 use std::collections::BTreeMap;
-use std::sync::RwLock;
+
+use parking_lot::RwLock;
 
 use bytes::Bytes;
 use policy_client::engine::EncodedJson;
@@ -38,32 +39,24 @@ impl Default for TypeObjects {
 }
 
 impl TypeObjects {
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Objects> {
-        self.objects.write().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Objects> {
-        self.objects.read().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A watched add or update; the object as it was before.
     pub(crate) fn apply(&self, key: ObjectKey, json: Bytes) -> Option<Bytes> {
-        self.write().current.insert(key, json)
+        self.objects.write().current.insert(key, json)
     }
 
     /// A watched deletion; the object as it was.
     pub(crate) fn delete(&self, key: &ObjectKey) -> Option<Bytes> {
-        self.write().current.remove(key)
+        self.objects.write().current.remove(key)
     }
 
     /// A (re)list begins.
     pub(crate) fn list_started(&self) {
-        self.write().listing = Some(BTreeMap::new());
+        self.objects.write().listing = Some(BTreeMap::new());
     }
 
     /// One object of the list in progress.
     pub(crate) fn listed(&self, key: ObjectKey, json: Bytes) {
-        let mut objects = self.write();
+        let mut objects = self.objects.write();
         objects
             .listing
             .get_or_insert_with(BTreeMap::new)
@@ -74,7 +67,7 @@ impl TypeObjects {
     /// while disconnected disappear).
     pub(crate) fn list_done(&self) {
         {
-            let mut objects = self.write();
+            let mut objects = self.objects.write();
             let listing = objects.listing.take().unwrap_or_default();
             objects.current = listing;
         }
@@ -88,21 +81,27 @@ impl TypeObjects {
     }
 
     pub(crate) fn get(&self, key: &ObjectKey) -> Option<Bytes> {
-        self.read().current.get(key).cloned()
+        self.objects.read().current.get(key).cloned()
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.read().current.len()
+        self.objects.read().current.len()
     }
 
     /// How many objects `keep` accepts.
     pub(crate) fn count(&self, keep: impl Fn(&ObjectKey) -> bool) -> usize {
-        self.read().current.keys().filter(|k| keep(k)).count()
+        self.objects
+            .read()
+            .current
+            .keys()
+            .filter(|k| keep(k))
+            .count()
     }
 
     /// The objects `keep` accepts, each with its JSON (buffers shared).
     pub(crate) fn snapshot(&self, keep: impl Fn(&ObjectKey) -> bool) -> Vec<(ObjectKey, Bytes)> {
-        self.read()
+        self.objects
+            .read()
             .current
             .iter()
             .filter(|(k, _)| keep(k))
@@ -118,7 +117,7 @@ impl TypeObjects {
         namespaced: bool,
         keep: impl Fn(&ObjectKey) -> bool,
     ) -> (EncodedJson, usize) {
-        let objects = self.read();
+        let objects = self.objects.read();
         let kept = objects.current.iter().filter(|(key, _)| keep(key));
         let mut count = 0;
         let json =

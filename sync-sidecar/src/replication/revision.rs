@@ -11,7 +11,9 @@
 //! one); a different one, or a change held by the previous leader, is guarded.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use serde_json::Value;
 
@@ -34,7 +36,6 @@ impl ReplicatedTypes {
     pub(crate) fn register(&self, watched: Arc<WatchedType>, kind: Option<&'static ClusterKind>) {
         self.types
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .insert(watched.resource.plural.clone(), (kind, watched));
     }
 
@@ -44,7 +45,6 @@ impl ReplicatedTypes {
         let types: Vec<(String, Option<&'static ClusterKind>, Arc<WatchedType>)> = self
             .types
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .iter()
             .filter(|(plural, _)| reads.includes(plural))
             .map(|(plural, (kind, watched))| (plural.clone(), *kind, watched.clone()))

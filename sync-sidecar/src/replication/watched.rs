@@ -12,7 +12,9 @@
 //! ([`parse_label_selector`](crate::scope::parse_label_selector)).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -114,7 +116,7 @@ impl Subscription {
 impl TypeWatches {
     pub(crate) fn subscribe(&self, gvr: &Gvr, need: Need) -> Subscription {
         let (tx, changes) = mpsc::unbounded_channel();
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.slots.lock();
         let slot = slots.entry(gvr.clone()).or_insert_with(|| Slot {
             needs: Vec::new(),
             subscribers: Vec::new(),
@@ -140,7 +142,7 @@ impl TypeWatches {
         metrics: &Arc<Metrics>,
         cancel: &CancellationToken,
     ) {
-        let slots = self.slots.into_inner().unwrap_or_else(|e| e.into_inner());
+        let slots = self.slots.into_inner();
         for (gvr, slot) in slots {
             tasks.spawn(watch_type(
                 client.clone(),

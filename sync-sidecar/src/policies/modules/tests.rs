@@ -128,7 +128,7 @@ async fn reload_into_a_fresh_engine_restores_the_last_good_version() {
         data_roots: vec!["kubernetes".into()],
         decision: "io.k8s.federation.admission".into(),
         owners: owners(),
-        records: Mutex::new(set.records().clone()),
+        records: Mutex::new(set.records.lock().clone()),
     };
     let out = reloaded
         .sync(PLACEMENT, Some(&data(&[("main.rego", BROKEN)])), true)

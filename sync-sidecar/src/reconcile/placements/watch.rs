@@ -7,7 +7,9 @@
 //! are what deciding reads ([`OcmState`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
@@ -181,128 +183,43 @@ pub(crate) async fn start(
         mut replica_sets,
         sig,
     } = watches;
-    let mut found = Vec::new();
-    for sub in [
-        &mut decisions,
-        &mut clusters,
-        &mut sets,
-        &mut bindings,
-        &mut replica_sets,
-    ] {
-        let watched = tokio::select! {
-            w = sub.found() => w?,
-            _ = cancel.cancelled() => return None,
-        };
-        tokio::select! {
-            _ = watched.objects.wait_until_listed() => {}
-            _ = cancel.cancelled() => return None,
-        }
-        found.push(watched);
-    }
-    let sig = match sig {
-        Some(mut sub) => {
-            let watched = tokio::select! {
-                w = sub.found() => w?,
-                _ = cancel.cancelled() => return None,
-            };
-            // Only the store is read.
-            drop(sub.changes);
-            Some(watched)
-        }
-        None => None,
-    };
+    let found = listed(
+        [
+            &mut decisions,
+            &mut clusters,
+            &mut sets,
+            &mut bindings,
+            &mut replica_sets,
+        ],
+        cancel,
+    )
+    .await?;
+    let sig = sig_store(sig, cancel).await?;
     let written: Arc<Mutex<HashMap<ObjectKey, Vec<u64>>>> = Arc::default();
     let mut tasks = Vec::new();
     // Someone else's change of a decision: its Placement is due.
-    {
-        let (changes, written) = (changes.clone(), written.clone());
-        // The Placement of each decision, for its deletion.
-        let owners: Mutex<HashMap<ObjectKey, ObjectKey>> = Mutex::default();
-        tasks.push(follow(
-            decisions,
-            cancel.clone(),
-            move |key, object, announce| {
-                let mut owners = owners.lock().unwrap_or_else(|e| e.into_inner());
-                let Some(object) = object else {
-                    // Deleted (by the garbage collector with its Placement,
-                    // by the decider, or by someone): decided again.
-                    if let Some(placement) = owners.remove(key) {
-                        changes.due((placements, placement));
-                    }
-                    return;
-                };
-                let print = decision_fingerprint(
-                    object.pointer("/metadata/labels").unwrap_or(&Value::Null),
-                    object.pointer("/status/decisions").unwrap_or(&Value::Null),
-                );
-                let ours = {
-                    let mut written = written.lock().unwrap_or_else(|e| e.into_inner());
-                    match written.get_mut(key) {
-                        Some(prints) => match prints.iter().position(|p| *p == print) {
-                            Some(at) => {
-                                prints.remove(at);
-                                if prints.is_empty() {
-                                    written.remove(key);
-                                }
-                                true
-                            }
-                            None => false,
-                        },
-                        None => false,
-                    }
-                };
-                let Some(placement) = owner(key, object) else {
-                    return;
-                };
-                owners.insert(key.clone(), placement.clone());
-                if announce && !ours {
-                    changes.due((placements, placement));
-                }
-            },
-        ));
-    }
+    tasks.push(follow_decisions(
+        decisions,
+        placements,
+        changes.clone(),
+        written.clone(),
+        cancel,
+    ));
     // A change of what a ManifestWorkReplicaSet delivers: its Placements
     // (before and after) are due.
-    {
-        let changes = changes.clone();
-        let seen: Mutex<HashMap<ObjectKey, (Vec<ObjectKey>, u64)>> = Mutex::default();
-        tasks.push(follow(
-            replica_sets,
-            cancel.clone(),
-            move |key, object, announce| {
-                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-                let before = seen.remove(key);
-                let after = object.map(|o| replica_set_refs(key, o));
-                if announce && before.as_ref().map(|b| b.1) != after.as_ref().map(|a| a.1) {
-                    for placement in before.iter().chain(after.iter()).flat_map(|(r, _)| r) {
-                        changes.due((placements, placement.clone()));
-                    }
-                }
-                if let Some(after) = after {
-                    seen.insert(key.clone(), after);
-                }
-            },
-        ));
-    }
+    tasks.push(follow_replica_sets(
+        replica_sets,
+        placements,
+        changes.clone(),
+        cancel,
+    ));
     // A change of the clusters, sets or bindings: a pass over everything.
     for (sub, print) in [
         (clusters, cluster_fingerprint as fn(&Value) -> Value),
         (sets, spec_fingerprint),
         (bindings, spec_fingerprint),
     ] {
-        let trigger = trigger.clone();
-        let seen: Mutex<HashMap<ObjectKey, u64>> = Mutex::default();
-        tasks.push(follow(sub, cancel.clone(), move |key, object, announce| {
-            let now = object.map(|o| fingerprint(&print(o)));
-            let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
-            let before = match now {
-                Some(now) => seen.insert(key.clone(), now),
-                None => seen.remove(key),
-            };
-            if announce && before != now {
-                trigger.fire(Cause::Status);
-            }
-        }));
+        tasks.push(follow_inventory(sub, print, trigger.clone(), cancel));
     }
     let mut found = found.into_iter();
     let mut next = || found.next().expect("five watched types");
@@ -318,6 +235,146 @@ pub(crate) async fn start(
         cancel: cancel.clone(),
     };
     Some((state, tasks))
+}
+
+/// The stores of `subs`, each once found and listed, in order. `None` when
+/// stopping first.
+async fn listed(
+    subs: [&mut Subscription; 5],
+    cancel: &CancellationToken,
+) -> Option<Vec<Arc<WatchedType>>> {
+    let mut found = Vec::new();
+    for sub in subs {
+        let watched = tokio::select! {
+            w = sub.found() => w?,
+            _ = cancel.cancelled() => return None,
+        };
+        tokio::select! {
+            _ = watched.objects.wait_until_listed() => {}
+            _ = cancel.cancelled() => return None,
+        }
+        found.push(watched);
+    }
+    Some(found)
+}
+
+/// The store of the SIG-Multicluster PlacementDecisions, when they are
+/// published. `None` when stopping first.
+async fn sig_store(
+    sig: Option<Subscription>,
+    cancel: &CancellationToken,
+) -> Option<Option<Arc<WatchedType>>> {
+    let Some(mut sub) = sig else {
+        return Some(None);
+    };
+    let watched = tokio::select! {
+        w = sub.found() => w?,
+        _ = cancel.cancelled() => return None,
+    };
+    // Only the store is read.
+    drop(sub.changes);
+    Some(Some(watched))
+}
+
+/// Follow the PlacementDecisions: a change someone else made (not one of
+/// the decider's `written` prints) or a deletion makes its Placement due.
+fn follow_decisions(
+    decisions: Subscription,
+    placements: usize,
+    changes: Arc<Changes>,
+    written: Arc<Mutex<HashMap<ObjectKey, Vec<u64>>>>,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    // The Placement of each decision, for its deletion.
+    let owners: Mutex<HashMap<ObjectKey, ObjectKey>> = Mutex::default();
+    follow(decisions, cancel.clone(), move |key, object, announce| {
+        let mut owners = owners.lock();
+        let Some(object) = object else {
+            // Deleted (by the garbage collector with its Placement,
+            // by the decider, or by someone): decided again.
+            if let Some(placement) = owners.remove(key) {
+                changes.due((placements, placement));
+            }
+            return;
+        };
+        let print = decision_fingerprint(
+            object.pointer("/metadata/labels").unwrap_or(&Value::Null),
+            object.pointer("/status/decisions").unwrap_or(&Value::Null),
+        );
+        let ours = take_written(&mut written.lock(), key, print);
+        let Some(placement) = owner(key, object) else {
+            return;
+        };
+        owners.insert(key.clone(), placement.clone());
+        if announce && !ours {
+            changes.due((placements, placement));
+        }
+    })
+}
+
+/// Whether `print` is one the decider wrote to `key` (and now seen: taken).
+fn take_written(written: &mut HashMap<ObjectKey, Vec<u64>>, key: &ObjectKey, print: u64) -> bool {
+    let Some(prints) = written.get_mut(key) else {
+        return false;
+    };
+    let Some(at) = prints.iter().position(|p| *p == print) else {
+        return false;
+    };
+    prints.remove(at);
+    if prints.is_empty() {
+        written.remove(key);
+    }
+    true
+}
+
+/// Follow the ManifestWorkReplicaSets: a change of what one delivers makes
+/// its Placements (before and after) due.
+fn follow_replica_sets(
+    replica_sets: Subscription,
+    placements: usize,
+    changes: Arc<Changes>,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let seen: Mutex<HashMap<ObjectKey, (Vec<ObjectKey>, u64)>> = Mutex::default();
+    follow(
+        replica_sets,
+        cancel.clone(),
+        move |key, object, announce| {
+            let mut seen = seen.lock();
+            let before = seen.remove(key);
+            let after = object.map(|o| replica_set_refs(key, o));
+            if announce && before.as_ref().map(|b| b.1) != after.as_ref().map(|a| a.1) {
+                for placement in before.iter().chain(after.iter()).flat_map(|(r, _)| r) {
+                    changes.due((placements, placement.clone()));
+                }
+            }
+            if let Some(after) = after {
+                seen.insert(key.clone(), after);
+            }
+        },
+    )
+}
+
+/// Follow the clusters, sets or bindings: a change of `print` fires a pass
+/// over everything.
+fn follow_inventory(
+    sub: Subscription,
+    print: fn(&Value) -> Value,
+    trigger: Arc<Trigger>,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let seen: Mutex<HashMap<ObjectKey, u64>> = Mutex::default();
+    follow(sub, cancel.clone(), move |key, object, announce| {
+        let now = object.map(|o| fingerprint(&print(o)));
+        let mut seen = seen.lock();
+        let before = match now {
+            Some(now) => seen.insert(key.clone(), now),
+            None => seen.remove(key),
+        };
+        if announce && before != now {
+            trigger.fire(Cause::Status);
+        }
+    })
 }
 
 /// What selection reads of a set or a binding: its spec and labels, and

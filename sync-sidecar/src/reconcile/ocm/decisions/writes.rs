@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::grouping::new_object;
+use super::grouping::{Desired, new_object};
 use super::{
     ClusterDecision, Existing, MISCONFIGURED, Outcome, SATISFIED, decided, groups, objects,
 };
@@ -79,78 +79,22 @@ pub(crate) fn plan(
             candidates,
             left_out,
         } => {
-            let satisfied = if !left_out.is_empty() {
-                let message = format!(
-                    "The placement policy reports errors for workloads of the Placement, which are left out: its other workloads decide it, and placement-policy's delivery guard refuses the ManifestWorks of those left out on every cluster: {}",
-                    left_out.join("; ")
-                );
-                let satisfied = condition(false, "PolicyDenied", &message);
-                if changed(placement, SATISFIED, &satisfied) {
-                    write.events.push((false, "PolicyDenied", message));
-                }
-                satisfied
-            } else if chosen.is_empty() && *unscheduled == 0 && candidates.is_empty() {
-                condition(
-                    false,
-                    "NoManagedClusterMatched",
-                    "No ManagedCluster matches any of the cluster predicate",
-                )
-            } else if chosen.is_empty() && *unscheduled == 0 {
-                condition(
-                    false,
-                    "NoManagedClusterMatched",
-                    &format!(
-                        "The placement policy allows none of the ManagedClusters the Placement selects ({})",
-                        candidates.join(", ")
-                    ),
-                )
-            } else if *unscheduled > 0 {
-                condition(
-                    false,
-                    "NotAllDecisionsScheduled",
-                    &format!("{unscheduled} cluster decisions unscheduled"),
-                )
-            } else {
-                condition(
-                    true,
-                    "AllDecisionsScheduled",
-                    "All cluster decisions scheduled",
-                )
-            };
+            let satisfied = decided_condition(
+                placement,
+                chosen,
+                *unscheduled,
+                candidates,
+                left_out,
+                &mut write.events,
+            );
             (chosen.clone(), satisfied)
         }
         Outcome::Unsatisfied(u) => (Vec::new(), condition(false, u.reason, &u.message)),
         Outcome::Denied(errors) => {
-            let message = format!(
-                "The placement policy reports errors, so the Placement keeps its {} decisions until the policy gives a valid one: {}",
-                current.len(),
-                errors.join("; ")
-            );
-            let satisfied = condition(false, "PolicyDenied", &message);
-            write.placement_status = status_patch(
-                placement,
-                None,
-                &[satisfied.clone(), configured(&not_honoured)],
-                now,
-            );
-            if changed(placement, SATISFIED, &satisfied) {
-                write.events.push((false, "PolicyDenied", message));
-            }
-            return write;
+            return denied(placement, errors, current.len(), &not_honoured, now);
         }
         Outcome::Misconfigured(problem) => {
-            let message = format!(
-                "{problem}; the Placement keeps its {} decisions until it is fixed",
-                current.len()
-            );
-            let misconfigured = condition(true, "Misconfigured", &message);
-            let satisfied = condition(false, "Misconfigured", &message);
-            write.placement_status =
-                status_patch(placement, None, &[satisfied, misconfigured.clone()], now);
-            if changed(placement, MISCONFIGURED, &misconfigured) {
-                write.events.push((false, "Misconfigured", message));
-            }
-            return write;
+            return misconfigured(placement, problem, current.len(), now);
         }
     };
     let target: BTreeSet<String> = chosen.iter().map(|d| d.cluster_name.clone()).collect();
@@ -161,16 +105,7 @@ pub(crate) fn plan(
     // A change that adds and removes first writes both.
     let mut writing = chosen;
     if write.interim {
-        for e in existing {
-            for d in &e.decisions {
-                if removed.contains(&&d.cluster_name)
-                    && !writing.iter().any(|w| w.cluster_name == d.cluster_name)
-                {
-                    writing.push(d.clone());
-                }
-            }
-        }
-        writing.sort_by(|a, b| a.cluster_name.cmp(&b.cluster_name));
+        keep_removed(&mut writing, existing, &removed);
     }
     let groups = match groups(placement, &writing, clusters) {
         Ok(groups) => groups,
@@ -185,78 +120,9 @@ pub(crate) fn plan(
         }
     };
     let (desired, group_status) = objects(placement, &groups);
-    let by_name: BTreeMap<&str, &Existing> =
-        existing.iter().map(|e| (e.name.as_str(), e)).collect();
-    let mut adding = Vec::new();
-    let mut removing = Vec::new();
-    for d in &desired {
-        let status = json!({"status": {"decisions": d.decisions}});
-        match by_name.get(d.name.as_str()) {
-            None => {
-                write.create.push(new_object(placement, d));
-                adding.push((d.name.clone(), status));
-            }
-            Some(e) => {
-                if e.decisions != d.decisions {
-                    let before: BTreeSet<&String> =
-                        e.decisions.iter().map(|x| &x.cluster_name).collect();
-                    let adds = d
-                        .decisions
-                        .iter()
-                        .any(|x| !before.contains(&x.cluster_name));
-                    if adds {
-                        adding.push((d.name.clone(), status));
-                    } else {
-                        removing.push((d.name.clone(), status));
-                    }
-                }
-                let labels_differ = d.labels.iter().any(|(k, v)| e.labels.get(k) != Some(v));
-                if labels_differ {
-                    write
-                        .labels
-                        .push((d.name.clone(), json!({"metadata": {"labels": d.labels}})));
-                }
-            }
-        }
-    }
-    write.status = adding.into_iter().chain(removing).collect();
-    write.delete = existing
-        .iter()
-        .filter(|e| !desired.iter().any(|d| d.name == e.name))
-        .map(|e| e.name.clone())
-        .collect();
+    decision_writes(&mut write, placement, &desired, existing);
     if write.changes_decisions() {
-        let now_clusters: Vec<String> = if write.interim {
-            writing.iter().map(|d| d.cluster_name.clone()).collect()
-        } else {
-            target.iter().cloned().collect()
-        };
-        write.clusters = Some(now_clusters.clone());
-        let was: Vec<&String> = current.iter().collect();
-        let note = if write.interim {
-            format!(
-                "placement-policy decided [{}]; added [{}] first, removes [{}] next (was [{}])",
-                target.iter().cloned().collect::<Vec<_>>().join(", "),
-                added
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                removed
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-                join(&was)
-            )
-        } else {
-            format!(
-                "placement-policy decided [{}] (was [{}])",
-                now_clusters.join(", "),
-                join(&was)
-            )
-        };
-        write.events.push((true, "DecisionUpdate", note));
+        decision_update(&mut write, &writing, &target, &current, &added, &removed);
     }
     // The status follows the decisions once they are final.
     if !write.interim {
@@ -275,6 +141,195 @@ pub(crate) fn plan(
         );
     }
     write
+}
+
+/// The `PlacementSatisfied` condition of a decided Placement (an Event when
+/// workloads are left out and it changed).
+fn decided_condition(
+    placement: &Placement,
+    chosen: &[ClusterDecision],
+    unscheduled: usize,
+    candidates: &[String],
+    left_out: &[String],
+    events: &mut Vec<(bool, &'static str, String)>,
+) -> Value {
+    if !left_out.is_empty() {
+        let message = format!(
+            "The placement policy reports errors for workloads of the Placement, which are left out: its other workloads decide it, and placement-policy's delivery guard refuses the ManifestWorks of those left out on every cluster: {}",
+            left_out.join("; ")
+        );
+        let satisfied = condition(false, "PolicyDenied", &message);
+        if changed(placement, SATISFIED, &satisfied) {
+            events.push((false, "PolicyDenied", message));
+        }
+        satisfied
+    } else if chosen.is_empty() && unscheduled == 0 && candidates.is_empty() {
+        condition(
+            false,
+            "NoManagedClusterMatched",
+            "No ManagedCluster matches any of the cluster predicate",
+        )
+    } else if chosen.is_empty() && unscheduled == 0 {
+        condition(
+            false,
+            "NoManagedClusterMatched",
+            &format!(
+                "The placement policy allows none of the ManagedClusters the Placement selects ({})",
+                candidates.join(", ")
+            ),
+        )
+    } else if unscheduled > 0 {
+        condition(
+            false,
+            "NotAllDecisionsScheduled",
+            &format!("{unscheduled} cluster decisions unscheduled"),
+        )
+    } else {
+        condition(
+            true,
+            "AllDecisionsScheduled",
+            "All cluster decisions scheduled",
+        )
+    }
+}
+
+/// The policy reports errors: the Placement keeps its `kept` decisions and
+/// only its status says why.
+fn denied(
+    placement: &Placement,
+    errors: &[String],
+    kept: usize,
+    not_honoured: &[&str],
+    now: &str,
+) -> PlacementWrite {
+    let mut write = PlacementWrite::default();
+    let message = format!(
+        "The placement policy reports errors, so the Placement keeps its {} decisions until the policy gives a valid one: {}",
+        kept,
+        errors.join("; ")
+    );
+    let satisfied = condition(false, "PolicyDenied", &message);
+    write.placement_status = status_patch(
+        placement,
+        None,
+        &[satisfied.clone(), configured(not_honoured)],
+        now,
+    );
+    if changed(placement, SATISFIED, &satisfied) {
+        write.events.push((false, "PolicyDenied", message));
+    }
+    write
+}
+
+/// The Placement's configuration cannot be honoured: it keeps its `kept`
+/// decisions and only its status says why.
+fn misconfigured(placement: &Placement, problem: &str, kept: usize, now: &str) -> PlacementWrite {
+    let mut write = PlacementWrite::default();
+    let message = format!("{problem}; the Placement keeps its {kept} decisions until it is fixed");
+    let misconfigured = condition(true, "Misconfigured", &message);
+    let satisfied = condition(false, "Misconfigured", &message);
+    write.placement_status =
+        status_patch(placement, None, &[satisfied, misconfigured.clone()], now);
+    if changed(placement, MISCONFIGURED, &misconfigured) {
+        write.events.push((false, "Misconfigured", message));
+    }
+    write
+}
+
+/// Add to `writing` the `removed` clusters' decisions as `existing` has them
+/// (the first step of a change that adds and removes), sorted by cluster.
+fn keep_removed(writing: &mut Vec<ClusterDecision>, existing: &[Existing], removed: &[&String]) {
+    for e in existing {
+        for d in &e.decisions {
+            if removed.contains(&&d.cluster_name)
+                && !writing.iter().any(|w| w.cluster_name == d.cluster_name)
+            {
+                writing.push(d.clone());
+            }
+        }
+    }
+    writing.sort_by(|a, b| a.cluster_name.cmp(&b.cluster_name));
+}
+
+/// The creates, status and label patches and deletes that turn `existing`
+/// into `desired` (status patches that add clusters first).
+fn decision_writes(
+    write: &mut PlacementWrite,
+    placement: &Placement,
+    desired: &[Desired],
+    existing: &[Existing],
+) {
+    let by_name: BTreeMap<&str, &Existing> =
+        existing.iter().map(|e| (e.name.as_str(), e)).collect();
+    let mut adding = Vec::new();
+    let mut removing = Vec::new();
+    for d in desired {
+        let status = json!({"status": {"decisions": d.decisions}});
+        let Some(e) = by_name.get(d.name.as_str()) else {
+            write.create.push(new_object(placement, d));
+            adding.push((d.name.clone(), status));
+            continue;
+        };
+        if e.decisions != d.decisions {
+            let before: BTreeSet<&String> = e.decisions.iter().map(|x| &x.cluster_name).collect();
+            let adds = d
+                .decisions
+                .iter()
+                .any(|x| !before.contains(&x.cluster_name));
+            if adds {
+                adding.push((d.name.clone(), status));
+            } else {
+                removing.push((d.name.clone(), status));
+            }
+        }
+        let labels_differ = d.labels.iter().any(|(k, v)| e.labels.get(k) != Some(v));
+        if labels_differ {
+            write
+                .labels
+                .push((d.name.clone(), json!({"metadata": {"labels": d.labels}})));
+        }
+    }
+    write.status = adding.into_iter().chain(removing).collect();
+    write.delete = existing
+        .iter()
+        .filter(|e| !desired.iter().any(|d| d.name == e.name))
+        .map(|e| e.name.clone())
+        .collect();
+}
+
+/// The clusters the Placement has once `write` is stored, and its
+/// `DecisionUpdate` Event.
+fn decision_update(
+    write: &mut PlacementWrite,
+    writing: &[ClusterDecision],
+    target: &BTreeSet<String>,
+    current: &BTreeSet<String>,
+    added: &[&String],
+    removed: &[&String],
+) {
+    let now_clusters: Vec<String> = if write.interim {
+        writing.iter().map(|d| d.cluster_name.clone()).collect()
+    } else {
+        target.iter().cloned().collect()
+    };
+    write.clusters = Some(now_clusters.clone());
+    let was: Vec<&String> = current.iter().collect();
+    let note = if write.interim {
+        format!(
+            "placement-policy decided [{}]; added [{}] first, removes [{}] next (was [{}])",
+            target.iter().cloned().collect::<Vec<_>>().join(", "),
+            join(added),
+            join(removed),
+            join(&was)
+        )
+    } else {
+        format!(
+            "placement-policy decided [{}] (was [{}])",
+            now_clusters.join(", "),
+            join(&was)
+        )
+    };
+    write.events.push((true, "DecisionUpdate", note));
 }
 
 fn join(names: &[&String]) -> String {
