@@ -908,7 +908,10 @@ fn the_events_tables_name_every_event_reason_and_no_other() {
         assert!(emitted.len() > 5, "{src}: {emitted:?}");
         let text = read(&root.join(page));
         let events = section(&text, "### Events");
-        assert!(!events.is_empty(), "{page} has no Events section under its Reference");
+        assert!(
+            !events.is_empty(),
+            "{page} has no Events section under its Reference"
+        );
         let documented = documented_reasons(&events);
         for reason in emitted.difference(&documented) {
             problems.push(format!(
