@@ -469,20 +469,7 @@ async fn work_admission_latency(
         );
         let mut times = Vec::with_capacity(SAMPLES);
         for sample in 0..SAMPLES {
-            let mut work = api.get(&name).await?;
-            if let Some(annotations) = work
-                .data
-                .pointer_mut("/spec/workload/manifests/0/metadata")
-                .and_then(Value::as_object_mut)
-            {
-                let annotations = annotations
-                    .entry("annotations")
-                    .or_insert_with(|| json!({}));
-                annotations["bench.placement-policy.io/sample"] = json!(sample.to_string());
-            }
-            let started = Instant::now();
-            api.replace(&name, &PostParams::default(), &work).await?;
-            times.push(started.elapsed().as_secs_f64() * 1000.0);
+            times.push(time_work_write(&api, &name, sample).await?);
         }
         medians.push(median(&times));
     }
@@ -491,6 +478,32 @@ async fn work_admission_latency(
         plain_ms: medians[1],
         samples: SAMPLES,
     })
+}
+
+/// Milliseconds of one write of Work `name` with its first manifest annotated
+/// anew. Karmada's binding controller owns the Work and writes it back, so a
+/// write may meet a newer version (409): it is read again and retried, and
+/// only the write that lands is timed.
+async fn time_work_write(api: &Api<DynamicObject>, name: &str, sample: usize) -> Result<f64> {
+    const RETRIES: usize = 10;
+    let mut retries = 0;
+    loop {
+        let mut work = api.get(name).await?;
+        if let Some(metadata) = work
+            .data
+            .pointer_mut("/spec/workload/manifests/0/metadata")
+            .and_then(Value::as_object_mut)
+        {
+            let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
+            annotations["bench.placement-policy.io/sample"] = json!(sample.to_string());
+        }
+        let started = Instant::now();
+        match api.replace(name, &PostParams::default(), &work).await {
+            Ok(_) => return Ok(started.elapsed().as_secs_f64() * 1000.0),
+            Err(kube::Error::Api(e)) if e.code == 409 && retries < RETRIES => retries += 1,
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 /// Scenario 8 without Karmada: said in the report, never counted as met.
