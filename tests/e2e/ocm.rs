@@ -432,32 +432,6 @@ fn placement_condition(ocm: &Ocm, namespace: &str, name: &str, type_: &str) -> O
         .cloned()
 }
 
-/// The Events of the Placement `namespace/name`: (reason, message).
-fn placement_events(ocm: &Ocm, namespace: &str, name: &str) -> Vec<(String, String)> {
-    let text = ocm.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        &format!("involvedObject.kind=Placement,involvedObject.name={name}"),
-        "-o",
-        "json",
-    ]);
-    let list: Value = serde_json::from_str(&text).expect("event list JSON");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            (
-                e["reason"].as_str().unwrap_or_default().to_owned(),
-                e["message"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect()
-}
-
 /// The EU, PCI level 2 Deployment `web` delivered to the clusters of
 /// Placement `placement` by a ManifestWorkReplicaSet.
 fn eu_pci2_web(namespace: &str, placement: &str) -> Value {
@@ -917,12 +891,12 @@ fn ocm_a_forbidden_workload_gets_no_decision_and_the_placement_says_why() {
         "a PolicyDenied Event on the Placement",
         Duration::from_secs(60),
         || {
-            placement_events(ocm, &namespace, "vault")
+            ocm.events(&namespace, "Placement", "vault")
                 .iter()
                 .any(|(reason, message)| reason == "PolicyDenied" && message.contains(why))
                 .then_some(())
         },
-        || format!("{:?}", placement_events(ocm, &namespace, "vault")),
+        || format!("{:?}", ocm.events(&namespace, "Placement", "vault")),
     );
     assert!(decided(ocm, &namespace, "vault").is_empty());
     assert!(clusters_running(ocm, &namespace, "vault").is_empty());
@@ -1060,7 +1034,7 @@ fn ocm_a_placement_not_opted_in_stays_with_ocms_scheduler() {
             "{name}: {managers:?}"
         );
         assert!(
-            placement_events(ocm, &namespace, name)
+            ocm.events(&namespace, "Placement", name)
                 .iter()
                 .all(|(reason, _)| reason != "PolicyDenied" && !reason.is_empty())
         );

@@ -93,30 +93,6 @@ fn manifest_work(cluster: &str, name: &str, namespace: &str, manifests: &[&Value
     })
 }
 
-/// The Events of `kind` `namespace/name` on the hub: (reason, message).
-fn events_of(ocm: &Ocm, namespace: &str, kind: &str, name: &str) -> Vec<(String, String)> {
-    let text = ocm.kubectl_ok(&[
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        &format!("involvedObject.kind={kind},involvedObject.name={name}"),
-        "-o",
-        "json",
-    ]);
-    let list: Value = serde_json::from_str(&text).expect("event list JSON");
-    list["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
-            let text = |key: &str| e[key].as_str().unwrap_or_default().to_owned();
-            (text("reason"), text("message"))
-        })
-        .collect()
-}
-
 /// The ManifestWorks of ManifestWorkReplicaSet `namespace/name` in the
 /// cluster namespace `cluster` (by OCM's label).
 fn works_of(ocm: &Ocm, cluster: &str, namespace: &str, name: &str) -> Vec<Value> {
@@ -307,7 +283,7 @@ fn ocm_delivery_a_late_replica_set_on_a_shared_placement_never_reaches_a_forbidd
     eprintln!("ManifestWorkReplicaSet status: {status}");
     eprintln!(
         "Events: {:?}",
-        events_of(ocm, &ns, "ManifestWorkReplicaSet", "web")
+        ocm.events(&ns, "ManifestWorkReplicaSet", "web")
     );
     never_on(ocm, US, "deployment", &ns, "web", Duration::from_secs(5));
 }
@@ -377,7 +353,7 @@ fn ocm_delivery_a_second_placement_not_opted_in_delivers_nowhere_forbidden() {
         "a DeliveryDenied Event on the ManifestWorkReplicaSet",
         Duration::from_secs(60),
         || {
-            let events = events_of(ocm, &ns, "ManifestWorkReplicaSet", "web");
+            let events = ocm.events(&ns, "ManifestWorkReplicaSet", "web");
             events
                 .iter()
                 .any(|(reason, message)| {
@@ -392,7 +368,7 @@ fn ocm_delivery_a_second_placement_not_opted_in_delivers_nowhere_forbidden() {
         || {
             format!(
                 "{:?}\n{}",
-                events_of(ocm, &ns, "ManifestWorkReplicaSet", "web"),
+                ocm.events(&ns, "ManifestWorkReplicaSet", "web"),
                 decider.log_tail()
             )
         },

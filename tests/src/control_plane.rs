@@ -277,6 +277,32 @@ impl ControlPlane {
         crate::kubectl::kubectl_ok(&self.kubeconfig(Identity::Admin), args)
     }
 
+    /// Events on `kind` `namespace/name`, as `(reason, message)`.
+    pub fn events(&self, namespace: &str, kind: &str, name: &str) -> Vec<(String, String)> {
+        let text = self.kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &format!("involvedObject.kind={kind},involvedObject.name={name}"),
+            "-o",
+            "json",
+        ]);
+        let list: serde_json::Value = serde_json::from_str(&text).expect("event list JSON");
+        list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    e["reason"].as_str().unwrap_or_default().to_owned(),
+                    e["message"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    }
+
     fn wait_ready(&self) {
         wait_for("kube-apiserver /readyz", Duration::from_secs(180), || {
             {

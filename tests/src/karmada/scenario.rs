@@ -156,32 +156,6 @@ impl Karmada {
         );
     }
 
-    /// Events on an object, as `(reason, message)`.
-    pub fn events(&self, namespace: &str, kind: &str, name: &str) -> Vec<(String, String)> {
-        let text = self.kubectl_ok(&[
-            "get",
-            "events",
-            "-n",
-            namespace,
-            "--field-selector",
-            &format!("involvedObject.kind={kind},involvedObject.name={name}"),
-            "-o",
-            "json",
-        ]);
-        let list: Value = serde_json::from_str(&text).expect("event list JSON");
-        list["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|e| {
-                (
-                    e["reason"].as_str().unwrap_or_default().to_owned(),
-                    e["message"].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect()
-    }
-
     /// A policy namespace of its own (unique) holding `modules` (file name,
     /// Rego) as the policy ConfigMap `placement`; its name.
     pub fn policy_namespace_with(&self, modules: &[(String, String)]) -> String {
