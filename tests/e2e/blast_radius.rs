@@ -1428,7 +1428,7 @@ fn a_tenants_module_extending_the_shipped_package_is_refused() {
 /// id is refused with the ids held, and `confirm` of the id lets it through.
 #[test]
 fn kubectl_placement_explains_checks_and_confirms_a_held_change() {
-    use placement_tests::kubectl::kubectl_placement;
+    use placement_tests::kubectl::{explained_row, kubectl_placement};
     placement_tests::install_crypto();
     let runtime = placement_tests::current_thread_runtime();
     let plane = ControlPlane::start();
@@ -1486,15 +1486,7 @@ fn kubectl_placement_explains_checks_and_confirms_a_held_change() {
     let out = kubectl_placement(&admin, &["explain", "rs/web-0", "-n", &ns, &keys]);
     assert!(out.status.success(), "{out:?}");
     let explained = text(&out);
-    let line = |cluster: &str| {
-        explained
-            .lines()
-            .find(|l| l.starts_with(&format!("{cluster} ")))
-            .unwrap_or_else(|| panic!("no line for {cluster}:\n{explained}"))
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+    let line = |cluster: &str| explained_row(&explained, cluster);
     assert!(
         line("gce-europe-west1").starts_with("gce-europe-west1 yes running, in the EU (eu-jurisdiction-required), PCI compliance level 2 >= 2"),
         "{explained}"

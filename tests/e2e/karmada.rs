@@ -444,7 +444,7 @@ fn karmada_placement_policy_schedules_an_eu_pci_deployment_onto_the_eu_members()
 /// `status` says the set is in force and the scheduler's engine in sync.
 #[test]
 fn karmada_kubectl_placement_explains_an_eu_deployment_per_member() {
-    use placement_tests::kubectl::kubectl_placement;
+    use placement_tests::kubectl::{explained_row, kubectl_placement};
     let _serial = serial();
     let karmada = Karmada::shared();
     let scheduler = Scheduler::shipped(karmada);
@@ -465,14 +465,7 @@ fn karmada_kubectl_placement_explains_an_eu_deployment_per_member() {
         );
         assert!(out.status.success(), "{out:?}");
         let text = String::from_utf8_lossy(&out.stdout);
-        let line = |member: &str| {
-            text.lines()
-                .find(|l| l.starts_with(&format!("{member} ")))
-                .unwrap_or_else(|| panic!("no line for {member}:\n{text}"))
-                .split_whitespace()
-                .collect::<Vec<_>>()
-                .join(" ")
-        };
+        let line = |member: &str| explained_row(&text, member);
         assert!(
             line("member-eu-1").starts_with("member-eu-1 yes running, in the EU (eu-jurisdiction-required), PCI compliance level 2 >= 2"),
             "{text}"

@@ -590,7 +590,7 @@ fn ocm_decision_reasons_name_the_policys_rules() {
 /// in force and the decider's engine in sync.
 #[test]
 fn ocm_kubectl_placement_explains_a_placement_and_its_workload() {
-    use placement_tests::kubectl::kubectl_placement;
+    use placement_tests::kubectl::{explained_row, kubectl_placement};
     let _serial = serial();
     let ocm = Ocm::shared();
     let decider = Decider::start(ocm, &[]);
@@ -612,14 +612,7 @@ fn ocm_kubectl_placement_explains_a_placement_and_its_workload() {
     );
     assert!(out.status.success(), "{out:?}");
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = |cluster: &str| {
-        text.lines()
-            .find(|l| l.starts_with(&format!("{cluster} ")))
-            .unwrap_or_else(|| panic!("no line for {cluster}:\n{text}"))
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
+    let line = |cluster: &str| explained_row(&text, cluster);
     assert!(
         line("ocm-eu-1").starts_with("ocm-eu-1 yes running, in the EU"),
         "{text}"

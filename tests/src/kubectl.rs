@@ -171,3 +171,14 @@ pub fn kubectl_placement(kubeconfig: &Path, args: &[&str]) -> std::process::Outp
     );
     out
 }
+
+/// The row of `cluster` in the table `kubectl placement explain` printed in
+/// `text`, its columns joined by single spaces.
+pub fn explained_row(text: &str, cluster: &str) -> String {
+    text.lines()
+        .find(|l| l.starts_with(&format!("{cluster} ")))
+        .unwrap_or_else(|| panic!("no line for {cluster}:\n{text}"))
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
