@@ -19,7 +19,7 @@ use std::time::Duration;
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use policy_client::engine::{PolicyEngine, QueryOutcome};
-use policy_client::input::{PLACEMENT_INPUT_KEY, RequestMeta, policy_input};
+use policy_client::input::{PLACEMENT_INPUT_KEY, object_input};
 use policy_client::ownership_keys::OwnershipKeys;
 use policy_client::placement::{OWNERSHIP_ANNOTATION, Ownership, requested_annotations};
 use serde_json::{Value, json};
@@ -322,26 +322,8 @@ fn input_for(
     operation: &str,
     keys: &OwnershipKeys,
 ) -> Value {
-    let kind = json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
-    let gvr =
-        json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
-    policy_input(
-        object,
-        &RequestMeta {
-            uid: "",
-            operation,
-            kind: &kind,
-            resource: &gvr,
-            namespace: object
-                .pointer("/metadata/namespace")
-                .and_then(Value::as_str),
-            name: object.pointer("/metadata/name").and_then(Value::as_str),
-            user_info: &json!({"username": "kubectl-placement"}),
-            dry_run: true,
-            old_object: (operation == "UPDATE").then_some(object),
-            keys,
-        },
-    )
+    let user_info = json!({"username": "kubectl-placement"});
+    object_input(object, resource, operation, &user_info, true, keys)
 }
 
 async fn get(

@@ -176,6 +176,19 @@ pub fn stored_input(
     user_info: &Value,
     keys: &OwnershipKeys,
 ) -> Value {
+    object_input(object, resource, "UPDATE", user_info, false, keys)
+}
+
+/// The input for `object` (of type `resource`) written outside admission:
+/// an `operation` (`CREATE`, or `UPDATE` of itself) by `user_info`.
+pub fn object_input(
+    object: &Value,
+    resource: &kube::api::ApiResource,
+    operation: &str,
+    user_info: &Value,
+    dry_run: bool,
+    keys: &OwnershipKeys,
+) -> Value {
     let kind = json!({"group": resource.group, "version": resource.version, "kind": resource.kind});
     let gvr =
         json!({"group": resource.group, "version": resource.version, "resource": resource.plural});
@@ -183,7 +196,7 @@ pub fn stored_input(
         object,
         &RequestMeta {
             uid: "",
-            operation: "UPDATE",
+            operation,
             kind: &kind,
             resource: &gvr,
             namespace: object
@@ -191,8 +204,8 @@ pub fn stored_input(
                 .and_then(Value::as_str),
             name: object.pointer("/metadata/name").and_then(Value::as_str),
             user_info,
-            dry_run: false,
-            old_object: Some(object),
+            dry_run,
+            old_object: (operation == "UPDATE").then_some(object),
             keys,
         },
     )
