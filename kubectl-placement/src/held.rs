@@ -6,10 +6,10 @@
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
+use policy_client::configmaps::{ConfigMapFlags, ConfigMapKind, ConfigMapSelection};
 use serde_json::{Value, json};
 
-use crate::cli::{ConfirmArgs, Global, HeldArgs, Output};
+use crate::cli::{ConfirmArgs, Global, HeldArgs, Output, PluginEnv};
 use crate::error::PluginError;
 use crate::policy_set::{Selected, configmaps};
 use crate::table;
@@ -59,13 +59,20 @@ pub(crate) fn reported(configmaps: &[Selected], selection: &ConfigMapSelection) 
     held
 }
 
-pub(crate) async fn held(global: &Global, args: HeldArgs) -> Result<u8, PluginError> {
+/// A client of the cluster and the changes held now in the ConfigMaps
+/// `flags` select.
+async fn held_now(
+    global: &Global,
+    flags: &ConfigMapFlags<PluginEnv>,
+) -> Result<(kube::Client, Vec<Held>), PluginError> {
     let client = policy_client::kube_client::client(global.kubeconfig.as_deref()).await?;
-    let selection = args
-        .configmaps
-        .selection(true)
-        .map_err(PluginError::Usage)?;
+    let selection = flags.selection(true).map_err(PluginError::Usage)?;
     let held = reported(&configmaps(&client, &selection).await?, &selection);
+    Ok((client, held))
+}
+
+pub(crate) async fn held(global: &Global, args: HeldArgs) -> Result<u8, PluginError> {
+    let (_, held) = held_now(global, &args.configmaps).await?;
     if global.output == Output::Json {
         let reports: Vec<&Value> = held.iter().map(|h| &h.report).collect();
         println!(
@@ -141,12 +148,7 @@ fn render(held: &[Held]) -> String {
 }
 
 pub(crate) async fn confirm(global: &Global, args: ConfirmArgs) -> Result<u8, PluginError> {
-    let client = policy_client::kube_client::client(global.kubeconfig.as_deref()).await?;
-    let selection = args
-        .configmaps
-        .selection(true)
-        .map_err(PluginError::Usage)?;
-    let held = reported(&configmaps(&client, &selection).await?, &selection);
+    let (client, held) = held_now(global, &args.configmaps).await?;
     let id = args.id.trim();
     let Some(change) = held.iter().find(|h| h.id() == id) else {
         let now: Vec<&str> = held.iter().map(Held::id).collect();
