@@ -34,7 +34,10 @@ use placement_tests::karmada::{Karmada, delivery_configuration, guardrail_rules,
 use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
-use crate::common::{Bins, Contending, Sidecar, cpu_seconds, median, poll, start_webhook, vm_kib};
+use crate::common::{
+    Bins, Contending, Sidecar, cpu_seconds, http_get, median, metric_sum, poll, start_webhook,
+    vm_kib,
+};
 use crate::report::{Report, Status};
 
 const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
@@ -98,7 +101,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         &dir.join("webhook-certs"),
         &["127.0.0.1".into(), "localhost".into()],
     )?;
-    let (webhook, admission, _) = start_webhook(
+    let (webhook, admission, webhook_metrics) = start_webhook(
         bins,
         dir,
         &certs,
@@ -136,6 +139,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     // second in a run works in a fuller plane: the order alternates.
     let (mut natives, mut ourses, mut guardeds) = (Vec::new(), Vec::new(), Vec::new());
     let (mut queries, mut passes) = (0.0, 0.0);
+    let mut remembered = Remembered::default();
     for run in 0..settings.runs {
         let mut order = [NATIVE, OURS, GUARDED];
         order.rotate_left(run % 3);
@@ -159,6 +163,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         &namespace,
                         &format!("{GUARD_LABEL}=true"),
                     ]);
+                    let before = Remembered::read(webhook_metrics.port(), &sync)?;
                     guardeds.push(schedule_all(
                         &runtime,
                         &client,
@@ -168,6 +173,9 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         settings,
                         &guarded_pids,
                     )?);
+                    let during = Remembered::read(webhook_metrics.port(), &sync)?.since(&before);
+                    eprintln!("{namespace}: {during}");
+                    remembered.add(&during);
                 }
                 _ => {
                     let before = counted(&sync)?;
@@ -200,6 +208,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     ))?;
     let runs = settings.runs as f64;
     let (queries, passes) = (queries / runs, passes / runs);
+    remembered.scale(1.0 / runs);
     let native = Contending::median(&natives);
     let ours = Contending::median(&ourses);
     let memory = bed_memory(&[std::process::id()]);
@@ -259,7 +268,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
          the webhook {:.2} s, placement-sync {:.2} s, OPA {:.2} s (the webhook registered with Karmada's API server for \
          the Deployments and ResourceBindings of the guarded namespaces, and for the last hop (their bindings' writes and \
          their Works validated), remembering decisions while placement-sync announces OPA's writes, as in the chart's \
-         pod; placement-sync guarding their bindings).\n\n\
+         pod; placement-sync guarding their bindings). Per guarded run (means): {remembered}.\n\n\
          A binding write's admission: a write of a ResourceBinding whose placement the guardrail narrows (the \
          detector's rewrite with the PropagationPolicy's placement) takes {:.2} ms through Karmada's API server (median \
          of {} sequential writes), against {:.2} ms for the same write where no webhook is registered: +{:.2} ms. \
@@ -648,6 +657,61 @@ fn schedule_all(
         cpu,
         parts: used,
     })
+}
+
+/// What the guardrail's webhook remembered during a guarded run, and what
+/// made it forget: its decision memory's hits and misses, and placement-sync's
+/// writes to OPA (each one a new revision, which empties the memory).
+#[derive(Debug, Default, Clone, Copy)]
+struct Remembered {
+    hits: f64,
+    misses: f64,
+    engine_writes: f64,
+}
+
+impl Remembered {
+    fn read(webhook_metrics: u16, sync: &Sidecar) -> Result<Self> {
+        let (status, page) = http_get(webhook_metrics, "/metrics", None)?;
+        if status != 200 {
+            bail!("placement-webhook /metrics: HTTP {status}");
+        }
+        let sync_page = sync.metrics()?;
+        Ok(Remembered {
+            hits: metric_sum(&page, "placement_webhook_decision_cache_hits_total", &[]),
+            misses: metric_sum(&page, "placement_webhook_decision_cache_misses_total", &[]),
+            engine_writes: metric_sum(&sync_page, "placement_sync_engine_writes_total", &[]),
+        })
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        Remembered {
+            hits: self.hits - before.hits,
+            misses: self.misses - before.misses,
+            engine_writes: self.engine_writes - before.engine_writes,
+        }
+    }
+
+    fn add(&mut self, other: &Self) {
+        self.hits += other.hits;
+        self.misses += other.misses;
+        self.engine_writes += other.engine_writes;
+    }
+
+    fn scale(&mut self, by: f64) {
+        self.hits *= by;
+        self.misses *= by;
+        self.engine_writes *= by;
+    }
+}
+
+impl std::fmt::Display for Remembered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the webhook's decision memory answered {:.0} decisions and evaluated {:.0}; placement-sync wrote OPA {:.0} times",
+            self.hits, self.misses, self.engine_writes
+        )
+    }
 }
 
 /// The Works Karmada made of the Deployments of one namespace, counted by a

@@ -160,43 +160,65 @@ pub fn manifest_type(manifest: &Value) -> ApiResource {
 /// The policy input for a delivered `manifest`: the manifest as a template
 /// is placed everywhere else (an `UPDATE` of itself as stored, by no
 /// particular user), so a Work, a binding and the template itself get one
-/// answer to where it may run, without its placement request
-/// ([`without_request`]).
+/// answer to where it may run ([`as_template`]).
 pub fn manifest_input(manifest: &Value, keys: &OwnershipKeys) -> Value {
-    let manifest = &without_request(manifest);
+    let manifest = &as_template(manifest);
     stored_input(manifest, &manifest_type(manifest), &json!({}), keys)
 }
 
-/// `manifest` without its placement request: the placement annotation
-/// ([`PREFERENCES_ANNOTATION`]) and the ownership record
-/// ([`OWNERSHIP_ANNOTATION`]). Delivery asks where a manifest may run (its
-/// requirements decide that), not where it asked to: a manifest copied from
-/// a placed template carries the policy's earlier answer, whose record is
-/// bound to the template (its uid and creation time, which a delivered copy
-/// lacks), so it would read as the developer's request, and a request the
-/// policy no longer grants in full (a member relabelled) would refuse the
-/// manifest even on the members it may run on. Requests narrow where a
-/// workload runs, never widen it, so leaving them out never lets a manifest
-/// through that its requirements keep out.
-pub fn without_request(manifest: &Value) -> Cow<'_, Value> {
-    let carries = |key: &str| {
-        manifest
-            .pointer("/metadata/annotations")
-            .and_then(Value::as_object)
-            .is_some_and(|a| a.contains_key(key))
+/// `manifest` as its template was asked about: without its placement request
+/// and without the marks Karmada puts on what it delivers.
+///
+/// - The request: the placement annotation ([`PREFERENCES_ANNOTATION`]) and
+///   the ownership record ([`OWNERSHIP_ANNOTATION`]). Delivery asks where a
+///   manifest may run (its requirements decide that), not where it asked to:
+///   a manifest copied from a placed template carries the policy's earlier
+///   answer, whose record is bound to the template (its uid and creation
+///   time, which a delivered copy lacks), so it would read as the
+///   developer's request, and a request the policy no longer grants in full
+///   (a member relabelled) would refuse the manifest even on the members it
+///   may run on. Requests narrow where a workload runs, never widen it, so
+///   leaving them out never lets a manifest through that its requirements
+///   keep out.
+/// - Karmada's marks: the labels and annotations in Karmada's domains
+///   (`karmada.io/...`, `*.karmada.io/...`: the binding, Work, policy and
+///   template it came from) that Karmada adds to each copy, which the
+///   template was decided without. They name the copy (its Work, its
+///   execution namespace), so with them every copy was a decision of its own
+///   that no remembered answer could serve (two per Deployment on two
+///   members); requirements are never in Karmada's domains.
+pub fn as_template(manifest: &Value) -> Cow<'_, Value> {
+    let asked_without = |key: &str, of: &str| match of {
+        "annotations" => {
+            key == PREFERENCES_ANNOTATION || key == OWNERSHIP_ANNOTATION || karmadas_mark(key)
+        }
+        _ => karmadas_mark(key),
     };
-    if !carries(PREFERENCES_ANNOTATION) && !carries(OWNERSHIP_ANNOTATION) {
+    let carries = |of: &str| {
+        manifest
+            .pointer(&format!("/metadata/{of}"))
+            .and_then(Value::as_object)
+            .is_some_and(|m| m.keys().any(|k| asked_without(k, of)))
+    };
+    if !carries("annotations") && !carries("labels") {
         return Cow::Borrowed(manifest);
     }
     let mut stripped = manifest.clone();
-    if let Some(annotations) = stripped
-        .pointer_mut("/metadata/annotations")
-        .and_then(Value::as_object_mut)
-    {
-        annotations.remove(PREFERENCES_ANNOTATION);
-        annotations.remove(OWNERSHIP_ANNOTATION);
+    for of in ["annotations", "labels"] {
+        if let Some(map) = stripped
+            .pointer_mut(&format!("/metadata/{of}"))
+            .and_then(Value::as_object_mut)
+        {
+            map.retain(|k, _| !asked_without(k, of));
+        }
     }
     Cow::Owned(stripped)
+}
+
+/// Whether a label or annotation key is in Karmada's domains.
+fn karmadas_mark(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(domain, _)| domain == "karmada.io" || domain.ends_with(".karmada.io"))
 }
 
 /// Why a decision allows a manifest no member.

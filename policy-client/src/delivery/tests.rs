@@ -161,8 +161,51 @@ fn a_delivered_copy_is_asked_where_it_may_run_not_where_it_asked_to() {
         annotations["policy.federation.alpha.kubernetes.io/eu-jurisdiction-required"], "true",
         "its requirements stay"
     );
-    assert!(matches!(
-        without_request(&eu_statefulset()),
-        Cow::Borrowed(_)
+    assert!(matches!(as_template(&eu_statefulset()), Cow::Borrowed(_)));
+}
+
+#[test]
+fn karmadas_copies_of_a_template_are_asked_as_the_template_is() {
+    // What Karmada's binding controller writes into each member's Work: the
+    // template with marks naming the binding, the Work and its execution
+    // namespace, different for every member.
+    let copy_for = |member: &str| {
+        let mut copy = eu_statefulset();
+        let annotations = copy["metadata"]["annotations"].as_object_mut().unwrap();
+        annotations.insert(
+            "resourcebinding.karmada.io/name".into(),
+            json!("db-statefulset"),
+        );
+        annotations.insert(
+            "work.karmada.io/namespace".into(),
+            json!(format!("karmada-es-{member}")),
+        );
+        annotations.insert("resourcetemplate.karmada.io/uid".into(), json!("0b7e"));
+        copy["metadata"]["labels"] = json!({
+            "app": "db",
+            "propagationpolicy.karmada.io/permanent-id": "5c1d",
+            "karmada.io/managed": "true",
+        });
+        copy
+    };
+    let keys = OwnershipKeys::ephemeral().unwrap();
+    let template = manifest_input(&eu_statefulset(), &keys);
+    for member in ["member-eu-1", "member-eu-2"] {
+        let input = manifest_input(&copy_for(member), &keys);
+        assert_eq!(
+            input["metadata"]["annotations"], template["metadata"]["annotations"],
+            "{member}: the requirements and nothing of Karmada's"
+        );
+        assert_eq!(
+            input["metadata"]["labels"],
+            json!({"app": "db"}),
+            "{member}: the template's own labels stay"
+        );
+    }
+    // A requirement is never mistaken for a mark.
+    assert!(!karmadas_mark(
+        "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required"
     ));
+    assert!(!karmadas_mark("notkarmada.io/x"));
+    assert!(karmadas_mark("karmada.io/managed"));
 }

@@ -131,6 +131,9 @@ pub fn delivery_configuration(
             "matchConditions": [{
                 "name": "not-being-deleted",
                 "expression": "!has(object.metadata.deletionTimestamp)"
+            }, {
+                "name": "changes-the-spec",
+                "expression": "request.operation != 'UPDATE' || !has(object.spec) || !has(oldObject.spec) || object.spec != oldObject.spec"
             }]
         })
     };
