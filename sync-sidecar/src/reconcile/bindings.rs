@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, Patch};
-use kube::runtime::events::EventType;
 use policy_client::engine::QueryOutcome;
 use policy_client::karmada::{
     ALLOWED_CLUSTERS_ANNOTATION, TemplateRef, propagation_policy, template_input,
@@ -26,7 +25,7 @@ use super::changes::fingerprint;
 use super::events::reference;
 use super::step::Step;
 use super::target::{BindingItem, Item, Kind, describe};
-use super::workloads::guarded_patch;
+use super::writer::{Sent, Writer, is_gone};
 use super::{Reconciler, now_rfc3339};
 use crate::error::SyncError;
 use crate::kube_writes::patch_params;
@@ -337,23 +336,19 @@ impl Reconciler {
         };
         let failed = matches!(placement, Placement::Failed { .. });
         if write.is_empty() {
-            return if failed {
-                Step::Unplaceable
-            } else {
-                Step::Placed
-            };
+            return Step::unwritten(failed);
         }
         let key = (i, item.key.clone());
-        if self.is_in_flight(&key, item.binding.resource_version()) {
-            return Step::InFlight;
-        }
-        self.limiter.acquire().await;
-        if cancel.is_cancelled() || !self.may_act() {
-            return Step::Aborted;
-        }
         let name = describe(self.targets[i].resource(), Some(&item.key));
-        match self.write_binding(i, &item, &write).await {
-            Ok(()) => {
+        let sent = self.writer.send(
+            Some(&key),
+            item.binding.resource_version(),
+            cancel,
+            self.write_binding(i, &item, &write),
+        );
+        match sent.await {
+            Sent::Skipped(step) => step,
+            Sent::Done(()) => {
                 self.ctx
                     .metrics
                     .binding_schedule(if failed { "failed" } else { "scheduled" });
@@ -361,22 +356,12 @@ impl Reconciler {
                 if let Some((normal, reason, note)) = &write.event {
                     self.binding_events(&item, *normal, reason, note);
                 }
-                if failed {
-                    Step::Unplaceable
-                } else {
-                    Step::Stale {
-                        patched: true,
-                        failed: false,
-                    }
-                }
+                Step::written(failed)
             }
-            Err(e) => {
+            Sent::Failed(e) => {
                 self.ctx.metrics.binding_schedule("error");
                 tracing::warn!(binding = %name, error = %e, "writing the binding's placement failed; will retry");
-                Step::Stale {
-                    patched: false,
-                    failed: true,
-                }
+                Step::WRITE_FAILED
             }
         }
     }
@@ -408,42 +393,31 @@ impl Reconciler {
             } => (bound, patch),
         };
         let key = (i, item.key.clone());
-        if self.is_in_flight(&key, item.binding.resource_version()) {
-            return Step::InFlight;
-        }
-        self.limiter.acquire().await;
-        if cancel.is_cancelled() || !self.may_act() {
-            return Step::Aborted;
-        }
         let api = self.binding_api(i, item);
-        let params = patch_params();
-        let planned_from = item.binding.resource_version().map(str::to_owned);
-        let patch = guarded_patch(&patch, planned_from.as_deref());
-        match api
-            .patch(&item.key.name, &params, &Patch::<()>::Json(patch))
+        let planned_from = item.binding.resource_version();
+        let write = Writer::json_patch(&api, &item.key.name, &patch, planned_from);
+        match self
+            .writer
+            .send(Some(&key), planned_from, cancel, write)
             .await
         {
-            Ok(_) => {
+            Sent::Skipped(step) => step,
+            Sent::Done(_) => {
                 self.ctx.metrics.binding_schedule("bounded");
-                self.mark_in_flight(key, planned_from);
+                self.writer
+                    .mark_in_flight(key, planned_from.map(str::to_owned));
                 tracing::info!(binding = %name, allowed = %bound, "admitted the binding again with its placement bounded by the policy");
                 let note = format!(
                     "the placement policy now allows {bound}: the placement is admitted again with its cluster names bounded to them"
                 );
                 self.binding_events(item, true, "PlacementBounded", &note);
-                Step::Stale {
-                    patched: true,
-                    failed: false,
-                }
+                Step::written(false)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Step::Placed,
-            Err(e) => {
+            Sent::Failed(e) if is_gone(&e) => Step::Placed,
+            Sent::Failed(e) => {
                 self.ctx.metrics.binding_schedule("error");
                 tracing::warn!(binding = %name, error = %e, "admitting the binding again failed; will retry");
-                Step::Stale {
-                    patched: false,
-                    failed: true,
-                }
+                Step::WRITE_FAILED
             }
         }
     }
@@ -461,55 +435,34 @@ impl Reconciler {
         cancel: &CancellationToken,
     ) -> Step {
         let key = (i, item.key.clone());
-        if self.is_in_flight(&key, item.binding.resource_version()) {
-            return Step::InFlight;
-        }
-        self.limiter.acquire().await;
-        if cancel.is_cancelled() || !self.may_act() {
-            return Step::Aborted;
-        }
         let name = describe(self.targets[i].resource(), Some(&item.key));
         let members_text = members.iter().cloned().collect::<Vec<_>>().join(", ");
-        let allowed = item
-            .raw
-            .pointer("/metadata/annotations")
-            .and_then(|a| a.get(ALLOWED_CLUSTERS_ANNOTATION))
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let grace = self.ctx.karmada.reschedule_grace;
-        let note = format!(
-            "took {members_text} out of spec.clusters: the placement policy allows this binding's template only {}, and karmada-scheduler did not move its replicas within {} ({})",
-            if allowed.is_empty() {
-                "no cluster"
-            } else {
-                allowed
-            },
-            humantime::format_duration(Duration::from_secs(grace.as_secs().max(1))),
-            scheduler_said(&item.raw),
-        );
-        match self.write_repair(i, item, members, &note).await {
-            Ok(()) => {
+        let note = repair_note(&item.raw, &members_text, self.ctx.karmada.reschedule_grace);
+        let planned_from = item.binding.resource_version();
+        let write = self.write_repair(i, item, members, &note);
+        match self
+            .writer
+            .send(Some(&key), planned_from, cancel, write)
+            .await
+        {
+            Sent::Skipped(step) => step,
+            Sent::Done(()) => {
                 self.overdue.lock().forget(&key);
-                self.mark_in_flight(key, item.binding.resource_version().map(str::to_owned));
+                self.writer
+                    .mark_in_flight(key, planned_from.map(str::to_owned));
                 self.ctx.metrics.binding_schedule("repaired");
                 tracing::warn!(binding = %name, members = %members_text, "took members the placement policy forbids out of the binding");
                 self.binding_events(item, false, "ForbiddenClustersRemoved", &note);
-                Step::Stale {
-                    patched: true,
-                    failed: false,
-                }
+                Step::written(false)
             }
-            Err(SyncError::Kube(kube::Error::Api(s))) if s.code == 404 => {
+            Sent::Failed(e) if is_gone(&e) => {
                 self.overdue.lock().forget(&key);
                 Step::Placed
             }
-            Err(e) => {
+            Sent::Failed(e) => {
                 self.ctx.metrics.binding_schedule("error");
                 tracing::warn!(binding = %name, error = %e, "taking forbidden members out of the binding failed; will retry");
-                Step::Stale {
-                    patched: false,
-                    failed: true,
-                }
+                Step::WRITE_FAILED
             }
         }
     }
@@ -523,21 +476,20 @@ impl Reconciler {
         note: &str,
     ) -> Result<(), SyncError> {
         let api = self.binding_api(i, item);
-        let params = patch_params();
-        let patch = guarded_patch(
+        let updated = Writer::json_patch(
+            &api,
+            &item.key.name,
             &without_members(&item.raw, members),
             item.binding.resource_version(),
-        );
-        let updated = api
-            .patch(&item.key.name, &params, &Patch::<()>::Json(patch))
-            .await?;
+        )
+        .await?;
         let status = json!({
             "metadata": {"resourceVersion": updated.metadata.resource_version},
             "status": {"conditions": enforced_conditions(&item.raw, note, &now_rfc3339())},
         });
         // The condition says why; the repair itself is done when it fails.
         if let Err(e) = api
-            .patch_status(&item.key.name, &params, &Patch::Merge(&status))
+            .patch_status(&item.key.name, &patch_params(), &Patch::Merge(&status))
             .await
         {
             tracing::warn!(binding = %item.key, error = %e, "cannot write the PlacementPolicyEnforced condition");
@@ -547,18 +499,13 @@ impl Reconciler {
 
     /// Queue an Event on a binding and on its resource template.
     fn binding_events(&self, item: &BindingItem, normal: bool, reason: &str, note: &str) {
-        let type_ = if normal {
-            EventType::Normal
-        } else {
-            EventType::Warning
-        };
         let action = match item.mode {
             Mode::Schedule => "Schedule",
             Mode::Guard => "Guard",
         };
         for reference in [reference(&item.raw), template_reference(&item.binding)] {
-            self.events
-                .queue(reference, type_, reason, action, note.to_owned());
+            self.writer
+                .event(reference, normal, reason, action, note.to_owned());
         }
     }
 
@@ -593,7 +540,8 @@ impl Reconciler {
             let written = serde_json::to_value(&updated)?;
             self.changes
                 .observe(key.clone(), binding_fingerprint(&written), false);
-            self.mark_in_flight(key.clone(), planned_from.clone());
+            self.writer
+                .mark_in_flight(key.clone(), planned_from.clone());
         }
         if let Some(status) = &write.status {
             let mut patch = status.clone();
@@ -608,7 +556,7 @@ impl Reconciler {
             }
             api.patch_status(&item.key.name, &params, &Patch::Merge(&patch))
                 .await?;
-            self.mark_in_flight(key, planned_from);
+            self.writer.mark_in_flight(key, planned_from);
         }
         Ok(())
     }
@@ -625,6 +573,26 @@ impl Reconciler {
             None => target.api.clone(),
         }
     }
+}
+
+/// Why a repair took `members` out of a guarded binding (`raw`) after the
+/// grace karmada-scheduler had.
+fn repair_note(raw: &Value, members: &str, grace: Duration) -> String {
+    let allowed = raw
+        .pointer("/metadata/annotations")
+        .and_then(|a| a.get(ALLOWED_CLUSTERS_ANNOTATION))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    format!(
+        "took {members} out of spec.clusters: the placement policy allows this binding's template only {}, and karmada-scheduler did not move its replicas within {} ({})",
+        if allowed.is_empty() {
+            "no cluster"
+        } else {
+            allowed
+        },
+        humantime::format_duration(Duration::from_secs(grace.as_secs().max(1))),
+        scheduler_said(raw),
+    )
 }
 
 fn template_reference(binding: &Binding) -> ObjectReference {

@@ -46,8 +46,9 @@ mod schedule;
 mod step;
 mod target;
 mod workloads;
+mod writer;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -66,12 +67,11 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS, PROPAGATION_POLICY_TYPES};
-use changes::{Changes, ItemKey, follow};
-use events::PassEvents;
+use changes::{Changes, follow};
 pub(crate) use placements::OcmSubscriptions;
-use rate::RateLimiter;
 use schedule::{Observed, Plan, Schedule, Wake};
 use target::{Kind, Target};
+use writer::Writer;
 
 use crate::cause::Trigger;
 use crate::config::writers::{KarmadaSettings, OwnershipKeySource, RemediationMode};
@@ -164,12 +164,8 @@ pub(crate) struct Reconciler {
     user_info: Value,
     /// Sign and verify the ownership record.
     keys: SharedKeys,
-    limiter: RateLimiter,
-    /// Objects written from a resourceVersion the cache still shows: skipped
-    /// until the cache catches up, so the same write is not sent twice.
-    in_flight: parking_lot::Mutex<HashMap<ItemKey, String>>,
-    /// Events of the running pass, published once its writes are done.
-    events: PassEvents,
+    /// The one write step (in flight, rate limit, leadership, Events).
+    writer: Writer,
     /// Objects created or changed since they were last evaluated.
     changes: Arc<Changes>,
     /// Bindings' templates that are not among the watched workload types,
@@ -388,15 +384,18 @@ pub(crate) async fn run(
     let user_info = own_user_info(&ctx.client).await;
     let templates = Templates::new(ctx.client.clone());
     let reconciler = Reconciler {
-        limiter: RateLimiter::new(ctx.rate),
-        events: PassEvents::new(ctx.recorder.clone()),
+        writer: Writer::new(
+            ctx.rate,
+            ctx.recorder.clone(),
+            ctx.leader.clone(),
+            ctx.state.clone(),
+        ),
         ctx,
         targets,
         scope,
         user_info,
         keys,
         changes,
-        in_flight: parking_lot::Mutex::new(HashMap::new()),
         templates,
         karmada_clusters,
         propagation_policies,
@@ -457,31 +456,6 @@ impl Reconciler {
         )
     }
 
-    fn may_act(&self) -> bool {
-        *self.ctx.leader.borrow() && self.ctx.state.is_ready()
-    }
-
-    /// Note that `key` was written from `resource_version`.
-    fn mark_in_flight(&self, key: ItemKey, resource_version: Option<String>) {
-        if let Some(rv) = resource_version {
-            self.in_flight.lock().insert(key, rv);
-        }
-    }
-
-    /// Whether `key`, seen at `resource_version`, was written from it already.
-    fn is_in_flight(&self, key: &ItemKey, resource_version: Option<&str>) -> bool {
-        self.in_flight
-            .lock()
-            .get(key)
-            .is_some_and(|rv| resource_version == Some(rv.as_str()))
-    }
-
-    fn forget_caught_up(&self) {
-        self.in_flight
-            .lock()
-            .retain(|(i, key), rv| self.targets[*i].resource_version(key).as_ref() == Some(rv));
-    }
-
     /// Keep the targets placed until `cancel`: wait for work, let it
     /// settle, and pass over it when this replica may act.
     async fn run(&self, cancel: CancellationToken) {
@@ -501,7 +475,7 @@ impl Reconciler {
             if !sleep_or_cancel(schedule.quiet(self.ctx.debounce), &cancel).await {
                 return;
             }
-            if !self.may_act() {
+            if !self.writer.may_act() {
                 if !wait_to_act(&mut signals, &cancel).await {
                     return;
                 }

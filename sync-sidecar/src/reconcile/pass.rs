@@ -9,8 +9,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::Resource;
-use kube::api::{Api, DynamicObject, Patch};
-use kube::runtime::events::EventType;
+use kube::api::{Api, DynamicObject};
 use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -21,12 +20,11 @@ use super::changes::ItemKey;
 use super::placements::PlacementEvaluation;
 use super::step::Step;
 use super::target::{Item, Kind, Target, describe};
-use super::workloads::{Assessment, assess, guarded_patch, is_placed};
+use super::workloads::{Assessment, assess, is_placed};
+use super::writer::{Sent, Writer, is_gone};
 use crate::cause::Causes;
 use crate::config::writers::RemediationMode;
-use crate::error::SyncError;
 use crate::hex::hex;
-use crate::kube_writes::patch_params;
 use crate::reconcile::blast::{self, Hold};
 use crate::replication::document::{ObjectKey, object_value};
 
@@ -201,7 +199,7 @@ impl Reconciler {
         // The blast radius is weighed against every placed object in scope
         // (a pass over everything only).
         let placed_in_scope = items.iter().filter(|item| self.is_placed(item)).count();
-        self.forget_caught_up();
+        self.writer.forget_caught_up(&self.targets);
         // First every object is evaluated (concurrently), then the pass's
         // writes are weighed as one change before any is sent.
         let evaluations: Vec<Option<Evaluation>> = futures::stream::iter(items)
@@ -284,7 +282,7 @@ impl Reconciler {
                 }
             }
         }
-        self.events.publish(cancel).await;
+        self.writer.publish(cancel).await;
         // A retry saw a few objects: the gauges keep the last full pass's view.
         if !report.aborted && only.is_none() {
             let unresolved = match self.ctx.mode {
@@ -466,7 +464,7 @@ impl Reconciler {
     /// Ask the decision for one object and compare; `None` when the pass must
     /// stop (leadership or the engine's sync lost, or stopping).
     async fn evaluate(&self, item: Item, cancel: &CancellationToken) -> Option<Evaluation> {
-        if cancel.is_cancelled() || !self.may_act() {
+        if cancel.is_cancelled() || !self.writer.may_act() {
             return None;
         }
         let evaluation = match item {
@@ -478,7 +476,7 @@ impl Reconciler {
                 Evaluation::Placement(self.evaluate_placement(i, item).await)
             }
         };
-        if cancel.is_cancelled() || !self.may_act() {
+        if cancel.is_cancelled() || !self.writer.may_act() {
             return None;
         }
         Some(evaluation)
@@ -539,103 +537,68 @@ impl Reconciler {
                     "the placement policy reports errors for this object, so it keeps its current placement until the policy gives a valid one; fix: {}",
                     errors.join("; ")
                 );
-                self.workload_event(i, &object, EventType::Warning, "PlacementRejected", note);
+                self.workload_event(i, &object, false, "PlacementRejected", note);
                 Step::Unplaceable
             }
             Assessment::Stale { patch, changed } => match self.ctx.mode {
-                RemediationMode::Auto
-                    if ObjectKey::of(&object).is_some_and(|k| {
-                        self.is_in_flight(&(i, k), object.metadata.resource_version.as_deref())
-                    }) =>
-                {
-                    // Patched already; the cache has not seen the result yet.
-                    Step::InFlight
-                }
                 RemediationMode::Report => {
                     let note = format!(
                         "{} {name}: placement is stale; policy-owned annotations differ from the current decision: {}",
                         resource.kind,
                         changed.join(", ")
                     );
-                    self.workload_event(i, &object, EventType::Warning, "PlacementStale", note);
-                    Step::Stale {
-                        patched: false,
-                        failed: false,
-                    }
+                    self.workload_event(i, &object, false, "PlacementStale", note);
+                    Step::LEFT_STALE
                 }
                 RemediationMode::Auto => {
-                    self.limiter.acquire().await;
-                    if cancel.is_cancelled() || !self.may_act() {
-                        return Step::Aborted;
-                    }
-                    match self.patch_workload(i, &object, &patch).await {
-                        Ok(true) => {
-                            let note =
-                                format!("updated placement annotations: {}", changed.join(", "));
-                            self.workload_event(
-                                i,
-                                &object,
-                                EventType::Normal,
-                                "PlacementRemediated",
-                                note,
-                            );
-                            Step::Stale {
-                                patched: true,
-                                failed: false,
-                            }
-                        }
-                        Ok(false) => Step::Stale {
-                            patched: false,
-                            failed: false,
-                        },
-                        Err(e) => {
-                            tracing::warn!(object = %name, error = %e, "remediation patch failed; will retry");
-                            Step::Stale {
-                                patched: false,
-                                failed: true,
-                            }
-                        }
-                    }
+                    self.patch_workload(i, &object, &patch, &changed, cancel)
+                        .await
                 }
-                RemediationMode::Off => Step::Stale {
-                    patched: false,
-                    failed: false,
-                },
+                RemediationMode::Off => Step::LEFT_STALE,
             },
         }
     }
 
-    /// PATCH one workload; `Ok(false)` when it is gone.
+    /// PATCH one workload's placement annotations (`changed`) through the
+    /// write step.
     async fn patch_workload(
         &self,
         i: usize,
         object: &DynamicObject,
         patch: &json_patch::Patch,
-    ) -> Result<bool, SyncError> {
+        changed: &[String],
+        cancel: &CancellationToken,
+    ) -> Step {
         let target = &self.targets[i];
-        let name = object.metadata.name.clone().unwrap_or_default();
+        let name = describe(target.resource(), ObjectKey::of(object).as_ref());
         let api = match &object.metadata.namespace {
             Some(ns) => {
                 Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
             }
             None => target.api.clone(),
         };
-        let rv = object.metadata.resource_version.clone();
-        let guarded = guarded_patch(patch, rv.as_deref());
-        let params = patch_params();
-        match api.patch(&name, &params, &Patch::<()>::Json(guarded)).await {
-            Ok(_) => {
+        let key = ObjectKey::of(object).map(|k| (i, k));
+        let rv = object.metadata.resource_version.as_deref();
+        let object_name = object.metadata.name.clone().unwrap_or_default();
+        let write = Writer::json_patch(&api, &object_name, patch, rv);
+        match self.writer.send(key.as_ref(), rv, cancel, write).await {
+            Sent::Skipped(step) => step,
+            Sent::Done(_) => {
                 self.ctx.metrics.patch(true);
-                if let Some(key) = ObjectKey::of(object) {
-                    self.mark_in_flight((i, key), rv);
+                if let Some(key) = key {
+                    self.writer.mark_in_flight(key, rv.map(str::to_owned));
                 }
-                tracing::info!(object = %describe(target.resource(), ObjectKey::of(object).as_ref()), "remediated placement");
-                Ok(true)
+                tracing::info!(object = %name, "remediated placement");
+                let note = format!("updated placement annotations: {}", changed.join(", "));
+                self.workload_event(i, object, true, "PlacementRemediated", note);
+                Step::written(false)
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-            Err(e) => {
+            // Gone: nothing to remediate.
+            Sent::Failed(e) if is_gone(&e) => Step::LEFT_STALE,
+            Sent::Failed(e) => {
                 self.ctx.metrics.patch(false);
-                Err(e.into())
+                tracing::warn!(object = %name, error = %e, "remediation patch failed; will retry");
+                Step::WRITE_FAILED
             }
         }
     }
@@ -644,13 +607,13 @@ impl Reconciler {
         &self,
         i: usize,
         object: &DynamicObject,
-        type_: EventType,
+        normal: bool,
         reason: &str,
         note: String,
     ) {
         let reference = object.object_ref(self.targets[i].resource());
-        self.events
-            .queue(reference, type_, reason, "Remediate", note);
+        self.writer
+            .event(reference, normal, reason, "Remediate", note);
     }
 }
 

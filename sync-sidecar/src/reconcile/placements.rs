@@ -17,7 +17,6 @@ use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::events::EventType;
 use policy_client::delivery::manifest_input;
 use policy_client::input::PLACEMENT_INPUT_KEY;
 use serde_json::{Value, json};
@@ -31,6 +30,7 @@ use super::changes::ItemKey;
 use super::events::reference;
 use super::step::Step;
 use super::target::{Item, Kind};
+use super::writer::Sent;
 use super::{Reconciler, now_rfc3339};
 use crate::error::SyncError;
 use crate::kube_writes::{FIELD_MANAGER, patch_params};
@@ -313,51 +313,37 @@ impl Reconciler {
             self.recheck(key.clone(), at);
         }
         if write.is_empty() && sig.is_empty() {
-            return if failed {
-                Step::Unplaceable
-            } else {
-                Step::Placed
-            };
-        }
-        if self.is_in_flight(&key, item.placement.metadata.resource_version.as_deref()) {
-            return Step::InFlight;
-        }
-        self.limiter.acquire().await;
-        if cancel.is_cancelled() || !self.may_act() {
-            return Step::Aborted;
+            return Step::unwritten(failed);
         }
         let name = item.placement.describe();
-        match self.write_placement(i, &item, &write, &sig).await {
-            Ok(()) => {
+        let sent = self.writer.send(
+            Some(&key),
+            item.placement.metadata.resource_version.as_deref(),
+            cancel,
+            self.write_placement(i, &item, &write, &sig),
+        );
+        match sent.await {
+            Sent::Skipped(step) => step,
+            Sent::Done(()) => {
                 self.ctx
                     .metrics
                     .placement_decision(if failed { "failed" } else { "decided" });
                 tracing::info!(placement = %name, clusters = ?write.clusters, interim = write.interim, "decided placement");
                 for (normal, reason, note) in &write.events {
-                    let type_ = if *normal {
-                        EventType::Normal
-                    } else {
-                        EventType::Warning
-                    };
-                    self.events
-                        .queue(reference(&item.raw), type_, reason, "Decide", note.clone());
+                    self.writer.event(
+                        reference(&item.raw),
+                        *normal,
+                        reason,
+                        "Decide",
+                        note.clone(),
+                    );
                 }
-                if failed {
-                    Step::Unplaceable
-                } else {
-                    Step::Stale {
-                        patched: true,
-                        failed: false,
-                    }
-                }
+                Step::written(failed)
             }
-            Err(e) => {
+            Sent::Failed(e) => {
                 self.ctx.metrics.placement_decision("error");
                 tracing::warn!(placement = %name, error = %e, "writing the Placement's decisions failed; will retry");
-                Step::Stale {
-                    patched: false,
-                    failed: true,
-                }
+                Step::WRITE_FAILED
             }
         }
     }
@@ -486,7 +472,8 @@ impl Reconciler {
                     &Patch::Merge(&patch),
                 )
                 .await?;
-            self.mark_in_flight((i, item.key.clone()), planned_from);
+            self.writer
+                .mark_in_flight((i, item.key.clone()), planned_from);
         }
         if !sig.is_empty()
             && let Some(store) = &ocm.sig

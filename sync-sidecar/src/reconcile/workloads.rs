@@ -17,7 +17,7 @@ use policy_client::placement::{
     OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view,
 };
 use policy_client::verdict::{Plan, plan};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::changes::fingerprint;
 use crate::replication::watched::Need;
@@ -77,24 +77,6 @@ pub(crate) fn assess(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKey
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
     Assessment::Stale { patch, changed }
-}
-
-/// `patch` preceded by a test that the object is still at `resource_version`.
-pub(crate) fn guarded_patch(
-    patch: &json_patch::Patch,
-    resource_version: Option<&str>,
-) -> json_patch::Patch {
-    let mut ops = Vec::with_capacity(patch.0.len() + 1);
-    if let Some(rv) = resource_version {
-        // A test op built from JSON cannot fail to parse.
-        if let Ok(test) = serde_json::from_value::<json_patch::PatchOperation>(json!({
-            "op": "test", "path": "/metadata/resourceVersion", "value": rv
-        })) {
-            ops.push(test);
-        }
-    }
-    ops.extend(patch.0.iter().cloned());
-    json_patch::Patch(ops)
 }
 
 /// The object carries a placement the policy wrote (its ownership record).
