@@ -152,6 +152,16 @@ impl Writer {
     }
 }
 
+/// Now, as Kubernetes writes times in conditions (RFC 3339, seconds, UTC).
+pub(crate) fn now_rfc3339() -> String {
+    serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::now(),
+    ))
+    .ok()
+    .and_then(|v| v.as_str().map(str::to_owned))
+    .unwrap_or_default()
+}
+
 /// `patch` preceded by a test that the object is still at `resource_version`.
 pub(crate) fn guarded_patch(
     patch: &json_patch::Patch,
@@ -173,6 +183,13 @@ pub(crate) fn guarded_patch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_are_written_as_kubernetes_writes_them() {
+        let t = now_rfc3339();
+        assert_eq!(t.len(), "2026-11-25T10:00:00Z".len(), "{t}");
+        assert!(t.ends_with('Z'));
+    }
 
     #[test]
     fn guarded_patch_tests_the_resource_version_first() {

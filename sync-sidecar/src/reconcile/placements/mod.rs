@@ -9,6 +9,7 @@
 //! Its watches are in [`watch`], the per-pass view of the hub it decides
 //! from in [`hub`].
 
+mod evaluation;
 mod hub;
 mod watch;
 
@@ -23,83 +24,46 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use self::evaluation::PlacementEvaluation;
+use self::evaluation::{Planned, Verdict};
 use self::hub::delivered;
 pub(crate) use self::watch::{OcmState, OcmSubscriptions, placement_fingerprint, start};
 use self::watch::{decision_fingerprint, replica_set_refs};
-use super::changes::ItemKey;
-use super::events::reference;
-use super::step::Step;
-use super::target::{Item, Kind};
-use super::writer::Sent;
-use super::{Reconciler, now_rfc3339};
 use crate::error::SyncError;
 use crate::kube_writes::{FIELD_MANAGER, patch_params};
+use crate::reconcile::changes::ItemKey;
+use crate::reconcile::common::Common;
+use crate::reconcile::events::reference;
 use crate::reconcile::ocm::clusters::{Candidates, Inventory, candidates};
 use crate::reconcile::ocm::decisions::{Outcome, PlacementWrite, choose, decided, plan};
 use crate::reconcile::ocm::item::{PlacementItem, Workload};
 use crate::reconcile::ocm::placement::Placement;
 use crate::reconcile::ocm::policy::{Allowed, Subject, combine, read};
 use crate::reconcile::ocm::sig::{self, SliceWrite};
+use crate::reconcile::per_target::TargetReconciler;
+use crate::reconcile::step::Step;
+use crate::reconcile::target::Kind;
+use crate::reconcile::writer::{Sent, now_rfc3339};
 use crate::replication::document::ObjectKey;
 
-/// One Placement's evaluation, before anything is written.
-pub(crate) struct PlacementEvaluation {
-    pub(crate) i: usize,
-    pub(crate) item: Arc<PlacementItem>,
-    verdict: Verdict,
+/// The OCM Placements' reconciler (the decider).
+pub(crate) struct Placements {
+    /// What the decider reads besides its Placements.
+    pub(crate) ocm: OcmState,
 }
 
-enum Verdict {
-    /// A query failed: retried.
-    Failed,
-    /// The engine has no decision yet: nothing to write.
-    Nothing,
-    Planned(Box<Planned>),
-}
+impl TargetReconciler for Placements {
+    type Item = Arc<PlacementItem>;
+    type Evaluation = PlacementEvaluation;
 
-struct Planned {
-    write: PlacementWrite,
-    sig: SliceWrite,
-    /// The policy reports errors, or the Placement is misconfigured: its
-    /// decisions stay as they are.
-    failed: bool,
-    /// When a toleration runs out.
-    recheck: Option<Timestamp>,
-}
-
-impl PlacementEvaluation {
-    /// Whether this would remove a cluster the Placement has.
-    pub(crate) fn replaces_a_placement(&self) -> bool {
-        self.item.is_placed() && !self.clusters_taken_out().is_empty()
-    }
-
-    /// The clusters the Placement has that this change (with its later
-    /// step, when this is the first of two) takes out.
-    pub(crate) fn clusters_taken_out(&self) -> BTreeSet<String> {
-        match &self.verdict {
-            Verdict::Planned(p) => p.write.removes.clone(),
-            _ => BTreeSet::new(),
-        }
-    }
-
-    /// What this moves, for the fingerprint of a held move: the clusters
-    /// taken out, the same in both steps of a change that adds first.
-    pub(crate) fn moved(&self) -> serde_json::Result<Vec<u8>> {
-        serde_json::to_vec(&self.clusters_taken_out())
-    }
-}
-
-impl Reconciler {
     /// The Placements of `only` (or every one of ours), with what deciding
     /// them reads.
-    pub(super) fn placements(&self, only: Option<&BTreeSet<ItemKey>>) -> Vec<Item> {
-        let Some(ocm) = &self.ocm else {
-            return Vec::new();
-        };
+    fn items(&self, c: &Common, only: Option<&BTreeSet<ItemKey>>) -> Vec<(usize, Self::Item)> {
+        let ocm = &self.ocm;
         let namespaces: Option<BTreeSet<String>> = only.map(|keys| {
             keys.iter()
                 .filter(|(i, _)| {
-                    self.targets
+                    c.targets
                         .get(*i)
                         .is_some_and(|t| t.kind == Kind::Placements)
                 })
@@ -111,13 +75,13 @@ impl Reconciler {
         }
         let hub = ocm.hub(namespaces.as_ref());
         let empty = Arc::new(Inventory::default());
-        self.cached_items(
+        c.cached_items(
             only,
             |t| t.kind == Kind::Placements,
             |_| true,
             |i, key, json| {
                 let placement = Placement::parse(json).ok()?;
-                if placement.skip(&self.ctx.karmada.scheduler_name).is_some() {
+                if placement.skip(&c.ctx.karmada.scheduler_name).is_some() {
                     return None;
                 }
                 let raw: Value = serde_json::from_slice(json).ok()?;
@@ -126,33 +90,91 @@ impl Reconciler {
                     .get(&placement.metadata.namespace)
                     .cloned()
                     .unwrap_or_else(|| empty.clone());
-                Some(Item::Placement(
-                    i,
-                    Arc::new(PlacementItem {
-                        existing: hub.decisions.get(&key).cloned().unwrap_or_default(),
-                        workloads: hub.workloads.get(&key).cloned().unwrap_or_default(),
-                        sig: hub.sig.get(&key).cloned().unwrap_or_default(),
-                        inventory,
-                        key,
-                        raw,
-                        placement,
-                    }),
-                ))
+                let item = PlacementItem {
+                    existing: hub.decisions.get(&key).cloned().unwrap_or_default(),
+                    workloads: hub.workloads.get(&key).cloned().unwrap_or_default(),
+                    sig: hub.sig.get(&key).cloned().unwrap_or_default(),
+                    inventory,
+                    key,
+                    raw,
+                    placement,
+                };
+                Some((i, Arc::new(item)))
             },
         )
     }
 
+    fn is_placed(&self, item: &Self::Item) -> bool {
+        item.is_placed()
+    }
+
     /// Ask the decision for each subject of a Placement and plan its writes.
-    pub(super) async fn evaluate_placement(
-        &self,
-        i: usize,
-        item: Arc<PlacementItem>,
-    ) -> PlacementEvaluation {
-        let verdict = self.placement_verdict(i, &item).await;
+    async fn evaluate(&self, c: &Common, i: usize, item: Self::Item) -> PlacementEvaluation {
+        let verdict = self.placement_verdict(c, i, &item).await;
         PlacementEvaluation { i, item, verdict }
     }
 
-    async fn placement_verdict(&self, i: usize, item: &PlacementItem) -> Verdict {
+    /// Act on one Placement's evaluation: write its decisions and status.
+    async fn act(
+        &self,
+        c: &Common,
+        evaluation: PlacementEvaluation,
+        cancel: &CancellationToken,
+    ) -> Step {
+        let PlacementEvaluation { i, item, verdict } = evaluation;
+        let Planned {
+            write,
+            sig,
+            failed,
+            recheck,
+        } = match verdict {
+            Verdict::Failed => return Step::Failed,
+            Verdict::Nothing => return Step::Undefined,
+            Verdict::Planned(planned) => *planned,
+        };
+        let key = (i, item.key.clone());
+        if let Some(at) = recheck {
+            self.recheck(c, key.clone(), at);
+        }
+        if write.is_empty() && sig.is_empty() {
+            return Step::unwritten(failed);
+        }
+        let name = item.placement.describe();
+        let sent = c.writer.send(
+            Some(&key),
+            item.placement.metadata.resource_version.as_deref(),
+            cancel,
+            self.write_placement(c, i, &item, &write, &sig),
+        );
+        match sent.await {
+            Sent::Skipped(step) => step,
+            Sent::Done(()) => {
+                c.ctx
+                    .metrics
+                    .placement_decision(if failed { "failed" } else { "decided" });
+                tracing::info!(placement = %name, clusters = ?write.clusters, interim = write.interim, "decided placement");
+                for (normal, reason, note) in &write.events {
+                    c.writer.event(
+                        reference(&item.raw),
+                        *normal,
+                        reason,
+                        "Decide",
+                        note.clone(),
+                    );
+                }
+                Step::written(failed)
+            }
+            Sent::Failed(e) => {
+                c.ctx.metrics.placement_decision("error");
+                tracing::warn!(placement = %name, error = %e, "writing the Placement's decisions failed; will retry");
+                Step::WRITE_FAILED
+            }
+        }
+    }
+}
+
+impl Placements {
+    async fn placement_verdict(&self, c: &Common, i: usize, item: &PlacementItem) -> Verdict {
         let placement = &item.placement;
         let now = Timestamp::now();
         let current = decided(&item.existing);
@@ -161,7 +183,7 @@ impl Reconciler {
         let found = found.map(|(c, _)| c);
         // The policy is asked only when there are clusters to decide.
         let allowed = match &found {
-            Ok(Candidates::Clusters(_)) => match self.allowed(i, item, &current).await {
+            Ok(Candidates::Clusters(_)) => match self.allowed(c, i, item, &current).await {
                 Some(allowed) => allowed,
                 None => return Verdict::Failed,
             },
@@ -179,13 +201,10 @@ impl Reconciler {
             &item.inventory.clusters,
             &now_rfc3339(),
         );
-        let sig = match (&self.ocm, &write.decided) {
-            (Some(ocm), Some(decided)) if ocm.sig.is_some() => sig::plan(
-                placement,
-                decided,
-                &self.ctx.karmada.scheduler_name,
-                &item.sig,
-            ),
+        let sig = match &write.decided {
+            Some(decided) if self.ocm.sig.is_some() => {
+                sig::plan(placement, decided, &c.ctx.karmada.scheduler_name, &item.sig)
+            }
             _ => SliceWrite::default(),
         };
         Verdict::Planned(Box::new(Planned {
@@ -201,14 +220,11 @@ impl Reconciler {
     /// decisions at once, so they must not precede a ManifestWorkReplicaSet
     /// created before or with the Placement whose watch event is still on the
     /// way. `None` when the read failed.
-    async fn workloads_read(&self, placement: &ObjectKey) -> Option<Vec<Workload>> {
-        let ocm = self.ocm.as_ref()?;
+    async fn workloads_read(&self, c: &Common, placement: &ObjectKey) -> Option<Vec<Workload>> {
+        let ocm = &self.ocm;
         let namespace = placement.namespace.as_deref()?;
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.ctx.client.clone(),
-            namespace,
-            &ocm.replica_sets.resource,
-        );
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(c.ctx.client.clone(), namespace, &ocm.replica_sets.resource);
         let list = match api.list(&Default::default()).await {
             Ok(list) => list,
             Err(e) => {
@@ -237,13 +253,14 @@ impl Reconciler {
     /// decision (`current` empty) the workloads are read from the API server.
     async fn allowed(
         &self,
+        c: &Common,
         i: usize,
         item: &PlacementItem,
         current: &BTreeSet<String>,
     ) -> Option<Allowed> {
         let read_now;
         let workloads = if current.is_empty() {
-            read_now = self.workloads_read(&item.key).await?;
+            read_now = self.workloads_read(c, &item.key).await?;
             &read_now
         } else {
             &item.workloads
@@ -255,7 +272,7 @@ impl Reconciler {
             }
             input
         };
-        let keys = self.keys.current();
+        let keys = c.keys.current();
         // Each workload as the delivery guard asks about it: the manifest
         // as the template (one question wherever a manifest is delivered).
         let mut inputs: Vec<(Subject, &Value, Value)> = workloads
@@ -265,7 +282,7 @@ impl Reconciler {
                 (w.subject.clone(), &w.manifest, with_placement(input))
             })
             .collect();
-        let own = self.update_input(&item.raw, self.targets[i].resource());
+        let own = c.update_input(&item.raw, c.targets[i].resource());
         inputs.push((
             Subject::placement(format!("Placement {}", item.placement.describe())),
             &item.raw,
@@ -273,14 +290,9 @@ impl Reconciler {
         ));
         let mut answers = Vec::with_capacity(inputs.len());
         for (subject, object, input) in inputs {
-            let deadline = Instant::now() + self.ctx.query_timeout;
-            self.ctx.metrics.remediation_queries.inc();
-            match self
-                .ctx
-                .engine
-                .query(&self.ctx.decision, &input, deadline)
-                .await
-            {
+            let deadline = Instant::now() + c.ctx.query_timeout;
+            c.ctx.metrics.remediation_queries.inc();
+            match c.ctx.engine.query(&c.ctx.decision, &input, deadline).await {
                 Ok(outcome) => answers.push((subject, read(object, &outcome, &keys))),
                 Err(e) => {
                     tracing::warn!(placement = %item.placement.describe(), subject = %subject.name, error = %e, "placement query failed");
@@ -291,66 +303,9 @@ impl Reconciler {
         Some(combine(&answers))
     }
 
-    /// Act on one Placement's evaluation: write its decisions and status.
-    pub(super) async fn act_placement(
-        &self,
-        evaluation: PlacementEvaluation,
-        cancel: &CancellationToken,
-    ) -> Step {
-        let PlacementEvaluation { i, item, verdict } = evaluation;
-        let Planned {
-            write,
-            sig,
-            failed,
-            recheck,
-        } = match verdict {
-            Verdict::Failed => return Step::Failed,
-            Verdict::Nothing => return Step::Undefined,
-            Verdict::Planned(planned) => *planned,
-        };
-        let key = (i, item.key.clone());
-        if let Some(at) = recheck {
-            self.recheck(key.clone(), at);
-        }
-        if write.is_empty() && sig.is_empty() {
-            return Step::unwritten(failed);
-        }
-        let name = item.placement.describe();
-        let sent = self.writer.send(
-            Some(&key),
-            item.placement.metadata.resource_version.as_deref(),
-            cancel,
-            self.write_placement(i, &item, &write, &sig),
-        );
-        match sent.await {
-            Sent::Skipped(step) => step,
-            Sent::Done(()) => {
-                self.ctx
-                    .metrics
-                    .placement_decision(if failed { "failed" } else { "decided" });
-                tracing::info!(placement = %name, clusters = ?write.clusters, interim = write.interim, "decided placement");
-                for (normal, reason, note) in &write.events {
-                    self.writer.event(
-                        reference(&item.raw),
-                        *normal,
-                        reason,
-                        "Decide",
-                        note.clone(),
-                    );
-                }
-                Step::written(failed)
-            }
-            Sent::Failed(e) => {
-                self.ctx.metrics.placement_decision("error");
-                tracing::warn!(placement = %name, error = %e, "writing the Placement's decisions failed; will retry");
-                Step::WRITE_FAILED
-            }
-        }
-    }
-
     /// Decide `key` again at `at` (a toleration runs out then), once.
-    fn recheck(&self, key: ItemKey, at: Timestamp) {
-        let Some(ocm) = &self.ocm else { return };
+    fn recheck(&self, c: &Common, key: ItemKey, at: Timestamp) {
+        let ocm = &self.ocm;
         {
             let mut rechecks = ocm.rechecks.lock();
             if rechecks.get(&key).is_some_and(|t| *t <= at) {
@@ -363,7 +318,7 @@ impl Reconciler {
             .try_into()
             .unwrap_or(std::time::Duration::ZERO)
             + std::time::Duration::from_secs(1);
-        let changes = self.changes.clone();
+        let changes = c.changes.clone();
         let cancel = ocm.cancel.clone();
         tokio::spawn(async move {
             tokio::select! {
@@ -379,17 +334,15 @@ impl Reconciler {
     /// the SIG-Multicluster decisions.
     async fn write_placement(
         &self,
+        c: &Common,
         i: usize,
         item: &PlacementItem,
         write: &PlacementWrite,
         sig: &SliceWrite,
     ) -> Result<(), SyncError> {
-        let ocm = self
-            .ocm
-            .as_ref()
-            .expect("placements are decided with OCM's watches");
+        let ocm = &self.ocm;
         let namespace = item.placement.metadata.namespace.as_str();
-        let client = self.targets[i].api.clone().into_client();
+        let client = c.targets[i].api.clone().into_client();
         let decisions: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), namespace, &ocm.decisions.resource);
         let params = patch_params();
@@ -461,7 +414,7 @@ impl Reconciler {
         }
         if let Some(status) = &write.placement_status {
             let placements: Api<DynamicObject> =
-                Api::namespaced_with(client.clone(), namespace, self.targets[i].resource());
+                Api::namespaced_with(client.clone(), namespace, c.targets[i].resource());
             let mut patch = status.clone();
             let planned_from = item.placement.metadata.resource_version.clone();
             patch["metadata"] = json!({"resourceVersion": planned_from});
@@ -472,8 +425,7 @@ impl Reconciler {
                     &Patch::Merge(&patch),
                 )
                 .await?;
-            self.writer
-                .mark_in_flight((i, item.key.clone()), planned_from);
+            c.writer.mark_in_flight((i, item.key.clone()), planned_from);
         }
         if !sig.is_empty()
             && let Some(store) = &ocm.sig

@@ -1,4 +1,4 @@
-//! Workloads as a target of the reconciler: the placement annotations of the
+//! What the reconciler decides of a workload: the placement annotations of the
 //! objects the webhook evaluates. A workload is stale when its policy-owned
 //! annotations differ from what the decision for its developer view asks;
 //! `auto` mode PATCHes them (with a `test` of the resourceVersion the patch
@@ -19,7 +19,7 @@ use policy_client::placement::{
 use policy_client::verdict::{Plan, plan};
 use serde_json::Value;
 
-use super::changes::fingerprint;
+use crate::reconcile::changes::fingerprint;
 use crate::replication::watched::Need;
 use crate::scope::Scope;
 
