@@ -36,6 +36,31 @@ pub(crate) struct Common {
 }
 
 impl Common {
+    pub(crate) fn new(
+        ctx: ReconcilerContext,
+        targets: Vec<Target>,
+        scope: ScopeFilter,
+        user_info: Value,
+        keys: SharedKeys,
+        changes: Arc<Changes>,
+    ) -> Common {
+        let writer = Writer::new(
+            ctx.rate,
+            ctx.recorder.clone(),
+            ctx.leader.clone(),
+            ctx.state.clone(),
+        );
+        Common {
+            ctx,
+            targets,
+            scope,
+            user_info,
+            keys,
+            writer,
+            changes,
+        }
+    }
+
     /// The policy input: what the webhook will be asked when this object is
     /// written (an UPDATE by this reconciler, the stored object as
     /// `oldObject`), so both get the same answer.

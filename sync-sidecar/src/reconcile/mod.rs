@@ -77,7 +77,6 @@ use placements::Placements;
 use start::Watched;
 use target::Kind;
 use workloads::Workloads;
-use writer::Writer;
 
 use crate::config::writers::RemediationMode;
 use crate::error::SyncError;
@@ -149,24 +148,13 @@ pub(crate) async fn run(
         return Ok(());
     }
     let placements = match ocm_watches {
-        Some(others) => {
-            let placements = targets
-                .iter()
-                .position(|t| t.kind == Kind::Placements)
-                .expect("the Placements are a target when the decider is on");
-            let started = placements::start(
-                others,
-                placements,
-                changes.clone(),
-                ctx.trigger.clone(),
-                &cancel,
-            );
-            let Some((ocm, tasks)) = started.await else {
-                return Ok(());
-            };
-            watchers.extend(tasks);
-            Some(Placements { ocm })
-        }
+        Some(others) => match start::ocm(others, &targets, &changes, &ctx, &cancel).await {
+            Some((ocm, tasks)) => {
+                watchers.extend(tasks);
+                Some(Placements { ocm })
+            }
+            None => return Ok(()),
+        },
         None => None,
     };
     let bindings = Bindings {
@@ -175,20 +163,9 @@ pub(crate) async fn run(
         propagation_policies,
         overdue: Default::default(),
     };
-    let common = Common {
-        scope: ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await,
-        user_info: start::own_user_info(&ctx.client).await,
-        writer: Writer::new(
-            ctx.rate,
-            ctx.recorder.clone(),
-            ctx.leader.clone(),
-            ctx.state.clone(),
-        ),
-        ctx,
-        targets,
-        keys,
-        changes,
-    };
+    let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
+    let user_info = start::own_user_info(&ctx.client).await;
+    let common = Common::new(ctx, targets, scope, user_info, keys, changes);
     let pass = Pass {
         common,
         workloads: Workloads,

@@ -17,7 +17,7 @@ use super::bindings::{self, PropagationPolicies};
 use super::changes::{Changes, follow};
 use super::context::ReconcilerContext;
 use super::karmada::binding::{Binding, Mode};
-use super::placements;
+use super::placements::{self, OcmState, OcmWatches};
 use super::target::{Kind, Target};
 use super::workloads;
 use crate::config::writers::{KarmadaSettings, OwnershipKeySource};
@@ -239,4 +239,27 @@ pub(crate) async fn own_user_info(client: &Client) -> Value {
             Value::Object(Default::default())
         }
     }
+}
+
+/// The OCM decider's watches, started over the Placements' target; `None`
+/// when stopping first.
+pub(crate) async fn ocm(
+    others: OcmWatches,
+    targets: &[Target],
+    changes: &Arc<Changes>,
+    ctx: &ReconcilerContext,
+    cancel: &CancellationToken,
+) -> Option<(OcmState, Vec<JoinHandle<()>>)> {
+    let placements = targets
+        .iter()
+        .position(|t| t.kind == Kind::Placements)
+        .expect("the Placements are a target when the decider is on");
+    placements::start(
+        others,
+        placements,
+        changes.clone(),
+        ctx.trigger.clone(),
+        cancel,
+    )
+    .await
 }

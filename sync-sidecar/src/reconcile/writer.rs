@@ -152,6 +152,16 @@ impl Writer {
     }
 }
 
+/// `result` as done also when the API answered `code` (the object exists
+/// already, or is gone).
+pub(crate) fn tolerate<T>(code: u16, result: Result<T, kube::Error>) -> Result<(), SyncError> {
+    match result {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == code => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// Now, as Kubernetes writes times in conditions (RFC 3339, seconds, UTC).
 pub(crate) fn now_rfc3339() -> String {
     serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(

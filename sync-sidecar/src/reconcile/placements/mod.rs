@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch};
 use policy_client::delivery::manifest_input;
 use policy_client::input::PLACEMENT_INPUT_KEY;
 use serde_json::{Value, json};
@@ -27,10 +27,12 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use self::evaluation::PlacementEvaluation;
 use self::evaluation::{Planned, Verdict};
 use self::hub::delivered;
-pub(crate) use self::watch::{OcmState, OcmSubscriptions, placement_fingerprint, start};
+pub(crate) use self::watch::{
+    OcmState, OcmSubscriptions, OcmWatches, placement_fingerprint, start,
+};
 use self::watch::{decision_fingerprint, replica_set_refs};
 use crate::error::SyncError;
-use crate::kube_writes::{FIELD_MANAGER, patch_params};
+use crate::kube_writes::{apply_params, patch_params, post_params};
 use crate::reconcile::changes::ItemKey;
 use crate::reconcile::common::Common;
 use crate::reconcile::events::reference;
@@ -43,7 +45,7 @@ use crate::reconcile::ocm::sig::{self, SliceWrite};
 use crate::reconcile::per_target::TargetReconciler;
 use crate::reconcile::step::Step;
 use crate::reconcile::target::Kind;
-use crate::reconcile::writer::{Sent, now_rfc3339};
+use crate::reconcile::writer::{Sent, now_rfc3339, tolerate};
 use crate::replication::document::ObjectKey;
 
 /// The OCM Placements' reconciler (the decider).
@@ -340,78 +342,11 @@ impl Placements {
         write: &PlacementWrite,
         sig: &SliceWrite,
     ) -> Result<(), SyncError> {
-        let ocm = &self.ocm;
         let namespace = item.placement.metadata.namespace.as_str();
         let client = c.targets[i].api.clone().into_client();
         let decisions: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), namespace, &ocm.decisions.resource);
-        let params = patch_params();
-        let post = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        let expect = |name: &str, prints: Vec<u64>| {
-            // An interim step is followed by the watch of its result.
-            if !write.interim {
-                ocm.written
-                    .lock()
-                    .entry(ObjectKey::new(Some(namespace), name))
-                    .or_default()
-                    .extend(prints);
-            }
-        };
-        let labels_of = |name: &str| -> Value {
-            write
-                .create
-                .iter()
-                .find(|c| c["metadata"]["name"] == name)
-                .map(|c| c["metadata"]["labels"].clone())
-                .or_else(|| {
-                    item.existing
-                        .iter()
-                        .find(|e| e.name == name)
-                        .map(|e| json!(e.labels))
-                })
-                .unwrap_or(Value::Null)
-        };
-        for object in &write.create {
-            let name = object["metadata"]["name"].as_str().unwrap_or_default();
-            expect(
-                name,
-                vec![decision_fingerprint(
-                    &object["metadata"]["labels"],
-                    &Value::Null,
-                )],
-            );
-            let object: DynamicObject = serde_json::from_value(object.clone())?;
-            match decisions.create(&post, &object).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        for (name, patch) in &write.status {
-            expect(
-                name,
-                vec![decision_fingerprint(
-                    &labels_of(name),
-                    &patch["status"]["decisions"],
-                )],
-            );
-            decisions
-                .patch_status(name, &params, &Patch::Merge(patch))
-                .await?;
-        }
-        for (name, patch) in &write.labels {
-            decisions.patch(name, &params, &Patch::Merge(patch)).await?;
-        }
-        for name in &write.delete {
-            match decisions.delete(name, &DeleteParams::default()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
+            Api::namespaced_with(client.clone(), namespace, &self.ocm.decisions.resource);
+        self.write_decisions(&decisions, item, write).await?;
         if let Some(status) = &write.placement_status {
             let placements: Api<DynamicObject> =
                 Api::namespaced_with(client.clone(), namespace, c.targets[i].resource());
@@ -421,29 +356,93 @@ impl Placements {
             placements
                 .patch_status(
                     &item.placement.metadata.name,
-                    &params,
+                    &patch_params(),
                     &Patch::Merge(&patch),
                 )
                 .await?;
             c.writer.mark_in_flight((i, item.key.clone()), planned_from);
         }
         if !sig.is_empty()
-            && let Some(store) = &ocm.sig
+            && let Some(store) = &self.ocm.sig
         {
             let slices: Api<DynamicObject> =
                 Api::namespaced_with(client, namespace, &store.resource);
-            let apply = PatchParams::apply(FIELD_MANAGER).force();
             for (name, object) in &sig.apply {
-                slices.patch(name, &apply, &Patch::Apply(object)).await?;
+                slices
+                    .patch(name, &apply_params(), &Patch::Apply(object))
+                    .await?;
             }
             for name in &sig.delete {
-                match slices.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e.into()),
-                }
+                tolerate(404, slices.delete(name, &DeleteParams::default()).await)?;
             }
         }
         Ok(())
     }
+
+    /// The PlacementDecisions of `write`: created, then their status, then
+    /// labels, then deletions; each write's result noted beforehand as
+    /// ours, so its watch event makes nothing due.
+    async fn write_decisions(
+        &self,
+        decisions: &Api<DynamicObject>,
+        item: &PlacementItem,
+        write: &PlacementWrite,
+    ) -> Result<(), SyncError> {
+        let namespace = item.placement.metadata.namespace.as_str();
+        let expect = |name: &str, print: u64| {
+            // An interim step is followed by the watch of its result.
+            if !write.interim {
+                self.ocm
+                    .written
+                    .lock()
+                    .entry(ObjectKey::new(Some(namespace), name))
+                    .or_default()
+                    .extend(std::iter::once(print));
+            }
+        };
+        for object in &write.create {
+            let name = object["metadata"]["name"].as_str().unwrap_or_default();
+            expect(
+                name,
+                decision_fingerprint(&object["metadata"]["labels"], &Value::Null),
+            );
+            let object: DynamicObject = serde_json::from_value(object.clone())?;
+            tolerate(409, decisions.create(&post_params(), &object).await)?;
+        }
+        for (name, patch) in &write.status {
+            let labels = labels_of(item, write, name);
+            expect(
+                name,
+                decision_fingerprint(&labels, &patch["status"]["decisions"]),
+            );
+            decisions
+                .patch_status(name, &patch_params(), &Patch::Merge(patch))
+                .await?;
+        }
+        for (name, patch) in &write.labels {
+            decisions
+                .patch(name, &patch_params(), &Patch::Merge(patch))
+                .await?;
+        }
+        for name in &write.delete {
+            tolerate(404, decisions.delete(name, &DeleteParams::default()).await)?;
+        }
+        Ok(())
+    }
+}
+
+/// The labels PlacementDecision `name` has once `write` is done.
+fn labels_of(item: &PlacementItem, write: &PlacementWrite, name: &str) -> Value {
+    write
+        .create
+        .iter()
+        .find(|c| c["metadata"]["name"] == name)
+        .map(|c| c["metadata"]["labels"].clone())
+        .or_else(|| {
+            item.existing
+                .iter()
+                .find(|e| e.name == name)
+                .map(|e| json!(e.labels))
+        })
+        .unwrap_or(Value::Null)
 }
