@@ -8,7 +8,7 @@
 //! other writes are merge and JSON patches (no conflicts) or applies with
 //! force.
 
-use kube::api::PatchParams;
+use kube::api::{PatchParams, PostParams};
 
 /// Field manager of every write placement-sync sends.
 pub(crate) const FIELD_MANAGER: &str = "placement-sync";
@@ -19,4 +19,18 @@ pub(crate) fn patch_params() -> PatchParams {
         field_manager: Some(FIELD_MANAGER.to_owned()),
         ..PatchParams::default()
     }
+}
+
+/// Parameters of a create under [`FIELD_MANAGER`].
+pub(crate) fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    }
+}
+
+/// Parameters of a server-side apply under [`FIELD_MANAGER`], forced: the
+/// objects applied are ours alone.
+pub(crate) fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
 }

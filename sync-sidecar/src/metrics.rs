@@ -126,122 +126,139 @@ impl Metrics {
             leader: Gauge::default(),
             listeners: ListenerMetrics::default(),
         };
+        m.register_engine(&mut registry);
+        m.register_remediation(&mut registry);
+        let listeners = ListenerMetrics::register(&mut registry);
+        m.zero_results();
+        Metrics {
+            registry,
+            listeners,
+            ..m
+        }
+    }
+
+    /// The engine's and the replication's metrics.
+    fn register_engine(&self, registry: &mut Registry) {
         registry.register(
             "replicated_objects",
             "Objects of a replicated type currently written to the engine",
-            m.replicated_objects.clone(),
+            self.replicated_objects.clone(),
         );
         registry.register(
             "engine_writes",
             "Successful writes to the policy engine",
-            m.engine_writes.clone(),
+            self.engine_writes.clone(),
         );
         registry.register(
             "engine_write_errors",
             "Failed writes to the policy engine (each is retried)",
-            m.engine_write_errors.clone(),
+            self.engine_write_errors.clone(),
         );
         registry.register(
             "watch_errors",
             "List/watch errors from the API server (the watch recovers by itself)",
-            m.watch_errors.clone(),
+            self.watch_errors.clone(),
         );
         registry.register(
             "synced",
             "1 when the engine holds every policy and all replicated data, else 0",
-            m.synced.clone(),
+            self.synced.clone(),
         );
         registry.register(
             "engine_up",
             "1 when the last engine check was answered, else 0",
-            m.engine_up.clone(),
+            self.engine_up.clone(),
         );
         registry.register(
             "engine_restarts",
             "Engine restarts (or losses of its state) detected",
-            m.engine_restarts.clone(),
+            self.engine_restarts.clone(),
         );
         registry.register(
             "resync_duration_seconds",
             "Seconds from the start of the last full load to the engine being in sync",
-            m.resync_seconds.clone(),
+            self.resync_seconds.clone(),
         );
         registry.register(
             "policies_loaded",
             "Policy modules loaded into the engine",
-            m.policies_loaded.clone(),
+            self.policies_loaded.clone(),
         );
         registry.register(
             "policies_failed",
             "Policy modules whose current source does not compile",
-            m.policies_failed.clone(),
+            self.policies_failed.clone(),
         );
+    }
+
+    /// The reconciler's metrics.
+    fn register_remediation(&self, registry: &mut Registry) {
         registry.register(
             "remediation_patches",
             "Remediation PATCH requests by result",
-            m.remediation_patches.clone(),
+            self.remediation_patches.clone(),
         );
         registry.register(
             "remediation_stale_objects",
             "Workloads whose placement differed from the policy decision in the last pass and were not patched",
-            m.remediation_stale.clone(),
+            self.remediation_stale.clone(),
         );
         registry.register(
             "remediation_unplaceable_objects",
             "Workloads the policy reported errors for in the last pass",
-            m.remediation_unplaceable.clone(),
+            self.remediation_unplaceable.clone(),
         );
         registry.register(
             "remediation_held_objects",
             "Placements the last pass would have rewritten or removed, held until confirmed",
-            m.remediation_held.clone(),
+            self.remediation_held.clone(),
         );
         registry.register(
             "remediation_passes",
             "Remediation passes over all workloads",
-            m.remediation_passes.clone(),
+            self.remediation_passes.clone(),
         );
         registry.register(
             "remediation_queries",
             "Decision queries sent by the remediator",
-            m.remediation_queries.clone(),
+            self.remediation_queries.clone(),
         );
         registry.register(
             "binding_schedules",
             "Karmada binding writes by result (scheduled, failed, bounded, error)",
-            m.binding_schedules.clone(),
+            self.binding_schedules.clone(),
         );
         registry.register(
             "placement_decisions",
             "OCM Placement decision writes by result (decided, failed, error)",
-            m.placement_decisions.clone(),
+            self.placement_decisions.clone(),
         );
         registry.register(
             "leader",
             "1 while this replica holds the remediation Lease",
-            m.leader.clone(),
+            self.leader.clone(),
         );
-        let listeners = ListenerMetrics::register(&mut registry);
+    }
+
+    fn zero_results(&self) {
         // Every result of the writes at 0 from the start: a dashboard's
         // rate() and an alert see each series before its first write.
         for (family, results) in [
-            (&m.remediation_patches, &["ok", "error"][..]),
+            (&self.remediation_patches, &["ok", "error"][..]),
             (
-                &m.binding_schedules,
+                &self.binding_schedules,
                 &["scheduled", "failed", "bounded", "error"][..],
             ),
-            (&m.placement_decisions, &["decided", "failed", "error"][..]),
+            (
+                &self.placement_decisions,
+                &["decided", "failed", "error"][..],
+            ),
         ] {
             for result in results {
                 let _ = family.get_or_create(&ResultLabels {
                     result: (*result).to_owned(),
                 });
             }
-        }
-        Metrics {
-            registry,
-            listeners,
-            ..m
         }
     }
 

@@ -1,34 +1,31 @@
-//! One pass of the reconciler: every target object in scope (or a few due
-//! ones) is evaluated first, concurrently; a pass over everything is then
-//! weighed as one change by the blast-radius guard before anything is
-//! written (an outage's moves apart from an edit's); then each object let
-//! through is acted on, and the pass's Events published.
+//! One pass of the reconciler, the driver every kind of target shares:
+//! every target object in scope (or a few due ones) is evaluated first,
+//! concurrently; a pass over everything is then weighed as one change by the
+//! blast-radius guard before anything is written (an outage's moves apart
+//! from an edit's); then each object let through is acted on, and the
+//! pass's Events published.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::Resource;
-use kube::api::{Api, DynamicObject, Patch};
-use kube::runtime::events::EventType;
-use serde_json::Value;
+use kube::api::DynamicObject;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::Reconciler;
-use super::bindings::BindingEvaluation;
+use super::bindings::{BindingEvaluation, BindingItem, Bindings};
 use super::changes::ItemKey;
-use super::placements::PlacementEvaluation;
+use super::common::Common;
+use super::per_target::{TargetReconciler, Weighed};
+use super::placements::{PlacementEvaluation, Placements};
 use super::step::Step;
-use super::target::{Item, Kind, Target, describe};
-use super::workloads::{Assessment, assess, guarded_patch, is_placed};
+use super::target::{Kind, describe};
+use super::workloads::{WorkloadEvaluation, Workloads};
 use crate::cause::Causes;
 use crate::config::writers::RemediationMode;
-use crate::error::SyncError;
 use crate::hex::hex;
-use crate::kube_writes::patch_params;
 use crate::reconcile::blast::{self, Hold};
-use crate::replication::document::{ObjectKey, object_value};
+use crate::reconcile::ocm::item::PlacementItem;
 
 /// Objects evaluated and written at once in a pass.
 const PASS_CONCURRENCY: usize = 16;
@@ -54,140 +51,95 @@ pub(crate) struct PassReport {
     pub(crate) due: BTreeMap<ItemKey, Instant>,
 }
 
-/// One workload's evaluation, before anything is patched.
-pub(crate) struct WorkloadEvaluation {
-    i: usize,
-    object: Arc<DynamicObject>,
-    /// The object carries a placement the policy wrote (its ownership record).
-    placed: bool,
-    /// `None` when the query failed.
-    assessment: Option<Assessment>,
+impl PassReport {
+    /// Count what happened to `key`; `false` when the pass must stop.
+    fn tally(&mut self, key: Option<ItemKey>, step: Step) -> bool {
+        if let (Step::Overdue(at), Some(key)) = (&step, &key) {
+            self.due.insert(key.clone(), *at);
+        }
+        if matches!(step, Step::Failed | Step::Stale { failed: true, .. })
+            && let Some(key) = key
+        {
+            self.failed_objects.insert(key);
+        }
+        if !matches!(step, Step::Aborted | Step::InFlight) {
+            self.evaluated += 1;
+        }
+        match step {
+            Step::Aborted => {
+                self.aborted = true;
+                return false;
+            }
+            Step::InFlight | Step::Placed => {}
+            Step::Failed => self.failed += 1,
+            Step::Undefined => self.undefined += 1,
+            Step::Unplaceable => self.unplaceable += 1,
+            Step::Stale { patched, failed } => {
+                self.stale += 1;
+                self.patched += usize::from(patched);
+                self.failed += usize::from(failed);
+            }
+            Step::Overdue(_) => self.stale += 1,
+        }
+        true
+    }
+}
+
+/// The reconcilers of every kind of target, over what they share.
+pub(crate) struct Pass {
+    pub(crate) common: Common,
+    pub(crate) workloads: Workloads,
+    pub(crate) bindings: Bindings,
+    /// The OCM decider, when it is on.
+    pub(crate) placements: Option<Placements>,
+}
+
+/// One object a pass evaluates.
+enum Item {
+    Workload(usize, Arc<DynamicObject>),
+    Binding(usize, Arc<BindingItem>),
+    Placement(usize, Arc<PlacementItem>),
 }
 
 /// One object's evaluation.
-pub(crate) enum Evaluation {
+enum Evaluation {
     Workload(WorkloadEvaluation),
     Binding(BindingEvaluation),
     Placement(PlacementEvaluation),
 }
 
 impl Evaluation {
-    /// Would this change rewrite or remove a placement the object has?
-    pub(crate) fn replaces_a_placement(&self) -> bool {
+    fn weighed(&self) -> &dyn Weighed {
         match self {
-            // A new signature of the ownership record that changes no
-            // annotation (after a key rotation) replaces nothing.
-            Evaluation::Workload(e) => {
-                e.placed
-                    && matches!(&e.assessment, Some(Assessment::Stale { changed, .. }) if !changed.is_empty())
-            }
-            Evaluation::Binding(e) => e.replaces_a_placement(),
-            Evaluation::Placement(e) => e.replaces_a_placement(),
+            Evaluation::Workload(e) => e,
+            Evaluation::Binding(e) => e,
+            Evaluation::Placement(e) => e,
         }
     }
 
     /// The object's name, for the report of a held change.
-    pub(crate) fn describe(&self, reconciler: &Reconciler) -> String {
-        match self {
-            Evaluation::Workload(e) => describe(
-                reconciler.targets[e.i].resource(),
-                ObjectKey::of(&e.object).as_ref(),
-            ),
-            Evaluation::Binding(e) => {
-                describe(reconciler.targets[e.i].resource(), Some(&e.item.key))
-            }
-            Evaluation::Placement(e) => {
-                describe(reconciler.targets[e.i].resource(), Some(&e.item.key))
-            }
-        }
-    }
-
-    /// The clusters this write takes out of the placement the object has:
-    /// for a workload, the names in the old values of the annotations it
-    /// changes that its new values lack (names as a placement annotation
-    /// writes them, e.g. the keys of `{"clusters": {"eu-1": {...}}}`); for a
-    /// binding, the clusters of `spec.clusters` it drops.
-    fn clusters_taken_out(&self) -> BTreeSet<String> {
-        match self {
-            Evaluation::Workload(e) => {
-                let Some(Assessment::Stale { patch, changed }) = &e.assessment else {
-                    return BTreeSet::new();
-                };
-                let before = serde_json::json!({"metadata": {"annotations": e.object.metadata.annotations.clone().unwrap_or_default()}});
-                let mut after = before.clone();
-                if json_patch::patch(&mut after, patch).is_err() {
-                    return BTreeSet::new();
-                }
-                let names = |doc: &Value| -> BTreeSet<String> {
-                    changed
-                        .iter()
-                        .filter_map(|key| doc["metadata"]["annotations"][key].as_str())
-                        .flat_map(placement_names)
-                        .collect()
-                };
-                names(&before).difference(&names(&after)).cloned().collect()
-            }
-            Evaluation::Binding(e) => {
-                if let Some(members) = e.repaired_members() {
-                    return members.clone();
-                }
-                let super::bindings::Verdict::Planned { write, .. } = &e.verdict else {
-                    return BTreeSet::new();
-                };
-                let Some(clusters) = write
-                    .spec
-                    .as_ref()
-                    .and_then(|spec| spec.pointer("/spec/clusters"))
-                    .and_then(Value::as_array)
-                else {
-                    return BTreeSet::new();
-                };
-                let kept: BTreeSet<&str> =
-                    clusters.iter().filter_map(|c| c["name"].as_str()).collect();
-                e.item
-                    .binding
-                    .clusters()
-                    .iter()
-                    .filter(|c| !kept.contains(c.name.as_str()))
-                    .map(|c| c.name.clone())
-                    .collect()
-            }
-            Evaluation::Placement(e) => e.clusters_taken_out(),
-        }
+    fn describe(&self, common: &Common) -> String {
+        let e = self.weighed();
+        describe(common.targets[e.target()].resource(), e.object().as_ref())
     }
 
     /// The move this write makes: the object and a digest of what it writes.
-    fn fingerprint(&self, reconciler: &Reconciler) -> String {
-        let written = match self {
-            Evaluation::Workload(e) => match &e.assessment {
-                Some(Assessment::Stale { patch, .. }) => serde_json::to_vec(patch),
-                _ => Ok(Vec::new()),
-            },
-            Evaluation::Binding(e) => match &e.verdict {
-                super::bindings::Verdict::Planned { write, .. } => serde_json::to_vec(&write.spec),
-                super::bindings::Verdict::Repair(members) => serde_json::to_vec(members),
-                _ => Ok(Vec::new()),
-            },
-            Evaluation::Placement(e) => e.moved(),
-        }
-        .unwrap_or_default();
+    fn fingerprint(&self, common: &Common) -> String {
+        let written = self.weighed().written().unwrap_or_default();
         let digest = ring::digest::digest(&ring::digest::SHA256, &written);
-        format!("{}={}", self.describe(reconciler), hex(digest.as_ref(), 8))
+        format!("{}={}", self.describe(common), hex(digest.as_ref(), 8))
     }
 
     fn key(&self) -> Option<ItemKey> {
-        match self {
-            Evaluation::Workload(e) => ObjectKey::of(&e.object).map(|k| (e.i, k)),
-            Evaluation::Binding(e) => Some((e.i, e.item.key.clone())),
-            Evaluation::Placement(e) => Some((e.i, e.item.key.clone())),
-        }
+        let e = self.weighed();
+        e.object().map(|key| (e.target(), key))
     }
 }
 
-impl Reconciler {
+impl Pass {
     /// Evaluate every target object in scope (or, for a retry or a change,
     /// only those of `only`) and act on the stale ones.
-    pub(super) async fn pass(
+    pub(crate) async fn pass(
         &self,
         cancel: &CancellationToken,
         only: Option<&BTreeSet<ItemKey>>,
@@ -195,13 +147,11 @@ impl Reconciler {
         revision: &str,
     ) -> PassReport {
         let mut report = PassReport::default();
-        let mut items = self.workloads(only);
-        items.extend(self.bindings(only));
-        items.extend(self.placements(only));
+        let items = self.items(only);
         // The blast radius is weighed against every placed object in scope
         // (a pass over everything only).
         let placed_in_scope = items.iter().filter(|item| self.is_placed(item)).count();
-        self.forget_caught_up();
+        self.common.writer.forget_caught_up(&self.common.targets);
         // First every object is evaluated (concurrently), then the pass's
         // writes are weighed as one change before any is sent.
         let evaluations: Vec<Option<Evaluation>> = futures::stream::iter(items)
@@ -209,14 +159,13 @@ impl Reconciler {
             .buffer_unordered(PASS_CONCURRENCY)
             .collect()
             .await;
-        let Some(evaluations) = evaluations.into_iter().collect::<Option<Vec<_>>>() else {
+        let Some(mut evaluations) = evaluations.into_iter().collect::<Option<Vec<_>>>() else {
             report.aborted = true;
             return report;
         };
         // The guard weighs a policy or data change (a pass over everything);
         // a few created, edited or failed objects are no such change, and
         // the webhook applies the policy in force to them anyway.
-        let mut evaluations = evaluations;
         if only.is_none() && self.guards() {
             let total = evaluations.len();
             if let Some(held) = self
@@ -230,94 +179,141 @@ impl Reconciler {
                 }
             }
         }
-        // Write round trips (which also pass through the admission webhook)
-        // dominate a pass: concurrent, the rate limiter still spacing them.
-        let steps = futures::stream::iter(evaluations)
-            .map(|evaluation| async move {
-                let key = evaluation.key();
-                let step = match evaluation {
-                    Evaluation::Workload(e) => self.act_workload(e, cancel).await,
-                    Evaluation::Binding(e) => self.act_binding(e, cancel).await,
-                    Evaluation::Placement(e) => self.act_placement(e, cancel).await,
-                };
-                (key, step)
-            })
-            .buffer_unordered(PASS_CONCURRENCY);
-        let mut steps = std::pin::pin!(steps);
-        while let Some((key, step)) = steps.next().await {
-            if let (Step::Overdue(at), Some(key)) = (&step, &key) {
-                report.due.insert(key.clone(), *at);
-            }
-            if matches!(step, Step::Failed | Step::Stale { failed: true, .. })
-                && let Some(key) = key
-            {
-                report.failed_objects.insert(key);
-            }
-            match step {
-                Step::Aborted => {
-                    report.aborted = true;
-                    break;
-                }
-                Step::InFlight => {}
-                Step::Failed => {
-                    report.evaluated += 1;
-                    report.failed += 1;
-                }
-                Step::Placed => report.evaluated += 1,
-                Step::Undefined => {
-                    report.evaluated += 1;
-                    report.undefined += 1;
-                }
-                Step::Unplaceable => {
-                    report.evaluated += 1;
-                    report.unplaceable += 1;
-                }
-                Step::Stale { patched, failed } => {
-                    report.evaluated += 1;
-                    report.stale += 1;
-                    report.patched += usize::from(patched);
-                    report.failed += usize::from(failed);
-                }
-                Step::Overdue(_) => {
-                    report.evaluated += 1;
-                    report.stale += 1;
-                }
-            }
-        }
-        self.events.publish(cancel).await;
+        self.act_all(evaluations, cancel, &mut report).await;
+        self.common.writer.publish(cancel).await;
         // A retry saw a few objects: the gauges keep the last full pass's view.
         if !report.aborted && only.is_none() {
-            let unresolved = match self.ctx.mode {
-                RemediationMode::Auto => report.stale.saturating_sub(report.patched),
-                _ => report.stale,
-            };
-            self.ctx.metrics.remediation_stale.set(unresolved as i64);
-            self.ctx
-                .metrics
-                .remediation_unplaceable
-                .set(report.unplaceable as i64);
+            self.set_gauges(&report);
         }
         report
     }
 
+    /// Act on each evaluation, into `report`. Write round trips (which also
+    /// pass through the admission webhook) dominate a pass: concurrent, the
+    /// rate limiter still spacing them.
+    async fn act_all(
+        &self,
+        evaluations: Vec<Evaluation>,
+        cancel: &CancellationToken,
+        report: &mut PassReport,
+    ) {
+        let steps = futures::stream::iter(evaluations)
+            .map(|evaluation| self.act(evaluation, cancel))
+            .buffer_unordered(PASS_CONCURRENCY);
+        let mut steps = std::pin::pin!(steps);
+        while let Some((key, step)) = steps.next().await {
+            if !report.tally(key, step) {
+                break;
+            }
+        }
+    }
+
+    fn set_gauges(&self, report: &PassReport) {
+        let ctx = &self.common.ctx;
+        let unresolved = match ctx.mode {
+            RemediationMode::Auto => report.stale.saturating_sub(report.patched),
+            _ => report.stale,
+        };
+        ctx.metrics.remediation_stale.set(unresolved as i64);
+        ctx.metrics
+            .remediation_unplaceable
+            .set(report.unplaceable as i64);
+    }
+
     /// Whether passes over everything are weighed by the guard: they write
     /// (remediation in `auto` mode, the scheduler, or the OCM decider).
-    pub(super) fn guards(&self) -> bool {
-        self.ctx.mode == RemediationMode::Auto
+    pub(crate) fn guards(&self) -> bool {
+        self.common.ctx.mode == RemediationMode::Auto
             || self
+                .common
                 .targets
                 .iter()
                 .any(|t| matches!(t.kind, Kind::Bindings | Kind::Placements))
     }
 
+    /// The objects of `only` (or every one in scope) of every target.
+    fn items(&self, only: Option<&BTreeSet<ItemKey>>) -> Vec<Item> {
+        let c = &self.common;
+        let mut items: Vec<Item> = (self.workloads.items(c, only).into_iter())
+            .map(|(i, item)| Item::Workload(i, item))
+            .collect();
+        items.extend(
+            (self.bindings.items(c, only).into_iter()).map(|(i, item)| Item::Binding(i, item)),
+        );
+        if let Some(placements) = &self.placements {
+            items.extend(
+                (placements.items(c, only).into_iter()).map(|(i, item)| Item::Placement(i, item)),
+            );
+        }
+        items
+    }
+
     fn is_placed(&self, item: &Item) -> bool {
         match item {
-            Item::Workload(_, object) => is_placed(object),
-            Item::Binding(_, item) => !item.binding.clusters().is_empty(),
-            Item::Placement(_, item) => item.is_placed(),
+            Item::Workload(_, item) => self.workloads.is_placed(item),
+            Item::Binding(_, item) => self.bindings.is_placed(item),
+            Item::Placement(_, item) => self.placements.as_ref().is_some_and(|p| p.is_placed(item)),
         }
     }
 
+    /// Ask the decision for one object and compare; `None` when the pass must
+    /// stop (leadership or the engine's sync lost, or stopping).
+    async fn evaluate(&self, item: Item, cancel: &CancellationToken) -> Option<Evaluation> {
+        let c = &self.common;
+        if cancel.is_cancelled() || !c.writer.may_act() {
+            return None;
+        }
+        let evaluation = match item {
+            Item::Workload(i, item) => {
+                Evaluation::Workload(self.workloads.evaluate(c, i, item).await)
+            }
+            Item::Binding(i, item) => Evaluation::Binding(self.bindings.evaluate(c, i, item).await),
+            Item::Placement(i, item) => {
+                let placements = self.placements.as_ref()?;
+                Evaluation::Placement(placements.evaluate(c, i, item).await)
+            }
+        };
+        if cancel.is_cancelled() || !c.writer.may_act() {
+            return None;
+        }
+        Some(evaluation)
+    }
+
+    /// Act on one evaluation: what happened to which object.
+    async fn act(
+        &self,
+        evaluation: Evaluation,
+        cancel: &CancellationToken,
+    ) -> (Option<ItemKey>, Step) {
+        let c = &self.common;
+        let key = evaluation.key();
+        let step = match (evaluation, &self.placements) {
+            (Evaluation::Workload(e), _) => self.workloads.act(c, e, cancel).await,
+            (Evaluation::Binding(e), _) => self.bindings.act(c, e, cancel).await,
+            (Evaluation::Placement(e), Some(placements)) => placements.act(c, e, cancel).await,
+            (Evaluation::Placement(_), None) => Step::Aborted,
+        };
+        (key, step)
+    }
+}
+
+/// Each write: whether it moves a placement, and whether an outage does
+/// (it takes one of the `unhealthy` clusters out of the placement).
+fn moves(evaluations: &[Evaluation], unhealthy: &BTreeSet<String>) -> Vec<(bool, bool)> {
+    evaluations
+        .iter()
+        .map(|e| {
+            let e = e.weighed();
+            let moves = e.replaces_a_placement();
+            (
+                moves,
+                moves && !e.clusters_taken_out().is_disjoint(unhealthy),
+            )
+        })
+        .collect()
+}
+
+impl Pass {
     /// The blast-radius guard: which of this pass's writes, as one change of
     /// `causes` (under policy revision `revision`), must be held (reported,
     /// not applied) until an administrator confirms them. `None`: nothing;
@@ -330,26 +326,14 @@ impl Reconciler {
         causes: &mut Causes,
         revision: &str,
     ) -> Option<usize> {
-        let unhealthy = self.ctx.guard.health.unhealthy();
-        // Each write: whether it moves a placement, and whether an outage
-        // does (it takes an unhealthy cluster out of the placement).
-        let moves: Vec<(bool, bool)> = evaluations
-            .iter()
-            .map(|e| {
-                let moves = e.replaces_a_placement();
-                (
-                    moves,
-                    moves && !e.clusters_taken_out().is_disjoint(&unhealthy),
-                )
-            })
-            .collect();
+        let ctx = &self.common.ctx;
+        let guard = &ctx.guard;
+        let moves = moves(evaluations, &guard.health.unhealthy());
         let outages = moves.iter().filter(|(_, outage)| *outage).count();
         let edits = moves
             .iter()
             .filter(|(moves, outage)| *moves && !outage)
             .count();
-        let configmaps = &self.ctx.policy_configmaps;
-        let guard = &self.ctx.guard;
         let hold = guard.weigh(causes, outages, edits, placed, Instant::now());
         let held = |(moves, outage): (bool, bool)| match hold {
             Hold::Nothing => false,
@@ -363,40 +347,25 @@ impl Reconciler {
             .map(|(e, _)| e)
             .collect();
         if affected.is_empty() {
-            self.ctx.metrics.remediation_held.set(0);
-            configmaps.clear().await;
-            guard.release();
+            self.release().await;
             return None;
         }
-        let id = guard.occurrence(affected.iter().map(|e| e.fingerprint(self)).collect());
+        let id = guard.occurrence(
+            affected
+                .iter()
+                .map(|e| e.fingerprint(&self.common))
+                .collect(),
+        );
         let cause = causes.describe(revision);
-        if configmaps.take_confirmation(&id).await {
+        if ctx.policy_configmaps.take_confirmation(&id).await {
             tracing::warn!(%id, %cause, affected = affected.len(), placed, "applying a confirmed change beyond the blast radius");
-            self.ctx.metrics.remediation_held.set(0);
-            configmaps.clear().await;
-            guard.release();
+            self.release().await;
             return None;
         }
         tracing::warn!(%id, %cause, affected = affected.len(), placed, outage_moves_applied = outages, "remediation held: beyond the blast radius; confirm it on a policy ConfigMap");
-        self.ctx.metrics.remediation_held.set(affected.len() as i64);
+        ctx.metrics.remediation_held.set(affected.len() as i64);
         let held_count = affected.len();
-        let objects: Vec<String> = affected.iter().map(|e| e.describe(self)).collect();
-        // What each listed object would lose: the clusters taken off it.
-        let off: Vec<BTreeSet<String>> = affected
-            .iter()
-            .take(blast::LISTED)
-            .map(|e| e.clusters_taken_out())
-            .collect();
-        configmaps
-            .report(&blast::report(
-                &id,
-                &cause,
-                &objects,
-                &off,
-                placed,
-                &configmaps.namespace(),
-            ))
-            .await;
+        self.report_held(&id, &cause, &affected, placed).await;
         // What goes through: the outage's moves (beside a held edit).
         let mut through = moves
             .iter()
@@ -405,278 +374,33 @@ impl Reconciler {
         Some(held_count)
     }
 
-    /// The workloads in scope, decoded from the watch caches: every one, or
-    /// only those of `only` (a few created, edited or failed workloads must
-    /// not cost decoding every workload). None when remediation is off.
-    pub(super) fn workloads(&self, only: Option<&BTreeSet<ItemKey>>) -> Vec<Item> {
-        self.cached_items(
-            only,
-            |t| t.kind == Kind::Workloads { act: true },
-            |key| self.scope.admits(key.namespace.as_deref()),
-            |i, _, json| {
-                let value: Value = serde_json::from_slice(json).ok()?;
-                if !super::workloads::selected(self.targets[i].selector.as_ref(), &value) {
-                    return None;
-                }
-                Some(Item::Workload(
-                    i,
-                    Arc::new(serde_json::from_value(value).ok()?),
-                ))
-            },
-        )
+    /// Nothing is held (any more): the gauge, the report and the guard say so.
+    async fn release(&self) {
+        let ctx = &self.common.ctx;
+        ctx.metrics.remediation_held.set(0);
+        ctx.policy_configmaps.clear().await;
+        ctx.guard.release();
     }
 
-    /// The cached objects of the targets `takes` picks, `admitted` by key:
-    /// every one, or only those of `only`; each as `decode` makes it an item
-    /// (`None`: left out).
-    pub(super) fn cached_items(
-        &self,
-        only: Option<&BTreeSet<ItemKey>>,
-        takes: impl Fn(&Target) -> bool,
-        admitted: impl Fn(&ObjectKey) -> bool,
-        decode: impl Fn(usize, ObjectKey, &[u8]) -> Option<Item>,
-    ) -> Vec<Item> {
-        let takes = |i: usize| self.targets.get(i).is_some_and(&takes);
-        let decode = &decode;
-        match only {
-            None => self
-                .targets
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| takes(*i))
-                .flat_map(|(i, t)| {
-                    t.watched
-                        .objects
-                        .snapshot(&admitted)
-                        .into_iter()
-                        .filter_map(move |(key, json)| decode(i, key, &json))
-                })
-                .collect(),
-            Some(keys) => keys
-                .iter()
-                .filter(|(i, key)| takes(*i) && admitted(key))
-                .filter_map(|(i, key)| {
-                    let json = self.targets[*i].watched.objects.get(key)?;
-                    decode(*i, key.clone(), &json)
-                })
-                .collect(),
-        }
-    }
-
-    /// Ask the decision for one object and compare; `None` when the pass must
-    /// stop (leadership or the engine's sync lost, or stopping).
-    async fn evaluate(&self, item: Item, cancel: &CancellationToken) -> Option<Evaluation> {
-        if cancel.is_cancelled() || !self.may_act() {
-            return None;
-        }
-        let evaluation = match item {
-            Item::Workload(i, object) => {
-                Evaluation::Workload(self.evaluate_workload(i, object).await)
-            }
-            Item::Binding(i, item) => Evaluation::Binding(self.evaluate_binding(i, item).await),
-            Item::Placement(i, item) => {
-                Evaluation::Placement(self.evaluate_placement(i, item).await)
-            }
-        };
-        if cancel.is_cancelled() || !self.may_act() {
-            return None;
-        }
-        Some(evaluation)
-    }
-
-    async fn evaluate_workload(&self, i: usize, object: Arc<DynamicObject>) -> WorkloadEvaluation {
-        let resource = self.targets[i].resource();
-        let value = object_value(&object, resource);
-        let input = self.update_input(&value, resource);
-        let deadline = Instant::now() + self.ctx.query_timeout;
-        self.ctx.metrics.remediation_queries.inc();
-        let assessment = match self
-            .ctx
-            .engine
-            .query(&self.ctx.decision, &input, deadline)
-            .await
-        {
-            Ok(outcome) => Some(assess(&value, &outcome, &self.keys.current())),
-            Err(e) => {
-                tracing::warn!(object = %describe(resource, ObjectKey::of(&object).as_ref()), error = %e, "placement query failed");
-                None
-            }
-        };
-        WorkloadEvaluation {
-            i,
-            placed: is_placed(&object),
-            object,
-            assessment,
-        }
-    }
-
-    /// Act on one workload's evaluation: patch, report or note it.
-    async fn act_workload(
-        &self,
-        evaluation: WorkloadEvaluation,
-        cancel: &CancellationToken,
-    ) -> Step {
-        let WorkloadEvaluation {
-            i,
-            object,
-            assessment,
-            ..
-        } = evaluation;
-        let resource = self.targets[i].resource();
-        let name = describe(resource, ObjectKey::of(&object).as_ref());
-        let Some(assessment) = assessment else {
-            return Step::Failed;
-        };
-        match assessment {
-            Assessment::Placed => Step::Placed,
-            Assessment::Undefined => Step::Undefined,
-            Assessment::Invalid(reason) => {
-                tracing::warn!(object = %name, %reason, "cannot remediate");
-                Step::Failed
-            }
-            Assessment::Unplaceable(errors) => {
-                let note = format!(
-                    "the placement policy reports errors for this object, so it keeps its current placement until the policy gives a valid one; fix: {}",
-                    errors.join("; ")
-                );
-                self.workload_event(i, &object, EventType::Warning, "PlacementRejected", note);
-                Step::Unplaceable
-            }
-            Assessment::Stale { patch, changed } => match self.ctx.mode {
-                RemediationMode::Auto
-                    if ObjectKey::of(&object).is_some_and(|k| {
-                        self.is_in_flight(&(i, k), object.metadata.resource_version.as_deref())
-                    }) =>
-                {
-                    // Patched already; the cache has not seen the result yet.
-                    Step::InFlight
-                }
-                RemediationMode::Report => {
-                    let note = format!(
-                        "{} {name}: placement is stale; policy-owned annotations differ from the current decision: {}",
-                        resource.kind,
-                        changed.join(", ")
-                    );
-                    self.workload_event(i, &object, EventType::Warning, "PlacementStale", note);
-                    Step::Stale {
-                        patched: false,
-                        failed: false,
-                    }
-                }
-                RemediationMode::Auto => {
-                    self.limiter.acquire().await;
-                    if cancel.is_cancelled() || !self.may_act() {
-                        return Step::Aborted;
-                    }
-                    match self.patch_workload(i, &object, &patch).await {
-                        Ok(true) => {
-                            let note =
-                                format!("updated placement annotations: {}", changed.join(", "));
-                            self.workload_event(
-                                i,
-                                &object,
-                                EventType::Normal,
-                                "PlacementRemediated",
-                                note,
-                            );
-                            Step::Stale {
-                                patched: true,
-                                failed: false,
-                            }
-                        }
-                        Ok(false) => Step::Stale {
-                            patched: false,
-                            failed: false,
-                        },
-                        Err(e) => {
-                            tracing::warn!(object = %name, error = %e, "remediation patch failed; will retry");
-                            Step::Stale {
-                                patched: false,
-                                failed: true,
-                            }
-                        }
-                    }
-                }
-                RemediationMode::Off => Step::Stale {
-                    patched: false,
-                    failed: false,
-                },
-            },
-        }
-    }
-
-    /// PATCH one workload; `Ok(false)` when it is gone.
-    async fn patch_workload(
-        &self,
-        i: usize,
-        object: &DynamicObject,
-        patch: &json_patch::Patch,
-    ) -> Result<bool, SyncError> {
-        let target = &self.targets[i];
-        let name = object.metadata.name.clone().unwrap_or_default();
-        let api = match &object.metadata.namespace {
-            Some(ns) => {
-                Api::namespaced_with(target.api.clone().into_client(), ns, target.resource())
-            }
-            None => target.api.clone(),
-        };
-        let rv = object.metadata.resource_version.clone();
-        let guarded = guarded_patch(patch, rv.as_deref());
-        let params = patch_params();
-        match api.patch(&name, &params, &Patch::<()>::Json(guarded)).await {
-            Ok(_) => {
-                self.ctx.metrics.patch(true);
-                if let Some(key) = ObjectKey::of(object) {
-                    self.mark_in_flight((i, key), rv);
-                }
-                tracing::info!(object = %describe(target.resource(), ObjectKey::of(object).as_ref()), "remediated placement");
-                Ok(true)
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-            Err(e) => {
-                self.ctx.metrics.patch(false);
-                Err(e.into())
-            }
-        }
-    }
-
-    fn workload_event(
-        &self,
-        i: usize,
-        object: &DynamicObject,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let reference = object.object_ref(self.targets[i].resource());
-        self.events
-            .queue(reference, type_, reason, "Remediate", note);
-    }
-}
-
-/// The names a placement annotation's value holds: runs of the characters
-/// of a cluster name (letters, digits, `.`, `-`, `_`), whatever the format
-/// around them (JSON keys or strings, a list).
-fn placement_names(value: &str) -> impl Iterator<Item = String> + '_ {
-    value
-        .split(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_')))
-        .filter(|name| !name.is_empty())
-        .map(str::to_owned)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_names_of_a_placement_are_read_whatever_its_format() {
-        let names: Vec<String> =
-            placement_names(r#"{"clusters":{"eu-1":{"weight":1},"gce-europe_west.2":{}}}"#)
-                .collect();
-        assert_eq!(
-            names,
-            ["clusters", "eu-1", "weight", "1", "gce-europe_west.2"]
-        );
-        assert_eq!(placement_names("eu-1, eu-2").count(), 2);
+    /// Report the held change `id` (of `cause`) on the policy ConfigMaps.
+    async fn report_held(&self, id: &str, cause: &str, affected: &[&Evaluation], placed: usize) {
+        let configmaps = &self.common.ctx.policy_configmaps;
+        let objects: Vec<String> = affected.iter().map(|e| e.describe(&self.common)).collect();
+        // What each listed object would lose: the clusters taken off it.
+        let off: Vec<BTreeSet<String>> = affected
+            .iter()
+            .take(blast::LISTED)
+            .map(|e| e.weighed().clusters_taken_out())
+            .collect();
+        configmaps
+            .report(&blast::report(
+                id,
+                cause,
+                &objects,
+                &off,
+                placed,
+                &configmaps.namespace(),
+            ))
+            .await;
     }
 }

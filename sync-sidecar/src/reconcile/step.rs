@@ -19,3 +19,39 @@ pub(crate) enum Step {
     /// karmada-scheduler is to move): evaluated again at that time.
     Overdue(tokio::time::Instant),
 }
+
+impl Step {
+    /// A write went through: the object is placed, or (`unplaceable`) its
+    /// failure is recorded.
+    pub(crate) fn written(unplaceable: bool) -> Step {
+        if unplaceable {
+            Step::Unplaceable
+        } else {
+            Step::Stale {
+                patched: true,
+                failed: false,
+            }
+        }
+    }
+
+    /// Nothing to write: placed, or (`unplaceable`) it stays as it is.
+    pub(crate) fn unwritten(unplaceable: bool) -> Step {
+        if unplaceable {
+            Step::Unplaceable
+        } else {
+            Step::Placed
+        }
+    }
+
+    /// Stale and not written: retried.
+    pub(crate) const WRITE_FAILED: Step = Step::Stale {
+        patched: false,
+        failed: true,
+    };
+
+    /// Stale and left so (reported, or remediation off, or gone).
+    pub(crate) const LEFT_STALE: Step = Step::Stale {
+        patched: false,
+        failed: false,
+    };
+}

@@ -6,10 +6,7 @@ use std::sync::Arc;
 
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::Selector;
-use serde_json::Value;
 
-use crate::reconcile::karmada::binding::{Binding, Mode};
-use crate::reconcile::ocm::item::PlacementItem;
 use crate::replication::document::ObjectKey;
 use crate::replication::watched::WatchedType;
 
@@ -56,23 +53,6 @@ impl Target {
             .metadata
             .resource_version
     }
-}
-
-/// A binding of a pass: its raw JSON (the policy sees part of it) and the
-/// fields the scheduler reads.
-pub(crate) struct BindingItem {
-    pub(crate) key: ObjectKey,
-    pub(crate) raw: Value,
-    pub(crate) binding: Binding,
-    /// Scheduled by us, or guarded.
-    pub(crate) mode: Mode,
-}
-
-/// One object a pass evaluates.
-pub(crate) enum Item {
-    Workload(usize, Arc<DynamicObject>),
-    Binding(usize, Arc<BindingItem>),
-    Placement(usize, Arc<PlacementItem>),
 }
 
 /// `resource/namespace/name` of an object, for logs and reports.

@@ -33,6 +33,19 @@ impl OcmState {
         let admitted = |key: &ObjectKey| {
             namespaces.is_none_or(|n| key.namespace.as_ref().is_some_and(|ns| n.contains(ns)))
         };
+        Hub {
+            decisions: self.decisions_by_placement(&admitted),
+            workloads: self.workloads_by_placement(&admitted),
+            sig: self.sig_by_placement(&admitted),
+            inventories: self.inventories(&admitted),
+        }
+    }
+
+    /// The PlacementDecisions of each Placement, by name.
+    fn decisions_by_placement(
+        &self,
+        admitted: &dyn Fn(&ObjectKey) -> bool,
+    ) -> HashMap<ObjectKey, Vec<Existing>> {
         let mut decisions: HashMap<ObjectKey, Vec<Existing>> = HashMap::new();
         for (key, json) in self.decisions.objects.snapshot(admitted) {
             let Ok(existing) = Existing::parse(&json) else {
@@ -48,6 +61,14 @@ impl OcmState {
         for list in decisions.values_mut() {
             list.sort_by(|a, b| a.name.cmp(&b.name));
         }
+        decisions
+    }
+
+    /// The workloads each Placement's ManifestWorkReplicaSets deliver.
+    fn workloads_by_placement(
+        &self,
+        admitted: &dyn Fn(&ObjectKey) -> bool,
+    ) -> HashMap<ObjectKey, Vec<Workload>> {
         let mut workloads: HashMap<ObjectKey, Vec<Workload>> = HashMap::new();
         for (key, json) in self.replica_sets.objects.snapshot(admitted) {
             let Ok(object) = serde_json::from_slice::<Value>(&json) else {
@@ -62,19 +83,37 @@ impl OcmState {
                     .extend(delivered.iter().cloned());
             }
         }
+        workloads
+    }
+
+    /// The SIG-Multicluster decisions of each Placement, when watched.
+    fn sig_by_placement(
+        &self,
+        admitted: &dyn Fn(&ObjectKey) -> bool,
+    ) -> HashMap<ObjectKey, Vec<Slice>> {
         let mut sig: HashMap<ObjectKey, Vec<Slice>> = HashMap::new();
-        if let Some(store) = &self.sig {
-            for (key, json) in store.objects.snapshot(admitted) {
-                let Ok(slice) = Slice::parse(&json) else {
-                    continue;
-                };
-                if let Some(placement) = slice.labels.get(sig::DECISION_KEY_LABEL) {
-                    sig.entry(ObjectKey::new(key.namespace.as_deref(), placement))
-                        .or_default()
-                        .push(slice);
-                }
+        let Some(store) = &self.sig else {
+            return sig;
+        };
+        for (key, json) in store.objects.snapshot(admitted) {
+            let Ok(slice) = Slice::parse(&json) else {
+                continue;
+            };
+            if let Some(placement) = slice.labels.get(sig::DECISION_KEY_LABEL) {
+                sig.entry(ObjectKey::new(key.namespace.as_deref(), placement))
+                    .or_default()
+                    .push(slice);
             }
         }
+        sig
+    }
+
+    /// The clusters each namespace may use: every cluster and set, with the
+    /// sets bound to the namespace.
+    fn inventories(
+        &self,
+        admitted: &dyn Fn(&ObjectKey) -> bool,
+    ) -> HashMap<String, Arc<Inventory>> {
         let clusters: Arc<BTreeMap<String, ManagedCluster>> = Arc::new(
             self.clusters
                 .objects
@@ -98,7 +137,7 @@ impl OcmState {
                 bound.entry(ns).or_default().insert(key.name);
             }
         }
-        let inventories = bound
+        bound
             .into_iter()
             .map(|(ns, bound)| {
                 let inventory = Inventory {
@@ -108,13 +147,7 @@ impl OcmState {
                 };
                 (ns, Arc::new(inventory))
             })
-            .collect();
-        Hub {
-            decisions,
-            workloads,
-            sig,
-            inventories,
-        }
+            .collect()
     }
 }
 

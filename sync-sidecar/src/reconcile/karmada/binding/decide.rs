@@ -11,7 +11,7 @@ use policy_client::placement::desired_annotations;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{Binding, Reason, TargetCluster};
+use super::model::{Binding, Reason, TargetCluster};
 use crate::reconcile::karmada::affinity::{matches, untolerated_taint};
 use crate::reconcile::karmada::division::{ClusterPreference, DivisionError, divide};
 

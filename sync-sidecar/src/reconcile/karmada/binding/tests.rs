@@ -3,7 +3,13 @@ use policy_client::karmada::PREFERENCES_ANNOTATION;
 use policy_client::ownership_keys::OwnershipKeys;
 use serde_json::json;
 
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::model::*;
 use super::*;
+use crate::config::writers::KarmadaSettings;
 
 fn keys() -> &'static OwnershipKeys {
     static KEYS: std::sync::OnceLock<OwnershipKeys> = std::sync::OnceLock::new();

@@ -3,9 +3,9 @@
 
 use serde_json::{Value, json};
 
-use super::{
-    APPLIED_PLACEMENT_ANNOTATION, Binding, Placement, Reason, SCHEDULED, SUCCESS_MESSAGE,
-    TargetCluster,
+use super::decide::Placement;
+use super::model::{
+    APPLIED_PLACEMENT_ANNOTATION, Binding, Reason, SCHEDULED, SUCCESS_MESSAGE, TargetCluster,
 };
 
 /// The writes that bring a binding to a placement (none when it has it).

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 
-use super::{
+use super::model::{
     ClusterDecision, GROUP_INDEX_LABEL, GROUP_NAME_LABEL, MAX_DECISIONS_PER_OBJECT, PLACEMENT_LABEL,
 };
 use crate::reconcile::ocm::clusters::{CompiledSelector, ManagedCluster, Misconfigured};

@@ -1,9 +1,15 @@
 use serde_json::{Value, json};
 
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::grouping::{groups, objects};
+use super::model::*;
 use super::*;
 use crate::reconcile::ocm::clusters::tests::inventory;
 use crate::reconcile::ocm::clusters::{ManagedCluster, candidates};
+use crate::reconcile::ocm::placement::Placement;
 use crate::reconcile::ocm::placement::tests::placement;
+use crate::reconcile::ocm::policy::Allowed;
 use crate::reconcile::ocm::policy::{Allowance, Read, Subject, combine};
 
 const NOW: &str = "2026-11-26T10:00:00Z";

@@ -5,10 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Value, json};
 
-use super::grouping::{Desired, new_object};
-use super::{
-    ClusterDecision, Existing, MISCONFIGURED, Outcome, SATISFIED, decided, groups, objects,
-};
+use super::grouping::{Desired, groups, new_object, objects};
+use super::model::{ClusterDecision, Existing, MISCONFIGURED, Outcome, SATISFIED, decided};
 use crate::reconcile::ocm::clusters::{ManagedCluster, Misconfigured};
 use crate::reconcile::ocm::placement::Placement;
 

@@ -1,4 +1,5 @@
 use super::*;
+use serde_json::json;
 
 fn keys() -> &'static OwnershipKeys {
     static KEYS: std::sync::OnceLock<OwnershipKeys> = std::sync::OnceLock::new();
@@ -153,30 +154,6 @@ fn a_conflict_keeps_the_placement_and_names_the_errors() {
         Assessment::Unplaceable(vec![
             "no cluster satisfies the placement requirements".into()
         ])
-    );
-}
-
-#[test]
-fn guarded_patch_tests_the_resource_version_first() {
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}
-    ]))
-    .unwrap();
-    let guarded = serde_json::to_value(guarded_patch(&patch, Some("42"))).unwrap();
-    assert_eq!(
-        guarded[0],
-        json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
-    );
-    assert_eq!(guarded[1]["op"], "add");
-    let mut doc = json!({"metadata": {"resourceVersion": "41"}});
-    assert!(json_patch::patch(&mut doc, &guarded_patch(&patch, Some("42"))).is_err());
-    assert_eq!(
-        serde_json::to_value(guarded_patch(&patch, None))
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .len(),
-        1
     );
 }
 

@@ -1,4 +1,4 @@
-//! Workloads as a target of the reconciler: the placement annotations of the
+//! What the reconciler decides of a workload: the placement annotations of the
 //! objects the webhook evaluates. A workload is stale when its policy-owned
 //! annotations differ from what the decision for its developer view asks;
 //! `auto` mode PATCHes them (with a `test` of the resourceVersion the patch
@@ -17,9 +17,9 @@ use policy_client::placement::{
     OWNERSHIP_ANNOTATION, annotations, desired_annotations, developer_view,
 };
 use policy_client::verdict::{Plan, plan};
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::changes::fingerprint;
+use crate::reconcile::changes::fingerprint;
 use crate::replication::watched::Need;
 use crate::scope::Scope;
 
@@ -77,24 +77,6 @@ pub(crate) fn assess(object: &Value, outcome: &QueryOutcome, keys: &OwnershipKey
         Err(e) => return Assessment::Invalid(e.to_string()),
     };
     Assessment::Stale { patch, changed }
-}
-
-/// `patch` preceded by a test that the object is still at `resource_version`.
-pub(crate) fn guarded_patch(
-    patch: &json_patch::Patch,
-    resource_version: Option<&str>,
-) -> json_patch::Patch {
-    let mut ops = Vec::with_capacity(patch.0.len() + 1);
-    if let Some(rv) = resource_version {
-        // A test op built from JSON cannot fail to parse.
-        if let Ok(test) = serde_json::from_value::<json_patch::PatchOperation>(json!({
-            "op": "test", "path": "/metadata/resourceVersion", "value": rv
-        })) {
-            ops.push(test);
-        }
-    }
-    ops.extend(patch.0.iter().cloned());
-    json_patch::Patch(ops)
 }
 
 /// The object carries a placement the policy wrote (its ownership record).
