@@ -250,7 +250,20 @@ impl Admission {
                 Mode::Validate => self.guard_binding_delivery(request, object).await,
             };
         }
-        match self.place(request, object).await {
+        let placed = self.place(request, object).await;
+        self.answer_placement(request, mode, placed)
+    }
+
+    /// The answer for a workload's placement: denied (with an Event), tolerated
+    /// (a warning and an Event), patched on `/mutate`, or the failure guarded.
+    fn answer_placement(
+        &self,
+        request: &AdmissionRequest,
+        mode: Mode,
+        placed: Result<Placement, PlacementFailure>,
+    ) -> (AdmissionResponse, Outcome) {
+        let uid = request.uid.as_str();
+        match placed {
             Ok(Placement::Denied { new, existing }) => {
                 let mut message =
                     format!("placement policy denied the request: {}", new.join("; "));
