@@ -2,16 +2,17 @@
 //! fail-closed-iff-policies-exist rule.
 
 mod delivery;
+mod guardrail;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use policy_client::decision::{Decision, DecisionError};
-use policy_client::delivery::{Carrier, allowed};
+use policy_client::delivery::Carrier;
 use policy_client::engine::{EngineError, PolicyEngine, QueryOutcome};
 use policy_client::input::{PolicyInput, RequestMeta};
-use policy_client::karmada::{is_binding, template_input};
+use policy_client::karmada::is_binding;
 use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys};
 use policy_client::placement::MergeError;
 use policy_client::text::bounded;
@@ -19,8 +20,8 @@ use policy_client::verdict::{Plan, plan, request_changed};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+pub(crate) use self::guardrail::{Guardrail, TemplateFailure};
 use crate::events::EventSink;
-use crate::guardrail::{self, Guardrail, TemplateFailure};
 use crate::metrics::{Metrics, Outcome};
 use crate::presence::PolicyPresence;
 use crate::review::{
@@ -405,73 +406,6 @@ impl Admission {
             PlacementFailure::PolicyError(_) => self.metrics.engine_error("evaluation"),
             _ => {}
         }
-    }
-
-    /// A Karmada binding write in `/mutate`: its placement narrowed to the
-    /// clusters the policy allows its template ([`guardrail`]). No binding
-    /// write is denied here for the policy's errors (the detector's updates
-    /// carry the template's scaling too); what a write delivers is checked in
-    /// `/validate` ([`delivery`]).
-    async fn guard_binding(
-        &self,
-        request: &AdmissionRequest,
-        object: &Value,
-    ) -> (AdmissionResponse, Outcome) {
-        let uid = request.uid.as_str();
-        if !self.guardrail.guards(object) || Guardrail::unchanged(request, object) {
-            return (AdmissionResponse::allow(uid), Outcome::Skipped);
-        }
-        let (bound, kept) = match self.binding_decision(request, object).await {
-            Ok((decision, template)) => match allowed(&template, &decision) {
-                Ok(bound) => (bound, None),
-                Err(refusal) => (
-                    guardrail::fallback_bound(request),
-                    Some(format!("for the binding's resource template, {refusal}")),
-                ),
-            },
-            // Without a decision a new binding fails closed iff policies exist.
-            Err(failure) if request.operation == Operation::Create => {
-                return self.guard(request, failure);
-            }
-            Err(failure) => {
-                self.count_engine_error(&failure);
-                (
-                    guardrail::fallback_bound(request),
-                    Some(failure.to_string()),
-                )
-            }
-        };
-        let patch = guardrail::patch(object, &bound);
-        let mut response = AdmissionResponse::allow(uid);
-        if let Some(patch) = &patch {
-            response = response.with_patch(patch);
-        }
-        match kept {
-            None if patch.is_some() => (response, Outcome::Patched),
-            None => (response, Outcome::Unchanged),
-            Some(why) => {
-                let message = bounded(format!(
-                    "placement-policy: the binding's placement is kept within the clusters allowed before ({bound}), because {why}"
-                ));
-                tracing::warn!(uid, "{message}");
-                self.events.emit(request, "PlacementGuardKept", &message);
-                (response.with_warning(message), Outcome::Tolerated)
-            }
-        }
-    }
-
-    /// The decision for a binding's resource template, and the template.
-    async fn binding_decision(
-        &self,
-        request: &AdmissionRequest,
-        binding: &Value,
-    ) -> Result<(Decision, Value), PlacementFailure> {
-        let deadline = Instant::now() + self.settings.engine_deadline;
-        let keys = self.keys()?;
-        let (template, resource) = self.guardrail.template(request, binding).await?;
-        let input = template_input(&template, &resource, binding, &keys);
-        let decision = self.query(&PolicyInput::from(input), deadline).await?;
-        Ok((decision, template))
     }
 
     async fn place(

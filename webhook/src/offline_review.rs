@@ -10,10 +10,9 @@ use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::admission::{Admission, AdmissionSettings, Mode};
+use crate::admission::{Admission, AdmissionSettings, Guardrail, Mode};
 use crate::config::{EngineKind, OutputFormat, ReviewArgs};
 use crate::events::EventSink;
-use crate::guardrail::Guardrail;
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
 use crate::review::Caller;

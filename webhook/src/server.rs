@@ -5,7 +5,6 @@
 //! timed before anything is built from it.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,10 +19,6 @@ use http_body_util::BodyExt as _;
 use placement_endpoint::{
     ClientCertificate, ConnectionLimits, Listener, Peers, Stopping, Throttle, TlsSettings,
 };
-use rustls::ServerConfig;
-use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use serde_json::json;
 
 use crate::admission::{Admission, Mode};
@@ -44,8 +39,6 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("client CA file {path}: {reason}")]
-    ClientCa { path: PathBuf, reason: String },
 }
 
 /// How reviews are read.
@@ -545,72 +538,4 @@ pub(crate) async fn serve(
         addr: metrics_addr,
         source,
     })
-}
-
-/// Client certificates signed by the CA in `path` are verified; clients
-/// without one still complete the handshake (the kubelet's HTTPS probes carry
-/// none) and are refused by the review endpoints.
-pub(crate) fn client_verifier(
-    path: &Path,
-) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, ServerError> {
-    let error = |reason: String| ServerError::ClientCa {
-        path: path.to_owned(),
-        reason,
-    };
-    let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| error(e.to_string()))?;
-        roots.add(cert).map_err(|e| error(e.to_string()))?;
-    }
-    if roots.is_empty() {
-        return Err(error("holds no PEM certificate".to_owned()));
-    }
-    WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        Arc::new(rustls::crypto::ring::default_provider()),
-    )
-    .allow_unauthenticated()
-    .build()
-    .map_err(|e| error(e.to_string()))
-}
-
-/// `base` (a server certificate, no client authentication) verifying client
-/// certificates with `verifier`.
-pub(crate) fn with_client_verifier(
-    base: &ServerConfig,
-    verifier: &Arc<dyn rustls::server::danger::ClientCertVerifier>,
-) -> Result<ServerConfig, rustls::Error> {
-    let mut config =
-        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(Arc::clone(verifier))
-            .with_cert_resolver(Arc::clone(&base.cert_resolver));
-    config.alpn_protocols = base.alpn_protocols.clone();
-    Ok(config)
-}
-
-/// TLS settings that follow certificate file changes, verifying client
-/// certificates with `verifier` when given.
-pub(crate) fn reloading_tls(
-    cert: PathBuf,
-    key: PathBuf,
-    verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
-) -> Result<TlsSettings, placement_certs::CertError> {
-    let finish = move |base: ServerConfig| match &verifier {
-        Some(verifier) => with_client_verifier(&base, verifier),
-        None => Ok(base),
-    };
-    let initial = finish(placement_certs::load_server_config(&cert, &key)?)?;
-    let settings = TlsSettings::new(Arc::new(initial));
-    let target = settings.clone();
-    placement_certs::spawn_reloader(cert, key, Duration::from_secs(2), move |new| {
-        match finish((*new).clone()) {
-            Ok(config) => target.replace(Arc::new(config)),
-            Err(e) => {
-                tracing::warn!(error = %e, "reloaded certificate does not load; keeping the current one")
-            }
-        }
-    });
-    Ok(settings)
 }

@@ -30,8 +30,7 @@ use policy_client::text::bounded;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{Admission, PlacementFailure};
-use crate::guardrail;
+use super::{Admission, PlacementFailure, guardrail};
 use crate::metrics::Outcome;
 use crate::review::{AdmissionRequest, AdmissionResponse, Operation};
 
