@@ -8,93 +8,26 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use policy_client::decision::{Decision, DecisionError};
+use policy_client::decision::Decision;
 use policy_client::delivery::Carrier;
-use policy_client::engine::{EngineError, PolicyEngine, QueryOutcome};
+use policy_client::engine::{PolicyEngine, QueryOutcome};
 use policy_client::input::{PolicyInput, RequestMeta};
 use policy_client::karmada::is_binding;
 use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys};
-use policy_client::placement::MergeError;
 use policy_client::text::bounded;
 use policy_client::verdict::{Plan, plan, request_changed};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
-pub(crate) use self::guardrail::{Guardrail, TemplateFailure};
+pub(crate) use self::guardrail::Guardrail;
 use crate::events::EventSink;
+use crate::failure::PlacementFailure;
 use crate::metrics::{Metrics, Outcome};
 use crate::presence::PolicyPresence;
 use crate::review::{
     AdmissionRequest, AdmissionResponse, AdmissionReviewResponse, Caller, Operation, Parsed,
     ReviewError, parse,
 };
-
-/// Why no placement could be computed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum PlacementFailure {
-    #[error("the policy engine is unavailable: {0}")]
-    EngineUnavailable(#[source] EngineError),
-    /// The policy itself fails (OPA's `eval_*` errors): permanent, not retried.
-    #[error("the placement policy failed to evaluate: {0}")]
-    PolicyError(String),
-    /// The engine cannot take the object: the client's fault, not the engine's.
-    #[error("the policy engine cannot evaluate request.object / request.oldObject: {0}")]
-    InvalidInput(String),
-    #[error(
-        "the policy engine returned no decision for data.{path} (undefined: the policy is not loaded, or the engine has not synced yet); check the annotation placement-policy.io/policy-status of the policy ConfigMaps, placement-sync's /readyz, or `kubectl placement status`"
-    )]
-    Undefined { path: String },
-    #[error("the placement policy returned an invalid decision: {0}")]
-    InvalidDecision(#[from] DecisionError),
-    #[error("the placement policy's annotations cannot be applied: {0}")]
-    InvalidAnnotations(#[from] MergeError),
-    /// The webhook serves before its ownership keys are read: it cannot tell
-    /// what the policy owns yet.
-    #[error(
-        "the ownership record's keys are not loaded yet: the webhook is reading, or making, its key Secret (--ownership-secret; the chart's <release>-ownership in the release namespace), which needs get and create on that Secret for the webhook's service account; its log says why it cannot"
-    )]
-    KeysUnavailable,
-    /// A Karmada binding's template cannot be read: no decision for it.
-    #[error("the binding's resource template gives no decision: {0}")]
-    Template(#[from] TemplateFailure),
-}
-
-impl PlacementFailure {
-    /// Event reason, `PascalCase`.
-    pub(crate) fn reason(&self) -> &'static str {
-        match self {
-            PlacementFailure::EngineUnavailable(_) => "PolicyEngineUnavailable",
-            PlacementFailure::PolicyError(_) => "PolicyEvaluationError",
-            PlacementFailure::InvalidInput(_) => "BadRequest",
-            PlacementFailure::Undefined { .. } => "PolicyDecisionUndefined",
-            PlacementFailure::InvalidDecision(_) => "InvalidPolicyDecision",
-            PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
-            PlacementFailure::KeysUnavailable => "OwnershipKeysUnavailable",
-            PlacementFailure::Template(_) => "BindingTemplateUnavailable",
-        }
-    }
-
-    fn status_code(&self) -> u16 {
-        match self {
-            PlacementFailure::EngineUnavailable(_)
-            | PlacementFailure::Undefined { .. }
-            | PlacementFailure::KeysUnavailable
-            | PlacementFailure::Template(_) => 503,
-            PlacementFailure::InvalidDecision(_)
-            | PlacementFailure::InvalidAnnotations(_)
-            | PlacementFailure::PolicyError(_) => 500,
-            PlacementFailure::InvalidInput(_) => 400,
-        }
-    }
-
-    fn from_engine(error: EngineError) -> Self {
-        match error {
-            EngineError::Evaluation(message) => PlacementFailure::PolicyError(message),
-            EngineError::InvalidInput(message) => PlacementFailure::InvalidInput(message),
-            other => PlacementFailure::EngineUnavailable(other),
-        }
-    }
-}
 
 /// Which endpoint a review came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,8 +13,8 @@
 //!    `self_managed` (certificates kept in a Secret).
 //! 3. `admission` (the answer to one review; its children `delivery`, the
 //!    delivery guard, and `guardrail`, the Karmada binding guardrail's one
-//!    home, add to `impl Admission`).
-//! 4. `events`, `readiness`, `budget`, `tls`.
+//!    home, add to `impl Admission` and import nothing else from it).
+//! 4. `failure` (why no placement), `events`, `readiness`, `budget`, `tls`.
 //! 5. `review` (the wire types), `presence`, `metrics`, `sizing`.
 //! 6. `config`: the flags, reaching no other module.
 
@@ -24,6 +24,7 @@ mod admission;
 mod budget;
 mod config;
 mod events;
+mod failure;
 mod metrics;
 mod offline_review;
 mod presence;

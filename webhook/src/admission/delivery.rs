@@ -30,7 +30,8 @@ use policy_client::text::bounded;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{Admission, PlacementFailure, guardrail};
+use super::{Admission, guardrail};
+use crate::failure::PlacementFailure;
 use crate::metrics::Outcome;
 use crate::review::{AdmissionRequest, AdmissionResponse, Operation};
 

@@ -20,8 +20,7 @@
 use std::sync::Arc;
 
 use policy_client::karmada::{
-    ALLOWED_CLUSTERS_ANNOTATION, Bound, TemplateError, TemplateRef, Templates, guarded,
-    stored_bound,
+    ALLOWED_CLUSTERS_ANNOTATION, Bound, TemplateRef, Templates, guarded, stored_bound,
 };
 use policy_client::placement::MergeError;
 use serde_json::Value;
@@ -33,7 +32,8 @@ use policy_client::karmada::template_input;
 use policy_client::text::bounded;
 use tokio::time::Instant;
 
-use super::{Admission, PlacementFailure};
+use super::Admission;
+use crate::failure::{PlacementFailure, TemplateFailure};
 use crate::metrics::Outcome;
 use crate::review::{AdmissionRequest, AdmissionResponse, Operation};
 
@@ -58,19 +58,6 @@ impl std::fmt::Debug for Guardrail {
             .field("client", &self.client.is_some())
             .finish()
     }
-}
-
-/// Why a binding's template gives no decision.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum TemplateFailure {
-    #[error("the binding names no resource template (spec.resource)")]
-    NoReference,
-    #[error("no Kubernetes API access to read the binding's resource template")]
-    NoClient,
-    #[error("its resource template {kind} {name} does not exist")]
-    Gone { kind: String, name: String },
-    #[error(transparent)]
-    Unreadable(#[from] TemplateError),
 }
 
 impl Guardrail {
