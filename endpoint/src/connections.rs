@@ -188,16 +188,22 @@ pub async fn serve(
         peers,
     } = listener;
     let socket = TcpListener::from_std(socket)?;
-    let slots = Slots::new(limits.max_connections, limits.max_per_peer, OPENING);
-    // Beyond the slots: a TLS handshake (a verified client then takes a
-    // slot), then one probe.
-    let keeps_beyond = tls.is_some() || !probes.is_empty();
-    let beyond = Slots::beyond(BEYOND_SLOTS, BEYOND_SLOTS_PER_PEER, OPENING);
+    let gate = Gate {
+        name,
+        slots: Slots::new(limits.max_connections, limits.max_per_peer, OPENING),
+        // Beyond the slots: a TLS handshake (a verified client then takes a
+        // slot), then one probe.
+        keeps_beyond: tls.is_some() || !probes.is_empty(),
+        beyond: Slots::beyond(BEYOND_SLOTS, BEYOND_SLOTS_PER_PEER, OPENING),
+        refused: Throttle::new(WARN_EVERY),
+        metrics: metrics.clone(),
+        max_connections: limits.max_connections,
+        max_per_peer: limits.max_per_peer,
+    };
     // The connections beyond the slots, apart in the metrics (once per
     // listener: a name for the process's lifetime).
     let probes_name: &'static str = Box::leak(format!("{name}_probes").into_boxed_str());
     let builder = Arc::new(http_builder(&limits));
-    let refused = Throttle::new(WARN_EVERY);
     let failed = Throttle::new(WARN_EVERY);
     loop {
         let accepted = tokio::select! {
@@ -213,35 +219,9 @@ pub async fn serve(
         };
         let key = peers.key(peer.ip());
         let this_host = trust_this_host && is_this_host(peer.ip());
-        let acquired = slots.acquire(key, this_host).map(|slot| (slot, false));
-        if let Err(refusal) = &acquired {
-            metrics.refused(name, refusal.reason());
-        }
-        // Every slot taken, or the peer's share: one kept beyond them.
-        let acquired = match acquired {
-            Err(refusal) if keeps_beyond => beyond
-                .acquire(key, false)
-                .map(|slot| (slot, true))
-                .map_err(|_| refusal),
-            other => other,
-        };
-        let (slot, beyond_the_slots) = match acquired {
-            Ok(acquired) => acquired,
-            Err(refusal) => {
-                if let Some(held_back) = refused.admit() {
-                    tracing::warn!(
-                        listener = name,
-                        %peer,
-                        reason = refusal.reason(),
-                        max_connections = limits.max_connections,
-                        max_per_peer = limits.max_per_peer,
-                        held_back,
-                        "connection refused: every slot of this listener is taken and no peer holds two more than this one, or this peer holds its share (the webhook's --max-connections, --max-connections-per-peer), and every slot kept beyond them is taken"
-                    );
-                }
-                drop(tcp);
-                continue;
-            }
+        let Some((slot, beyond_the_slots)) = gate.admit(peer, key, this_host) else {
+            drop(tcp);
+            continue;
         };
         let connection = Connection {
             name,
@@ -254,7 +234,7 @@ pub async fn serve(
             limits: limits.clone(),
             metrics: metrics.clone(),
             stopping: stopping.clone(),
-            slots: Arc::clone(&slots),
+            slots: Arc::clone(&gate.slots),
             slot,
             probes: beyond_the_slots.then_some(probes),
         };
@@ -262,14 +242,71 @@ pub async fn serve(
     }
     // New connections are refused from here on.
     drop(socket);
-    // Every connection holds a slot until it ends.
-    let _ = tokio::time::timeout(drain, async {
-        while slots.held() + beyond.held() > 0 {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await;
+    gate.drained(drain).await;
     Ok(())
+}
+
+/// Which accepted connections get a slot: one of the listener's, else (when
+/// it keeps any) one beyond them.
+struct Gate {
+    /// The listener's name.
+    name: &'static str,
+    slots: Arc<Slots>,
+    /// Whether the listener keeps slots beyond its own (TLS or probes).
+    keeps_beyond: bool,
+    beyond: Arc<Slots>,
+    /// Warnings about refused connections, at most one per interval.
+    refused: Throttle,
+    metrics: ListenerMetrics,
+    max_connections: usize,
+    max_per_peer: usize,
+}
+
+impl Gate {
+    /// A slot for `peer` (counting for `key`), and whether it lies beyond the
+    /// listener's slots; `None` when refused (counted, and warned of).
+    fn admit(&self, peer: SocketAddr, key: IpAddr, this_host: bool) -> Option<(Slot, bool)> {
+        let acquired = self.slots.acquire(key, this_host).map(|slot| (slot, false));
+        if let Err(refusal) = &acquired {
+            self.metrics.refused(self.name, refusal.reason());
+        }
+        // Every slot taken, or the peer's share: one kept beyond them.
+        let acquired = match acquired {
+            Err(refusal) if self.keeps_beyond => self
+                .beyond
+                .acquire(key, false)
+                .map(|slot| (slot, true))
+                .map_err(|_| refusal),
+            other => other,
+        };
+        let refusal = match acquired {
+            Ok(acquired) => return Some(acquired),
+            Err(refusal) => refusal,
+        };
+        if let Some(held_back) = self.refused.admit() {
+            tracing::warn!(
+                listener = self.name,
+                %peer,
+                reason = refusal.reason(),
+                max_connections = self.max_connections,
+                max_per_peer = self.max_per_peer,
+                held_back,
+                "connection refused: every slot of this listener is taken and no peer holds two more than this one, or this peer holds its share (the webhook's --max-connections, --max-connections-per-peer), and every slot kept beyond them is taken"
+            );
+        }
+        None
+    }
+
+    /// Once every connection has ended, or after `drain`: every connection
+    /// holds a slot until it ends.
+    async fn drained(&self, drain: Duration) {
+        let _ = tokio::time::timeout(drain, async {
+            while self.slots.held() + self.beyond.held() > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+    }
 }
 
 /// Log (rate-limited), count, and back off when descriptors are exhausted.
@@ -427,37 +464,18 @@ impl Connection {
         // is the connection's last (a fast one may come and go between two
         // polls of the select below, so the service itself tells).
         let retired = CancellationToken::new();
-        let service = {
-            let (activity, closing) = (Arc::clone(&activity), closing.clone());
-            let retired = retired.clone();
-            hyper::service::service_fn(move |mut request: Request<Incoming>| {
-                request.extensions_mut().insert(ConnectInfo(peer));
-                request.extensions_mut().insert(certificate);
-                let busy = Busy::start(&activity);
-                let app = app.clone();
-                let closing = closing.clone();
-                let retired = retired.clone();
-                async move {
-                    let mut response = match probes {
-                        Some(paths) if !is_probe(&request, paths) => Ok(beyond_the_slots()),
-                        _ => app.oneshot(request).await,
-                    };
-                    if closing.is_cancelled() {
-                        // Said in the response, so that an HTTP/1 client never
-                        // reuses the connection we close next (HTTP/2 drops the
-                        // header and gets a GOAWAY instead).
-                        if let Ok(response) = &mut response {
-                            response
-                                .headers_mut()
-                                .insert(CONNECTION, HeaderValue::from_static("close"));
-                            retired.cancel();
-                        }
-                    }
-                    drop(busy);
-                    response
-                }
-            })
+        let responder = Responder {
+            peer,
+            certificate,
+            activity: Arc::clone(&activity),
+            app,
+            closing: closing.clone(),
+            retired: retired.clone(),
+            probes,
         };
+        let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+            responder.clone().respond(request)
+        });
         let connection = self.builder.serve_connection(TokioIo::new(io), service);
         tokio::pin!(connection);
         let closing_reason = || {
@@ -497,6 +515,54 @@ impl Connection {
         } else {
             // The listener's drain time bounds a shutdown.
             let _ = connection.await;
+        }
+    }
+}
+
+/// What answers each request of one connection.
+#[derive(Clone)]
+struct Responder {
+    peer: SocketAddr,
+    certificate: ClientCertificate,
+    activity: Arc<Activity>,
+    app: Router,
+    /// Cancelled: every response says `Connection: close`.
+    closing: CancellationToken,
+    /// Cancelled here once a response said `Connection: close`.
+    retired: CancellationToken,
+    /// Beyond the slots: the paths it may ask for.
+    probes: Option<&'static [&'static str]>,
+}
+
+impl Responder {
+    /// Counted busy from the call (not from the first poll), as the idle
+    /// timer reads it.
+    fn respond(
+        self,
+        mut request: Request<Incoming>,
+    ) -> impl Future<Output = Result<axum::response::Response, std::convert::Infallible>> + Send
+    {
+        request.extensions_mut().insert(ConnectInfo(self.peer));
+        request.extensions_mut().insert(self.certificate);
+        let busy = Busy::start(&self.activity);
+        async move {
+            let mut response = match self.probes {
+                Some(paths) if !is_probe(&request, paths) => Ok(beyond_the_slots()),
+                _ => self.app.oneshot(request).await,
+            };
+            if self.closing.is_cancelled() {
+                // Said in the response, so that an HTTP/1 client never
+                // reuses the connection we close next (HTTP/2 drops the
+                // header and gets a GOAWAY instead).
+                if let Ok(response) = &mut response {
+                    response
+                        .headers_mut()
+                        .insert(CONNECTION, HeaderValue::from_static("close"));
+                    self.retired.cancel();
+                }
+            }
+            drop(busy);
+            response
         }
     }
 }

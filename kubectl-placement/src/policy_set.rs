@@ -7,7 +7,7 @@ use std::path::Path;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, ObjectList};
 use policy_client::configmaps::{ConfigMapKind, ConfigMapSelection};
 use policy_client::embedded::Embedded;
 use policy_client::engine::PolicyEngine;
@@ -226,32 +226,52 @@ pub(crate) async fn live(
                 kept.reference
             ));
         }
-        None => {
-            let mut count = 0;
-            for cm in configmaps
-                .iter()
-                .filter(|c| c.kind == ConfigMapKind::Policy)
-            {
-                if let Some(Err(_)) = cm.status() {
-                    origin.push(format!(
-                        "note: ConfigMap {} is in error; its last good version is in force in the engines but not readable here (give --last-good-policies)",
-                        cm.key
-                    ));
-                    continue;
-                }
-                for (key, source) in &cm.data {
-                    engine
-                        .put_policy(&format!("{}/{key}", cm.key), source)
-                        .await?;
-                    count += 1;
-                }
-            }
+        None => put_loaded_policies(&engine, &configmaps, selection, &mut origin).await?,
+    }
+    put_data_configmaps(&engine, &configmaps).await?;
+    put_cluster_objects(client, &engine, sources, &mut origin).await?;
+    Ok(Loaded { engine, origin })
+}
+
+/// Without a last good set: the modules of the policy ConfigMaps not in
+/// error (each one in error is named in `origin`).
+async fn put_loaded_policies(
+    engine: &Embedded,
+    configmaps: &[Selected],
+    selection: &ConfigMapSelection,
+    origin: &mut Vec<String>,
+) -> Result<(), PluginError> {
+    let mut count = 0;
+    for cm in configmaps
+        .iter()
+        .filter(|c| c.kind == ConfigMapKind::Policy)
+    {
+        if let Some(Err(_)) = cm.status() {
             origin.push(format!(
-                "policy: {count} module(s) of the policy ConfigMaps in {}",
-                selection.describe()
+                "note: ConfigMap {} is in error; its last good version is in force in the engines but not readable here (give --last-good-policies)",
+                cm.key
             ));
+            continue;
+        }
+        for (key, source) in &cm.data {
+            engine
+                .put_policy(&format!("{}/{key}", cm.key), source)
+                .await?;
+            count += 1;
         }
     }
+    origin.push(format!(
+        "policy: {count} module(s) of the policy ConfigMaps in {}",
+        selection.describe()
+    ));
+    Ok(())
+}
+
+/// The data ConfigMaps' keys (JSON or YAML) at `namespace/name/key`.
+async fn put_data_configmaps(
+    engine: &Embedded,
+    configmaps: &[Selected],
+) -> Result<(), PluginError> {
     for cm in configmaps.iter().filter(|c| c.kind == ConfigMapKind::Data) {
         for (key, text) in &cm.data {
             let document: Value = serde_json::from_str(text)
@@ -265,6 +285,18 @@ pub(crate) async fn live(
                 .await?;
         }
     }
+    Ok(())
+}
+
+/// The replicated cluster objects at `<replicate path>/<resource>/<name>`:
+/// the types given, or placement-sync's defaults (those the cluster does not
+/// serve skipped).
+async fn put_cluster_objects(
+    client: &Client,
+    engine: &Embedded,
+    sources: LiveSources<'_>,
+    origin: &mut Vec<String>,
+) -> Result<(), PluginError> {
     let explicit = !sources.replicate_cluster.is_empty();
     let types: Vec<&str> = if explicit {
         sources
@@ -286,23 +318,10 @@ pub(crate) async fn live(
                 return Err(PluginError::api(format!("listing {gvr}"))(e));
             }
         };
-        let kind = list.types.kind.trim_end_matches("List").to_owned();
         let objects = by_resource.entry(resource.plural.clone()).or_default();
-        let before = objects.len();
-        for mut object in list.items {
-            object.metadata.managed_fields = None;
-            let name = object.metadata.name.clone().unwrap_or_default();
-            let mut value = serde_json::to_value(&object).map_err(|e| PluginError::Invalid {
-                what: format!("{gvr} {name}"),
-                message: e.to_string(),
-            })?;
-            value["apiVersion"] = Value::String(resource.api_version.clone());
-            value["kind"] = Value::String(kind.clone());
-            objects.insert(name, value);
-        }
+        let added = insert_objects(objects, list, gvr, &resource)?;
         origin.push(format!(
-            "data: {} {gvr} at data.{}.{}",
-            objects.len() - before,
+            "data: {added} {gvr} at data.{}.{}",
             sources.replicate_path.replace('/', "."),
             resource.plural
         ));
@@ -315,7 +334,31 @@ pub(crate) async fn live(
             )
             .await?;
     }
-    Ok(Loaded { engine, origin })
+    Ok(())
+}
+
+/// `list`'s objects by name into `objects`, as placement-sync replicates
+/// them (no managed fields; `apiVersion` and `kind` set); how many were new.
+fn insert_objects(
+    objects: &mut Map<String, Value>,
+    list: ObjectList<DynamicObject>,
+    gvr: &str,
+    resource: &ApiResource,
+) -> Result<usize, PluginError> {
+    let kind = list.types.kind.trim_end_matches("List").to_owned();
+    let before = objects.len();
+    for mut object in list.items {
+        object.metadata.managed_fields = None;
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let mut value = serde_json::to_value(&object).map_err(|e| PluginError::Invalid {
+            what: format!("{gvr} {name}"),
+            message: e.to_string(),
+        })?;
+        value["apiVersion"] = Value::String(resource.api_version.clone());
+        value["kind"] = Value::String(kind.clone());
+        objects.insert(name, value);
+    }
+    Ok(objects.len() - before)
 }
 
 /// The modules and data of `dir`, as `opa run DIR` and `placement-webhook

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 
 use crate::cli::{Global, Output, StatusArgs};
 use crate::error::PluginError;
-use crate::held::reported;
-use crate::policy_set::{CHART_LABEL, configmaps, last_good};
+use crate::held::{Held, reported};
+use crate::policy_set::{CHART_LABEL, LastGood, Selected, configmaps, last_good};
 use crate::table;
 
 /// Exit status when the set is not in force or an engine is not in sync.
@@ -40,6 +40,21 @@ impl EngineSync {
     }
 }
 
+/// What `status` found, for either output.
+struct Report<'a> {
+    /// Which ConfigMaps were read, as `--help` words it.
+    selection: String,
+    policies: Vec<&'a Selected>,
+    kept: Option<LastGood>,
+    /// Modules whose source in force differs from the ConfigMap's (in error,
+    /// refused, or not loaded yet).
+    differing: Vec<String>,
+    loaded: bool,
+    in_force: bool,
+    engines: Vec<EngineSync>,
+    held: Vec<Held>,
+}
+
 pub(crate) async fn status(global: &Global, args: StatusArgs) -> Result<u8, PluginError> {
     let client = policy_client::kube_client::client(global.kubeconfig.as_deref()).await?;
     let selection = args
@@ -52,28 +67,8 @@ pub(crate) async fn status(global: &Global, args: StatusArgs) -> Result<u8, Plug
         .filter(|c| c.kind == ConfigMapKind::Policy)
         .collect();
     let kept = last_good(&client, args.last_good_policies.as_deref()).await?;
-    let current: BTreeMap<String, String> = policies
-        .iter()
-        .flat_map(|cm| {
-            cm.data
-                .iter()
-                .map(move |(key, source)| (format!("{}/{key}", cm.key), source.clone()))
-        })
-        .collect();
+    let differing = differing(&policies, kept.as_ref());
     let loaded = policies.iter().all(|cm| cm.status() == Some(Ok(())));
-    // Modules whose source in force differs from the ConfigMap's (in error,
-    // refused, or not loaded yet).
-    let differing: Vec<String> = match &kept {
-        Some(kept) => current
-            .keys()
-            .chain(kept.modules.keys())
-            .filter(|id| current.get(*id) != kept.modules.get(*id))
-            .cloned()
-            .collect::<std::collections::BTreeSet<_>>()
-            .into_iter()
-            .collect(),
-        None => Vec::new(),
-    };
     let in_force = loaded && differing.is_empty();
     let mut engines = Vec::new();
     for url in &args.sync_url {
@@ -82,11 +77,54 @@ pub(crate) async fn status(global: &Global, args: StatusArgs) -> Result<u8, Plug
     if args.sync_url.is_empty() {
         engines.extend(ask_pods(&client).await);
     }
-    let held = reported(&selected, &selection);
-    let synced = engines.iter().all(EngineSync::synced);
+    let report = Report {
+        selection: selection.describe(),
+        held: reported(&selected, &selection),
+        policies,
+        kept,
+        differing,
+        loaded,
+        in_force,
+        engines,
+    };
+    let synced = report.engines.iter().all(EngineSync::synced);
     if global.output == Output::Json {
-        let doc = json!({
-            "policyConfigMaps": policies.iter().map(|cm| json!({
+        let doc = report.json();
+        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+    } else {
+        print!("{}", report.text());
+    }
+    Ok(if in_force && synced { 0 } else { NOT_IN_FORCE })
+}
+
+/// The modules (`namespace/name/key`) whose source in the last good set
+/// differs from the ConfigMaps', either way; none without a last good set.
+fn differing(policies: &[&Selected], kept: Option<&LastGood>) -> Vec<String> {
+    let Some(kept) = kept else {
+        return Vec::new();
+    };
+    let current: BTreeMap<String, String> = policies
+        .iter()
+        .flat_map(|cm| {
+            cm.data
+                .iter()
+                .map(move |(key, source)| (format!("{}/{key}", cm.key), source.clone()))
+        })
+        .collect();
+    current
+        .keys()
+        .chain(kept.modules.keys())
+        .filter(|id| current.get(*id) != kept.modules.get(*id))
+        .cloned()
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+impl Report<'_> {
+    fn json(&self) -> Value {
+        json!({
+            "policyConfigMaps": self.policies.iter().map(|cm| json!({
                 "configMap": cm.key,
                 "modules": cm.data.keys().collect::<Vec<_>>(),
                 "status": match cm.status() {
@@ -95,106 +133,121 @@ pub(crate) async fn status(global: &Global, args: StatusArgs) -> Result<u8, Plug
                     None => Value::Null,
                 },
             })).collect::<Vec<_>>(),
-            "loaded": loaded,
-            "inForce": in_force,
-            "lastGood": kept.as_ref().map(|k| json!({
+            "loaded": self.loaded,
+            "inForce": self.in_force,
+            "lastGood": self.kept.as_ref().map(|k| json!({
                 "configMap": k.reference, "revision": k.revision,
                 "modules": k.modules.keys().collect::<Vec<_>>(),
-                "differsFromConfigMaps": differing,
+                "differsFromConfigMaps": self.differing,
             })),
-            "engines": engines.iter().map(|e| json!({
+            "engines": self.engines.iter().map(|e| json!({
                 "source": e.source, "synced": e.synced(), "readyz": e.state, "detail": e.detail,
             })).collect::<Vec<_>>(),
-            "held": held.iter().map(|h| &h.report).collect::<Vec<_>>(),
-        });
-        println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
-    } else {
-        let mut out = format!("Policy ConfigMaps ({}):\n", selection.describe());
-        if policies.is_empty() {
-            out.push_str(
-                "  none: no policy exists, the webhook admits unchanged (with a warning)\n",
-            );
-        } else {
-            let mut rows = vec![vec![
-                "CONFIGMAP".to_owned(),
-                "MODULES".to_owned(),
-                "STATUS".to_owned(),
-            ]];
-            for cm in &policies {
-                let status = match cm.status() {
-                    Some(Ok(())) => "ok".to_owned(),
-                    Some(Err(errors)) => format!("error: {}", errors.join("; ")),
-                    None => "not loaded yet (no placement-policy.io/policy-status)".to_owned(),
-                };
-                rows.push(vec![cm.key.clone(), cm.data.len().to_string(), status]);
-            }
-            out.push_str(&indent(&table::render(&rows)));
-        }
-        match &kept {
-            Some(kept) => {
-                out.push_str(&format!(
-                    "Last good set: ConfigMap {}, revision {}, {} module(s)",
-                    kept.reference,
-                    kept.revision,
-                    kept.modules.len()
-                ));
-                if differing.is_empty() {
-                    out.push_str(": the ConfigMaps' modules\n");
-                } else {
-                    out.push_str(&format!(
-                        "; differs from the ConfigMaps in {} (their last good version stays in force)\n",
-                        differing.join(", ")
-                    ));
-                }
-            }
-            None => out.push_str(
-                "Last good set: none found (placement-sync's --last-good-policies; give --last-good-policies NAMESPACE/NAME)\n",
-            ),
-        }
+            "held": self.held.iter().map(|h| &h.report).collect::<Vec<_>>(),
+        })
+    }
+
+    fn text(&self) -> String {
+        let mut out = self.policies_text();
+        out.push_str(&self.last_good_text());
         out.push_str(&format!(
             "Policy set: {}\n",
-            match (loaded, in_force) {
+            match (self.loaded, self.in_force) {
                 (true, true) => "loaded and in force",
                 (true, false) => "loaded; the set in force is the last good one",
                 (false, _) =>
                     "NOT in force as written: see the status of each ConfigMap; the last good set stays in force",
             }
         ));
-        out.push_str("Engines:\n");
-        if engines.is_empty() {
-            out.push_str(
-                "  none found (no pod of the chart with a sync-metrics port; give --sync-url)\n",
-            );
-        } else {
-            let mut rows = vec![vec![
-                "PLACEMENT-SYNC".to_owned(),
-                "SYNCED".to_owned(),
-                "DETAIL".to_owned(),
-            ]];
-            for e in &engines {
-                rows.push(vec![
-                    e.source.clone(),
-                    if e.synced() { "yes" } else { "no" }.to_owned(),
-                    e.detail.clone(),
-                ]);
-            }
-            out.push_str(&indent(&table::render(&rows)));
-        }
+        out.push_str(&self.engines_text());
         out.push_str(&format!(
             "Held changes: {}\n",
-            if held.is_empty() {
+            if self.held.is_empty() {
                 "none".to_owned()
             } else {
                 format!(
                     "{} ({}; kubectl placement held)",
-                    held.len(),
-                    held.iter().map(|h| h.id()).collect::<Vec<_>>().join(", ")
+                    self.held.len(),
+                    self.held
+                        .iter()
+                        .map(|h| h.id())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )
             }
         ));
-        print!("{out}");
+        out
     }
-    Ok(if in_force && synced { 0 } else { NOT_IN_FORCE })
+
+    fn policies_text(&self) -> String {
+        let mut out = format!("Policy ConfigMaps ({}):\n", self.selection);
+        if self.policies.is_empty() {
+            out.push_str(
+                "  none: no policy exists, the webhook admits unchanged (with a warning)\n",
+            );
+            return out;
+        }
+        let mut rows = vec![vec![
+            "CONFIGMAP".to_owned(),
+            "MODULES".to_owned(),
+            "STATUS".to_owned(),
+        ]];
+        for cm in &self.policies {
+            let status = match cm.status() {
+                Some(Ok(())) => "ok".to_owned(),
+                Some(Err(errors)) => format!("error: {}", errors.join("; ")),
+                None => "not loaded yet (no placement-policy.io/policy-status)".to_owned(),
+            };
+            rows.push(vec![cm.key.clone(), cm.data.len().to_string(), status]);
+        }
+        out.push_str(&indent(&table::render(&rows)));
+        out
+    }
+
+    fn last_good_text(&self) -> String {
+        let Some(kept) = &self.kept else {
+            return "Last good set: none found (placement-sync's --last-good-policies; give --last-good-policies NAMESPACE/NAME)\n".to_owned();
+        };
+        let mut out = format!(
+            "Last good set: ConfigMap {}, revision {}, {} module(s)",
+            kept.reference,
+            kept.revision,
+            kept.modules.len()
+        );
+        if self.differing.is_empty() {
+            out.push_str(": the ConfigMaps' modules\n");
+        } else {
+            out.push_str(&format!(
+                "; differs from the ConfigMaps in {} (their last good version stays in force)\n",
+                self.differing.join(", ")
+            ));
+        }
+        out
+    }
+
+    fn engines_text(&self) -> String {
+        let mut out = "Engines:\n".to_owned();
+        if self.engines.is_empty() {
+            out.push_str(
+                "  none found (no pod of the chart with a sync-metrics port; give --sync-url)\n",
+            );
+            return out;
+        }
+        let mut rows = vec![vec![
+            "PLACEMENT-SYNC".to_owned(),
+            "SYNCED".to_owned(),
+            "DETAIL".to_owned(),
+        ]];
+        for e in &self.engines {
+            rows.push(vec![
+                e.source.clone(),
+                if e.synced() { "yes" } else { "no" }.to_owned(),
+                e.detail.clone(),
+            ]);
+        }
+        out.push_str(&indent(&table::render(&rows)));
+        out
+    }
 }
 
 fn indent(text: &str) -> String {

@@ -2,98 +2,32 @@
 //! fail-closed-iff-policies-exist rule.
 
 mod delivery;
+mod guardrail;
 
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use policy_client::decision::{Decision, DecisionError};
-use policy_client::delivery::{Carrier, allowed};
-use policy_client::engine::{EngineError, PolicyEngine, QueryOutcome};
+use policy_client::decision::Decision;
+use policy_client::delivery::Carrier;
+use policy_client::engine::{PolicyEngine, QueryOutcome};
 use policy_client::input::{PolicyInput, RequestMeta};
-use policy_client::karmada::{is_binding, template_input};
+use policy_client::karmada::is_binding;
 use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys};
-use policy_client::placement::MergeError;
 use policy_client::text::bounded;
 use policy_client::verdict::{Plan, plan, request_changed};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
+pub(crate) use self::guardrail::Guardrail;
 use crate::events::EventSink;
-use crate::guardrail::{self, Guardrail, TemplateFailure};
+use crate::failure::PlacementFailure;
 use crate::metrics::{Metrics, Outcome};
 use crate::presence::PolicyPresence;
 use crate::review::{
     AdmissionRequest, AdmissionResponse, AdmissionReviewResponse, Caller, Operation, Parsed,
     ReviewError, parse,
 };
-
-/// Why no placement could be computed.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum PlacementFailure {
-    #[error("the policy engine is unavailable: {0}")]
-    EngineUnavailable(#[source] EngineError),
-    /// The policy itself fails (OPA's `eval_*` errors): permanent, not retried.
-    #[error("the placement policy failed to evaluate: {0}")]
-    PolicyError(String),
-    /// The engine cannot take the object: the client's fault, not the engine's.
-    #[error("the policy engine cannot evaluate request.object / request.oldObject: {0}")]
-    InvalidInput(String),
-    #[error(
-        "the policy engine returned no decision for data.{path} (undefined: the policy is not loaded, or the engine has not synced yet); check the annotation placement-policy.io/policy-status of the policy ConfigMaps, placement-sync's /readyz, or `kubectl placement status`"
-    )]
-    Undefined { path: String },
-    #[error("the placement policy returned an invalid decision: {0}")]
-    InvalidDecision(#[from] DecisionError),
-    #[error("the placement policy's annotations cannot be applied: {0}")]
-    InvalidAnnotations(#[from] MergeError),
-    /// The webhook serves before its ownership keys are read: it cannot tell
-    /// what the policy owns yet.
-    #[error(
-        "the ownership record's keys are not loaded yet: the webhook is reading, or making, its key Secret (--ownership-secret; the chart's <release>-ownership in the release namespace), which needs get and create on that Secret for the webhook's service account; its log says why it cannot"
-    )]
-    KeysUnavailable,
-    /// A Karmada binding's template cannot be read: no decision for it.
-    #[error("the binding's resource template gives no decision: {0}")]
-    Template(#[from] TemplateFailure),
-}
-
-impl PlacementFailure {
-    /// Event reason, `PascalCase`.
-    pub(crate) fn reason(&self) -> &'static str {
-        match self {
-            PlacementFailure::EngineUnavailable(_) => "PolicyEngineUnavailable",
-            PlacementFailure::PolicyError(_) => "PolicyEvaluationError",
-            PlacementFailure::InvalidInput(_) => "BadRequest",
-            PlacementFailure::Undefined { .. } => "PolicyDecisionUndefined",
-            PlacementFailure::InvalidDecision(_) => "InvalidPolicyDecision",
-            PlacementFailure::InvalidAnnotations(_) => "InvalidPolicyAnnotations",
-            PlacementFailure::KeysUnavailable => "OwnershipKeysUnavailable",
-            PlacementFailure::Template(_) => "BindingTemplateUnavailable",
-        }
-    }
-
-    fn status_code(&self) -> u16 {
-        match self {
-            PlacementFailure::EngineUnavailable(_)
-            | PlacementFailure::Undefined { .. }
-            | PlacementFailure::KeysUnavailable
-            | PlacementFailure::Template(_) => 503,
-            PlacementFailure::InvalidDecision(_)
-            | PlacementFailure::InvalidAnnotations(_)
-            | PlacementFailure::PolicyError(_) => 500,
-            PlacementFailure::InvalidInput(_) => 400,
-        }
-    }
-
-    fn from_engine(error: EngineError) -> Self {
-        match error {
-            EngineError::Evaluation(message) => PlacementFailure::PolicyError(message),
-            EngineError::InvalidInput(message) => PlacementFailure::InvalidInput(message),
-            other => PlacementFailure::EngineUnavailable(other),
-        }
-    }
-}
 
 /// Which endpoint a review came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -250,7 +184,20 @@ impl Admission {
                 Mode::Validate => self.guard_binding_delivery(request, object).await,
             };
         }
-        match self.place(request, object).await {
+        let placed = self.place(request, object).await;
+        self.answer_placement(request, mode, placed)
+    }
+
+    /// The answer for a workload's placement: denied (with an Event), tolerated
+    /// (a warning and an Event), patched on `/mutate`, or the failure guarded.
+    fn answer_placement(
+        &self,
+        request: &AdmissionRequest,
+        mode: Mode,
+        placed: Result<Placement, PlacementFailure>,
+    ) -> (AdmissionResponse, Outcome) {
+        let uid = request.uid.as_str();
+        match placed {
             Ok(Placement::Denied { new, existing }) => {
                 let mut message =
                     format!("placement policy denied the request: {}", new.join("; "));
@@ -392,73 +339,6 @@ impl Admission {
             PlacementFailure::PolicyError(_) => self.metrics.engine_error("evaluation"),
             _ => {}
         }
-    }
-
-    /// A Karmada binding write in `/mutate`: its placement narrowed to the
-    /// clusters the policy allows its template ([`guardrail`]). No binding
-    /// write is denied here for the policy's errors (the detector's updates
-    /// carry the template's scaling too); what a write delivers is checked in
-    /// `/validate` ([`delivery`]).
-    async fn guard_binding(
-        &self,
-        request: &AdmissionRequest,
-        object: &Value,
-    ) -> (AdmissionResponse, Outcome) {
-        let uid = request.uid.as_str();
-        if !self.guardrail.guards(object) || Guardrail::unchanged(request, object) {
-            return (AdmissionResponse::allow(uid), Outcome::Skipped);
-        }
-        let (bound, kept) = match self.binding_decision(request, object).await {
-            Ok((decision, template)) => match allowed(&template, &decision) {
-                Ok(bound) => (bound, None),
-                Err(refusal) => (
-                    guardrail::fallback_bound(request),
-                    Some(format!("for the binding's resource template, {refusal}")),
-                ),
-            },
-            // Without a decision a new binding fails closed iff policies exist.
-            Err(failure) if request.operation == Operation::Create => {
-                return self.guard(request, failure);
-            }
-            Err(failure) => {
-                self.count_engine_error(&failure);
-                (
-                    guardrail::fallback_bound(request),
-                    Some(failure.to_string()),
-                )
-            }
-        };
-        let patch = guardrail::patch(object, &bound);
-        let mut response = AdmissionResponse::allow(uid);
-        if let Some(patch) = &patch {
-            response = response.with_patch(patch);
-        }
-        match kept {
-            None if patch.is_some() => (response, Outcome::Patched),
-            None => (response, Outcome::Unchanged),
-            Some(why) => {
-                let message = bounded(format!(
-                    "placement-policy: the binding's placement is kept within the clusters allowed before ({bound}), because {why}"
-                ));
-                tracing::warn!(uid, "{message}");
-                self.events.emit(request, "PlacementGuardKept", &message);
-                (response.with_warning(message), Outcome::Tolerated)
-            }
-        }
-    }
-
-    /// The decision for a binding's resource template, and the template.
-    async fn binding_decision(
-        &self,
-        request: &AdmissionRequest,
-        binding: &Value,
-    ) -> Result<(Decision, Value), PlacementFailure> {
-        let deadline = Instant::now() + self.settings.engine_deadline;
-        let keys = self.keys()?;
-        let (template, resource) = self.guardrail.template(request, binding).await?;
-        let input = template_input(&template, &resource, binding, &keys);
-        let decision = self.query(&PolicyInput::from(input), deadline).await?;
-        Ok((decision, template))
     }
 
     async fn place(

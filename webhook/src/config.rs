@@ -1,4 +1,7 @@
-//! Command line and configuration file.
+//! Command line and configuration file: the bottom of the crate, reaching
+//! no other module of it (every other module may read its flags).
+
+mod self_managed;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -13,6 +16,8 @@ use policy_client::engine::PolicyEngine;
 use policy_client::opa::{Opa, OpaConfig, Token};
 use reqwest::Url;
 use serde::Deserialize;
+
+pub(crate) use self::self_managed::{ConfigurationRef, SecretRef, SelfManagedTlsArgs};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -270,7 +275,7 @@ pub struct ServeArgs {
         env = "PLACEMENT_OWNERSHIP_SECRET",
         conflicts_with = "ownership_key_file"
     )]
-    pub(crate) ownership_secret: Option<crate::self_managed::SecretRef>,
+    pub(crate) ownership_secret: Option<SecretRef>,
     /// File holding those keys (one base64 key per line, the signing key
     /// first). Without this or --ownership-secret a key of this process only
     /// is used.
@@ -281,7 +286,7 @@ pub struct ServeArgs {
     #[arg(long, env = "PLACEMENT_SHUTDOWN_DELAY", default_value = "5s", value_parser = humantime::parse_duration)]
     pub(crate) shutdown_delay: Duration,
     #[command(flatten)]
-    pub(crate) self_managed: crate::self_managed::SelfManagedTlsArgs,
+    pub(crate) self_managed: SelfManagedTlsArgs,
 }
 
 /// A byte count: digits with an optional `Ki`, `Mi`, `Gi` (or `K`, `M`, `G`;

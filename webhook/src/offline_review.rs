@@ -10,10 +10,9 @@ use policy_client::ownership_keys::{LoadingKeys, OwnershipKeys, SharedKeys};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::admission::{Admission, AdmissionSettings, Mode};
+use crate::admission::{Admission, AdmissionSettings, Guardrail, Mode};
 use crate::config::{EngineKind, OutputFormat, ReviewArgs};
 use crate::events::EventSink;
-use crate::guardrail::Guardrail;
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
 use crate::review::Caller;
@@ -30,32 +29,7 @@ pub struct ReviewSummary {
 /// AdmissionReview response (and, for manifests, the object after the patch).
 pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
     let text = read_input(&args.file)?;
-    let resolved = args.engine.resolve()?;
-    let presence = match &resolved.kind {
-        EngineKind::Embedded { dir, modules } => PolicyPresence::fixed(
-            *modules > 0,
-            format!("{modules} Rego module(s) in {}", dir.display()),
-        ),
-        EngineKind::Opa { .. } => {
-            PolicyPresence::fixed(true, "offline review; policies assumed to exist".to_owned())
-        }
-    };
-    let admission = Admission::new(
-        resolved.engine,
-        AdmissionSettings {
-            decision_path: resolved.decision_path,
-            engine_deadline: args.engine.engine_deadline,
-            // Offline: nothing to share the records with.
-            ownership_keys: LoadingKeys::loaded(SharedKeys::new(
-                OwnershipKeys::ephemeral().map_err(ownership_error)?,
-            )),
-        },
-        presence,
-        EventSink::disabled(),
-        Arc::new(Metrics::new()),
-        // Offline: no API server to read a binding's template from.
-        Guardrail::new(None, String::new()),
-    );
+    let admission = offline_admission(&args)?;
     let mut summary = ReviewSummary {
         documents: 0,
         denied: 0,
@@ -72,43 +46,85 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
             continue;
         }
         summary.documents += 1;
-        let is_review = value.get("kind").and_then(Value::as_str) == Some("AdmissionReview");
-        let body = if is_review {
-            value.clone()
-        } else {
-            wrap_manifest(&value, index)
-        };
-        let bytes = serde_json::to_vec(&body).map_err(|e| RunError::Review {
-            path: args.file.clone(),
-            index,
-            message: e.to_string(),
-        })?;
-        let answer = admission
-            .review_body(&bytes, Mode::Mutate, Caller::default())
-            .await
-            .map_err(|e| RunError::Review {
-                path: args.file.clone(),
-                index,
-                message: e.to_string(),
-            })?;
-        if !answer.response.allowed {
+        let (out, allowed) = answer_document(&admission, &args.file, index, value).await?;
+        if !allowed {
             summary.denied += 1;
-        }
-        let mut out = json!({"review": answer});
-        if !is_review {
-            let mut object = value.clone();
-            if let Some(patch) = answer.response.decoded_patch() {
-                json_patch::patch(&mut object, &patch).map_err(|e| RunError::Review {
-                    path: args.file.clone(),
-                    index,
-                    message: format!("the webhook's patch does not apply: {e}"),
-                })?;
-            }
-            out["object"] = object;
         }
         outputs.push(out);
     }
-    match args.output {
+    print_outputs(args.output, outputs);
+    Ok(summary)
+}
+
+/// The webhook's admission, offline: no API server, no Events, keys of its own.
+fn offline_admission(args: &ReviewArgs) -> Result<Admission, RunError> {
+    let resolved = args.engine.resolve()?;
+    let presence = match &resolved.kind {
+        EngineKind::Embedded { dir, modules } => PolicyPresence::fixed(
+            *modules > 0,
+            format!("{modules} Rego module(s) in {}", dir.display()),
+        ),
+        EngineKind::Opa { .. } => {
+            PolicyPresence::fixed(true, "offline review; policies assumed to exist".to_owned())
+        }
+    };
+    Ok(Admission::new(
+        resolved.engine,
+        AdmissionSettings {
+            decision_path: resolved.decision_path,
+            engine_deadline: args.engine.engine_deadline,
+            // Offline: nothing to share the records with.
+            ownership_keys: LoadingKeys::loaded(SharedKeys::new(
+                OwnershipKeys::ephemeral().map_err(ownership_error)?,
+            )),
+        },
+        presence,
+        EventSink::disabled(),
+        Arc::new(Metrics::new()),
+        // Offline: no API server to read a binding's template from.
+        Guardrail::new(None, String::new()),
+    ))
+}
+
+/// One document's answer (`{"review": ..}`, plus `"object"` after the patch
+/// for a manifest) and whether it was allowed.
+async fn answer_document(
+    admission: &Admission,
+    file: &Path,
+    index: usize,
+    value: Value,
+) -> Result<(Value, bool), RunError> {
+    let error = |message: String| RunError::Review {
+        path: file.to_owned(),
+        index,
+        message,
+    };
+    let is_review = value.get("kind").and_then(Value::as_str) == Some("AdmissionReview");
+    let body = if is_review {
+        value.clone()
+    } else {
+        wrap_manifest(&value, index)
+    };
+    let bytes = serde_json::to_vec(&body).map_err(|e| error(e.to_string()))?;
+    let answer = admission
+        .review_body(&bytes, Mode::Mutate, Caller::default())
+        .await
+        .map_err(|e| error(e.to_string()))?;
+    let allowed = answer.response.allowed;
+    let mut out = json!({"review": answer});
+    if !is_review {
+        let mut object = value;
+        if let Some(patch) = answer.response.decoded_patch() {
+            json_patch::patch(&mut object, &patch)
+                .map_err(|e| error(format!("the webhook's patch does not apply: {e}")))?;
+        }
+        out["object"] = object;
+    }
+    Ok((out, allowed))
+}
+
+fn print_outputs(format: OutputFormat, mut outputs: Vec<Value>) {
+    match format {
         OutputFormat::Json => {
             let doc = if outputs.len() == 1 {
                 outputs.remove(0)
@@ -131,7 +147,6 @@ pub async fn review(args: ReviewArgs) -> Result<ReviewSummary, RunError> {
             }
         }
     }
-    Ok(summary)
 }
 
 fn read_input(path: &Path) -> Result<String, RunError> {

@@ -11,18 +11,18 @@ use policy_client::ownership_secret::KeySecret;
 use policy_client::revision_feed::RememberingEngine;
 use reqwest::Url;
 
-use crate::admission::{Admission, AdmissionSettings};
+use crate::admission::{Admission, AdmissionSettings, Guardrail};
 use crate::config::{CertsArgs, ConfigError, EngineKind, ResolvedEngine, ServeArgs};
 use crate::events::{EventLimits, EventSink};
-use crate::guardrail::Guardrail;
 use crate::metrics::Metrics;
 use crate::presence::PolicyPresence;
 use crate::readiness::Readiness;
 use crate::server::{
-    Listeners, METRICS_MAX_CONNECTIONS, RequestLimits, ServeSettings, ServerError, client_verifier,
-    reloading_tls, serve as serve_http,
+    Listeners, METRICS_MAX_CONNECTIONS, RequestLimits, ServeSettings, ServerError,
+    serve as serve_http,
 };
 use crate::sizing::{MemorySizing, Requested, container_memory_limit};
+use crate::tls::{ClientCaError, client_verifier, reloading_tls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -32,6 +32,8 @@ pub enum RunError {
     Certs(#[from] placement_certs::CertError),
     #[error(transparent)]
     Server(#[from] ServerError),
+    #[error(transparent)]
+    ClientCa(#[from] ClientCaError),
     #[error("Kubernetes client configuration: {0}")]
     Kube(String),
     #[error("cannot read {path}: {source}")]

@@ -5,8 +5,6 @@
 //! configurations, and serves whatever the Secret holds. The renewal rules are
 //! [`placement_certs::rotation`]'s.
 
-mod flags;
-
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -25,7 +23,7 @@ use serde_json::json;
 
 use placement_endpoint::TlsSettings;
 
-pub(crate) use self::flags::{ConfigurationRef, SecretRef, SelfManagedTlsArgs};
+use crate::config::{ConfigurationRef, SecretRef, SelfManagedTlsArgs};
 
 /// Errors of self-managed certificates; each names the object and what to do.
 #[derive(Debug, thiserror::Error)]
@@ -201,7 +199,7 @@ impl Controller {
             "the self-managed Secret",
         )?;
         Ok(match &self.verifier {
-            Some(verifier) => crate::server::with_client_verifier(&base, verifier)
+            Some(verifier) => crate::tls::with_client_verifier(&base, verifier)
                 .map_err(placement_certs::CertError::from)?,
             None => base,
         })

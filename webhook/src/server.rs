@@ -5,7 +5,6 @@
 //! timed before anything is built from it.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,10 +19,6 @@ use http_body_util::BodyExt as _;
 use placement_endpoint::{
     ClientCertificate, ConnectionLimits, Listener, Peers, Stopping, Throttle, TlsSettings,
 };
-use rustls::ServerConfig;
-use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use serde_json::json;
 
 use crate::admission::{Admission, Mode};
@@ -44,8 +39,6 @@ pub enum ServerError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("client CA file {path}: {reason}")]
-    ClientCa { path: PathBuf, reason: String },
 }
 
 /// How reviews are read.
@@ -120,6 +113,68 @@ async fn validate(State(state): State<AppState>, request: Request) -> Response {
     answer(state, request, Mode::Validate).await
 }
 
+/// Why a review was not evaluated.
+enum Stop {
+    /// Refused before evaluation: counted under `reason`, logged at most once
+    /// per interval, answered with `status` and `message`.
+    Refused {
+        reason: &'static str,
+        status: StatusCode,
+        message: String,
+    },
+    /// Not JSON: counted as a malformed review, not as a refusal.
+    Malformed(ReviewError),
+}
+
+impl Stop {
+    fn refused(reason: &'static str, status: StatusCode, message: String) -> Self {
+        Stop::Refused {
+            reason,
+            status,
+            message,
+        }
+    }
+
+    fn too_large(max: usize) -> Self {
+        Stop::refused(
+            "too_large",
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "AdmissionReview is larger than this webhook's limit of {max} bytes (--max-request-bytes)"
+            ),
+        )
+    }
+
+    fn respond(self, state: &AppState, peer: Option<SocketAddr>) -> Response {
+        match self {
+            Stop::Refused {
+                reason,
+                status,
+                message,
+            } => refuse(state, peer, reason, status, message),
+            Stop::Malformed(e) => {
+                state.admission.metrics().observe(
+                    "UNKNOWN",
+                    crate::metrics::Outcome::Malformed,
+                    Duration::ZERO,
+                );
+                (StatusCode::BAD_REQUEST, format!("{e}\n")).into_response()
+            }
+        }
+    }
+}
+
+impl From<Refusal> for Stop {
+    /// Over the memory budget: the review may succeed in a moment.
+    fn from(refusal: Refusal) -> Self {
+        Stop::refused(
+            refusal.reason(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            refusal.to_string(),
+        )
+    }
+}
+
 /// A refusal before evaluation: counted, logged at most once per interval,
 /// answered with `status` and `message`.
 fn refuse(
@@ -148,37 +203,38 @@ fn refuse(
     response
 }
 
-fn over_budget(state: &AppState, peer: Option<SocketAddr>, refusal: Refusal) -> Response {
-    refuse(
-        state,
-        peer,
-        refusal.reason(),
-        StatusCode::SERVICE_UNAVAILABLE,
-        refusal.to_string(),
-    )
-}
-
 async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
-    let limits = Arc::clone(&state.limits);
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(peer)| *peer);
+    match accept(&state, request, peer).await {
+        Ok(accepted) => evaluate(&state, accepted, mode).await,
+        Err(stop) => stop.respond(&state, peer),
+    }
+}
+
+/// A review read whole and charged for what evaluating it will build.
+struct Accepted {
+    body: Bytes,
+    charge: Charge,
+    caller: Caller,
+}
+
+/// The checks before evaluation, in the order they run: each reads the
+/// request only as far as it must.
+async fn accept(
+    state: &AppState,
+    request: Request,
+    peer: Option<SocketAddr>,
+) -> Result<Accepted, Stop> {
+    let limits = &state.limits;
     let verified =
         request.extensions().get::<ClientCertificate>() == Some(&ClientCertificate(true));
-    if limits.require_client_certificate && !verified {
-        return refuse(
-            &state,
-            peer,
-            "unauthenticated",
-            StatusCode::FORBIDDEN,
-            "a client certificate signed by the webhook's client CA is required (--client-ca-file)"
-                .to_owned(),
-        );
-    }
+    require_certificate(limits, verified)?;
     let declared = content_length(request.headers());
     if declared.is_some_and(|n| n > limits.max_body) {
-        return too_large(&state, peer, limits.max_body);
+        return Err(Stop::too_large(limits.max_body));
     }
     // Charged as the body arrives: what is only declared holds nothing. A
     // caller with a verified certificate (the API server) keeps to no peer's
@@ -188,77 +244,88 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
             .then(|| peer.map(|p| state.peers.key(p.ip())))
             .flatten(),
     );
-    let read = tokio::time::timeout(
-        limits.body_timeout,
-        read_body(
-            request.into_parts().1,
-            limits.max_body,
-            declared,
-            &mut charge,
-        ),
-    );
-    let body = match read.await {
-        Ok(Ok(body)) => body,
-        Ok(Err(BodyError::TooLarge)) => return too_large(&state, peer, limits.max_body),
-        Ok(Err(BodyError::Budget(refusal))) => return over_budget(&state, peer, refusal),
-        Ok(Err(BodyError::Read(e))) => {
-            return refuse(
-                &state,
-                peer,
-                "body_error",
-                StatusCode::BAD_REQUEST,
-                format!("cannot read AdmissionReview body: {e}"),
-            );
-        }
-        Err(_) => {
-            return refuse(
-                &state,
-                peer,
-                "body_timeout",
-                StatusCode::REQUEST_TIMEOUT,
-                format!(
-                    "the AdmissionReview body did not arrive within {} (--body-timeout)",
-                    humantime::format_duration(limits.body_timeout)
-                ),
-            );
-        }
-    };
+    let body = read_in_time(limits, request, declared, &mut charge).await?;
     // What parsing and converting will build, counted before building it.
-    let shape = match JsonShape::of(&body) {
-        Ok(shape) => shape,
-        Err(e) => {
-            state.admission.metrics().observe(
-                "UNKNOWN",
-                crate::metrics::Outcome::Malformed,
-                Duration::ZERO,
-            );
-            return (
-                StatusCode::BAD_REQUEST,
-                format!("{}\n", ReviewError::NotJson(e.to_string())),
-            )
-                .into_response();
-        }
+    let shape =
+        JsonShape::of(&body).map_err(|e| Stop::Malformed(ReviewError::NotJson(e.to_string())))?;
+    let cost = within_memory(limits, &shape, body.len())?;
+    charge.resize(cost)?;
+    let caller = Caller {
+        peer: peer.map(|p| state.peers.key(p.ip())),
+        verified,
     };
-    let cost = shape.cost(body.len());
+    Ok(Accepted {
+        body,
+        charge,
+        caller,
+    })
+}
+
+fn require_certificate(limits: &RequestLimits, verified: bool) -> Result<(), Stop> {
+    if limits.require_client_certificate && !verified {
+        return Err(Stop::refused(
+            "unauthenticated",
+            StatusCode::FORBIDDEN,
+            "a client certificate signed by the webhook's client CA is required (--client-ca-file)"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// The whole body within `--body-timeout` and `--max-request-bytes`.
+async fn read_in_time(
+    limits: &RequestLimits,
+    request: Request,
+    declared: Option<usize>,
+    charge: &mut Charge,
+) -> Result<Bytes, Stop> {
+    let read = read_body(request.into_parts().1, limits.max_body, declared, charge);
+    match tokio::time::timeout(limits.body_timeout, read).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(BodyError::TooLarge)) => Err(Stop::too_large(limits.max_body)),
+        Ok(Err(BodyError::Budget(refusal))) => Err(refusal.into()),
+        Ok(Err(BodyError::Read(e))) => Err(Stop::refused(
+            "body_error",
+            StatusCode::BAD_REQUEST,
+            format!("cannot read AdmissionReview body: {e}"),
+        )),
+        Err(_) => Err(Stop::refused(
+            "body_timeout",
+            StatusCode::REQUEST_TIMEOUT,
+            format!(
+                "the AdmissionReview body did not arrive within {} (--body-timeout)",
+                humantime::format_duration(limits.body_timeout)
+            ),
+        )),
+    }
+}
+
+/// The memory evaluating a body of `len` bytes shaped `shape` will take,
+/// unless above `--max-request-memory`.
+fn within_memory(limits: &RequestLimits, shape: &JsonShape, len: usize) -> Result<usize, Stop> {
+    let cost = shape.cost(len);
     if cost > limits.max_request_memory {
-        return refuse(
-            &state,
-            peer,
+        return Err(Stop::refused(
             "too_complex",
             StatusCode::PAYLOAD_TOO_LARGE,
             format!(
                 "the AdmissionReview would take about {cost} bytes to evaluate ({} JSON values, {} bytes of strings), above this webhook's limit of {} bytes per review (--max-request-memory)",
                 shape.nodes, shape.string_bytes, limits.max_request_memory
             ),
-        );
+        ));
     }
-    if let Err(refusal) = charge.resize(cost) {
-        return over_budget(&state, peer, refusal);
-    }
-    let caller = Caller {
-        peer: peer.map(|p| state.peers.key(p.ip())),
-        verified,
-    };
+    Ok(cost)
+}
+
+/// The policy's answer; the body is let go before the response is built, the
+/// charge after.
+async fn evaluate(state: &AppState, accepted: Accepted, mode: Mode) -> Response {
+    let Accepted {
+        body,
+        charge,
+        caller,
+    } = accepted;
     let answer = state.admission.review_body(&body, mode, caller).await;
     drop(body);
     let response = match answer {
@@ -267,18 +334,6 @@ async fn answer(state: AppState, request: Request, mode: Mode) -> Response {
     };
     drop(charge);
     response
-}
-
-fn too_large(state: &AppState, peer: Option<SocketAddr>, max: usize) -> Response {
-    refuse(
-        state,
-        peer,
-        "too_large",
-        StatusCode::PAYLOAD_TOO_LARGE,
-        format!(
-            "AdmissionReview is larger than this webhook's limit of {max} bytes (--max-request-bytes)"
-        ),
-    )
 }
 
 fn content_length(headers: &HeaderMap) -> Option<usize> {
@@ -483,72 +538,4 @@ pub(crate) async fn serve(
         addr: metrics_addr,
         source,
     })
-}
-
-/// Client certificates signed by the CA in `path` are verified; clients
-/// without one still complete the handshake (the kubelet's HTTPS probes carry
-/// none) and are refused by the review endpoints.
-pub(crate) fn client_verifier(
-    path: &Path,
-) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, ServerError> {
-    let error = |reason: String| ServerError::ClientCa {
-        path: path.to_owned(),
-        reason,
-    };
-    let pem = std::fs::read(path).map_err(|e| error(e.to_string()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| error(e.to_string()))?;
-        roots.add(cert).map_err(|e| error(e.to_string()))?;
-    }
-    if roots.is_empty() {
-        return Err(error("holds no PEM certificate".to_owned()));
-    }
-    WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        Arc::new(rustls::crypto::ring::default_provider()),
-    )
-    .allow_unauthenticated()
-    .build()
-    .map_err(|e| error(e.to_string()))
-}
-
-/// `base` (a server certificate, no client authentication) verifying client
-/// certificates with `verifier`.
-pub(crate) fn with_client_verifier(
-    base: &ServerConfig,
-    verifier: &Arc<dyn rustls::server::danger::ClientCertVerifier>,
-) -> Result<ServerConfig, rustls::Error> {
-    let mut config =
-        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()?
-            .with_client_cert_verifier(Arc::clone(verifier))
-            .with_cert_resolver(Arc::clone(&base.cert_resolver));
-    config.alpn_protocols = base.alpn_protocols.clone();
-    Ok(config)
-}
-
-/// TLS settings that follow certificate file changes, verifying client
-/// certificates with `verifier` when given.
-pub(crate) fn reloading_tls(
-    cert: PathBuf,
-    key: PathBuf,
-    verifier: Option<Arc<dyn rustls::server::danger::ClientCertVerifier>>,
-) -> Result<TlsSettings, placement_certs::CertError> {
-    let finish = move |base: ServerConfig| match &verifier {
-        Some(verifier) => with_client_verifier(&base, verifier),
-        None => Ok(base),
-    };
-    let initial = finish(placement_certs::load_server_config(&cert, &key)?)?;
-    let settings = TlsSettings::new(Arc::new(initial));
-    let target = settings.clone();
-    placement_certs::spawn_reloader(cert, key, Duration::from_secs(2), move |new| {
-        match finish((*new).clone()) {
-            Ok(config) => target.replace(Arc::new(config)),
-            Err(e) => {
-                tracing::warn!(error = %e, "reloaded certificate does not load; keeping the current one")
-            }
-        }
-    });
-    Ok(settings)
 }

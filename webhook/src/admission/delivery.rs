@@ -30,8 +30,8 @@ use policy_client::text::bounded;
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{Admission, PlacementFailure};
-use crate::guardrail;
+use super::{Admission, guardrail};
+use crate::failure::PlacementFailure;
 use crate::metrics::Outcome;
 use crate::review::{AdmissionRequest, AdmissionResponse, Operation};
 
@@ -50,21 +50,7 @@ impl Admission {
         carrier: Carrier,
     ) -> (AdmissionResponse, Outcome) {
         let uid = request.uid.as_str();
-        let stored = match request.operation {
-            Operation::Update => request.old_object.as_ref(),
-            _ => None,
-        };
-        let mut changed = carrier.changed_manifests(object, stored);
-        // A ManifestWorkReplicaSet given other Placements delivers all its
-        // manifests to their clusters: each is looked at again (and the
-        // warning names the clusters they decide).
-        if carrier == Carrier::ManifestWorkReplicaSet
-            && stored.is_some_and(|s| {
-                s.pointer("/spec/placementRefs") != object.pointer("/spec/placementRefs")
-            })
-        {
-            changed = carrier.manifests(object).iter().collect();
-        }
+        let changed = delivered_manifests(request, object, carrier);
         let member = carrier.member(request.namespace.as_deref().unwrap_or_default());
         // A Karmada Work outside an execution namespace delivers nowhere.
         let delivers = member.is_some() || carrier == Carrier::ManifestWorkReplicaSet;
@@ -88,37 +74,7 @@ impl Admission {
             }
         }
         if !refused.is_empty() {
-            let target = match &member {
-                Some(member) => format!(" to {member}"),
-                None => String::new(),
-            };
-            let made_by = replica_set_of(carrier, object);
-            let of = match &made_by {
-                Some(set) => format!(
-                    " (of ManifestWorkReplicaSet {}/{})",
-                    set.namespace.as_deref().unwrap_or_default(),
-                    set.name.as_deref().unwrap_or_default()
-                ),
-                None => String::new(),
-            };
-            let message = bounded(format!(
-                "placement-policy: {} {}{of} may not deliver{target}: {}",
-                carrier.kind(),
-                named(request, object),
-                refused.join("; ")
-            ));
-            // A ManifestWork its ManifestWorkReplicaSet writes is never
-            // stored: the Event goes where its tenant looks.
-            match made_by {
-                Some(set) => self
-                    .events
-                    .emit_about(request, set, DELIVERY_DENIED, &message),
-                None => self.events.emit(request, DELIVERY_DENIED, &message),
-            }
-            return (
-                AdmissionResponse::deny(uid, 403, "Forbidden", message),
-                Outcome::Denied,
-            );
+            return self.deny_delivery(request, object, carrier, member.as_deref(), &refused);
         }
         let response = AdmissionResponse::allow(uid);
         if carrier != Carrier::ManifestWorkReplicaSet {
@@ -128,6 +84,49 @@ impl Admission {
             Some(warning) => (response.with_warning(warning), Outcome::Tolerated),
             None => (response, Outcome::Unchanged),
         }
+    }
+
+    /// The denial of a delivery for the manifests `refused` (each with why),
+    /// with its Event.
+    fn deny_delivery(
+        &self,
+        request: &AdmissionRequest,
+        object: &Value,
+        carrier: Carrier,
+        member: Option<&str>,
+        refused: &[String],
+    ) -> (AdmissionResponse, Outcome) {
+        let target = match member {
+            Some(member) => format!(" to {member}"),
+            None => String::new(),
+        };
+        let made_by = replica_set_of(carrier, object);
+        let of = match &made_by {
+            Some(set) => format!(
+                " (of ManifestWorkReplicaSet {}/{})",
+                set.namespace.as_deref().unwrap_or_default(),
+                set.name.as_deref().unwrap_or_default()
+            ),
+            None => String::new(),
+        };
+        let message = bounded(format!(
+            "placement-policy: {} {}{of} may not deliver{target}: {}",
+            carrier.kind(),
+            named(request, object),
+            refused.join("; ")
+        ));
+        // A ManifestWork its ManifestWorkReplicaSet writes is never
+        // stored: the Event goes where its tenant looks.
+        match made_by {
+            Some(set) => self
+                .events
+                .emit_about(request, set, DELIVERY_DENIED, &message),
+            None => self.events.emit(request, DELIVERY_DENIED, &message),
+        }
+        (
+            AdmissionResponse::deny(request.uid.as_str(), 403, "Forbidden", message),
+            Outcome::Denied,
+        )
     }
 
     /// The clusters each of `manifests` may run on, or why none; `Err` when
@@ -286,6 +285,28 @@ impl Admission {
             Outcome::Denied,
         )
     }
+}
+
+/// The manifests a write adds or changes. A ManifestWorkReplicaSet given
+/// other Placements delivers all its manifests to their clusters: each is
+/// looked at again (and the warning names the clusters they decide).
+fn delivered_manifests<'a>(
+    request: &AdmissionRequest,
+    object: &'a Value,
+    carrier: Carrier,
+) -> Vec<&'a Value> {
+    let stored = match request.operation {
+        Operation::Update => request.old_object.as_ref(),
+        _ => None,
+    };
+    if carrier == Carrier::ManifestWorkReplicaSet
+        && stored.is_some_and(|s| {
+            s.pointer("/spec/placementRefs") != object.pointer("/spec/placementRefs")
+        })
+    {
+        return carrier.manifests(object).iter().collect();
+    }
+    carrier.changed_manifests(object, stored)
 }
 
 /// The reviewed object as a message names it: `namespace/name`, or `name`

@@ -11,17 +11,31 @@
 //! no cluster; a CREATE without any decision fails closed iff policies exist.
 //! Bindings handed to placement-sync's own scheduler (`schedulerName`) are
 //! left to it: it applies the policy in full.
+//!
+//! Its one home: the mechanics ([`Guardrail`]: which bindings, their
+//! templates, the patch) and the policy ([`Admission::guard_binding`]: what
+//! a decision, or its absence, narrows a binding to). What a binding write
+//! delivers is checked in `/validate` by the delivery guard.
 
 use std::sync::Arc;
 
 use policy_client::karmada::{
-    ALLOWED_CLUSTERS_ANNOTATION, Bound, TemplateError, TemplateRef, Templates, guarded,
-    stored_bound,
+    ALLOWED_CLUSTERS_ANNOTATION, Bound, TemplateRef, Templates, guarded, stored_bound,
 };
 use policy_client::placement::MergeError;
 use serde_json::Value;
 
-use crate::review::{AdmissionRequest, Operation};
+use policy_client::decision::Decision;
+use policy_client::delivery::allowed;
+use policy_client::input::PolicyInput;
+use policy_client::karmada::template_input;
+use policy_client::text::bounded;
+use tokio::time::Instant;
+
+use super::Admission;
+use crate::failure::{PlacementFailure, TemplateFailure};
+use crate::metrics::Outcome;
+use crate::review::{AdmissionRequest, AdmissionResponse, Operation};
 
 /// Which bindings the guardrail narrows, and how it reads their templates.
 #[derive(Clone)]
@@ -44,19 +58,6 @@ impl std::fmt::Debug for Guardrail {
             .field("client", &self.client.is_some())
             .finish()
     }
-}
-
-/// Why a binding's template gives no decision.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum TemplateFailure {
-    #[error("the binding names no resource template (spec.resource)")]
-    NoReference,
-    #[error("no Kubernetes API access to read the binding's resource template")]
-    NoClient,
-    #[error("its resource template {kind} {name} does not exist")]
-    Gone { kind: String, name: String },
-    #[error(transparent)]
-    Unreadable(#[from] TemplateError),
 }
 
 impl Guardrail {
@@ -132,6 +133,72 @@ impl Guardrail {
                 None => reference.name.clone(),
             },
         })
+    }
+}
+
+impl Admission {
+    /// A Karmada binding write in `/mutate`: its placement narrowed to the
+    /// clusters the policy allows its template ([`Guardrail`]). No binding
+    /// write is denied here for the policy's errors (the detector's updates
+    /// carry the template's scaling too); what a write delivers is checked in
+    /// `/validate` (the delivery guard).
+    pub(super) async fn guard_binding(
+        &self,
+        request: &AdmissionRequest,
+        object: &Value,
+    ) -> (AdmissionResponse, Outcome) {
+        let uid = request.uid.as_str();
+        if !self.guardrail.guards(object) || Guardrail::unchanged(request, object) {
+            return (AdmissionResponse::allow(uid), Outcome::Skipped);
+        }
+        let (bound, kept) = match self.binding_decision(request, object).await {
+            Ok((decision, template)) => match allowed(&template, &decision) {
+                Ok(bound) => (bound, None),
+                Err(refusal) => (
+                    fallback_bound(request),
+                    Some(format!("for the binding's resource template, {refusal}")),
+                ),
+            },
+            // Without a decision a new binding fails closed iff policies exist.
+            Err(failure) if request.operation == Operation::Create => {
+                return self.guard(request, failure);
+            }
+            Err(failure) => {
+                self.count_engine_error(&failure);
+                (fallback_bound(request), Some(failure.to_string()))
+            }
+        };
+        let patch = patch(object, &bound);
+        let mut response = AdmissionResponse::allow(uid);
+        if let Some(patch) = &patch {
+            response = response.with_patch(patch);
+        }
+        match kept {
+            None if patch.is_some() => (response, Outcome::Patched),
+            None => (response, Outcome::Unchanged),
+            Some(why) => {
+                let message = bounded(format!(
+                    "placement-policy: the binding's placement is kept within the clusters allowed before ({bound}), because {why}"
+                ));
+                tracing::warn!(uid, "{message}");
+                self.events.emit(request, "PlacementGuardKept", &message);
+                (response.with_warning(message), Outcome::Tolerated)
+            }
+        }
+    }
+
+    /// The decision for a binding's resource template, and the template.
+    pub(super) async fn binding_decision(
+        &self,
+        request: &AdmissionRequest,
+        binding: &Value,
+    ) -> Result<(Decision, Value), PlacementFailure> {
+        let deadline = Instant::now() + self.settings.engine_deadline;
+        let keys = self.keys()?;
+        let (template, resource) = self.guardrail.template(request, binding).await?;
+        let input = template_input(&template, &resource, binding, &keys);
+        let decision = self.query(&PolicyInput::from(input), deadline).await?;
+        Ok((decision, template))
     }
 }
 
