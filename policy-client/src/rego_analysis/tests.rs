@@ -1,5 +1,18 @@
 use super::*;
 
+thread_local! {
+    /// Modules parsed on this thread.
+    static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+pub(super) fn note_parse() {
+    PARSES.with(|n| n.set(n.get() + 1));
+}
+
+fn parses() -> usize {
+    PARSES.with(std::cell::Cell::get)
+}
+
 fn set(modules: &[(&str, &str)]) -> BTreeMap<String, String> {
     modules
         .iter()
