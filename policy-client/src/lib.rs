@@ -32,6 +32,7 @@ pub mod opa;
 pub mod ownership_keys;
 pub mod ownership_secret;
 pub mod placement;
+pub mod rego_analysis;
 mod rego_value;
 pub mod retry;
 pub mod revision_board;

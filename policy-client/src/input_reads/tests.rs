@@ -95,7 +95,8 @@ fn the_whole_input_and_impure_builtins_refuse_the_set() {
     assert!(refused(&["package p\nx := f(input)\n"]).contains("whole input"));
     assert!(refused(&["package p\nx := time.now_ns()\n"]).contains("`time.now_ns`"));
     assert!(refused(&["package p\nx if print(input.a)\n"]).contains("`print`"));
-    assert!(refused(&["package p\nx := $\"{input.a}\"\n"]).contains("template string"));
+    // A template string's expressions are read like any other.
+    assert!(refused(&["package p\nx := $\"{input[k]}\"\n"]).contains("whole input"));
     // The second module refuses the set.
     assert!(
         refused(&[
@@ -109,32 +110,33 @@ fn the_whole_input_and_impure_builtins_refuse_the_set() {
 /// `with` replacing a function makes the calls it replaces read something
 /// else (`object.get` reading the whole input through `f`, a pure-looking
 /// `g` calling out through `http.send`): refused. Replacing `input` or
-/// data is followed like any reference.
+/// data is followed like any reference. (`with` modifies a literal of a
+/// rule's body, so each is written in one.)
 #[test]
 fn with_replacing_a_function_refuses_the_set() {
     let replaced = refused(&[r#"package p
 f(x, _, _) := x
-a := object.get(input, ["metadata"], "") with object.get as f
+a := v if v := object.get(input, ["metadata"], "") with object.get as f
 "#]);
     assert!(replaced.contains("`with object.get as ...`"), "{replaced}");
     assert!(
         refused(&["package p
 g(x) := x
-b := g({\"url\": input.a}) with g as http.send\n"])
+b := v if v := g({\"url\": input.a}) with g as http.send\n"])
         .contains("`with g as ...`")
     );
     // A function of another module, replaced through data.
     assert!(
         refused(&[
             "package lib\n\nf(x) := x\n",
-            "package p\nimport data.lib\na := lib.f(input.a) with data.lib.f as time.now_ns\n",
+            "package p\nimport data.lib\na := v if v := lib.f(input.a) with data.lib.f as time.now_ns\n",
         ])
         .contains("`with data.lib.f as ...`")
     );
     // Replacing input or data is no function.
     assert_eq!(
         paths(&[
-            "package p\nx := data.q.y with input.kind as \"Pod\" with data.clusters as input.spec\n"
+            "package p\nx := v if v := data.q.y with input.kind as \"Pod\" with data.clusters as input.spec\n"
         ]),
         ["kind", "spec"]
     );
@@ -290,4 +292,22 @@ fn a_key_too_large_is_not_made() {
     let reads = reads(&["package p\na := input.spec\n"]).unwrap();
     let big = json!({"spec": {"blob": "x".repeat(MAX_KEY_BYTES)}});
     assert_eq!(reads.key("q", InputRoot::Value(&big)), None);
+}
+
+#[test]
+fn a_template_string_reads_what_its_expressions_read() {
+    assert_eq!(
+        paths(&[r#"package p
+x := $"{input.kind} \{input.not_this} {object.get(input, ["metadata", "name"], "")}"
+y := $`{input.spec.replicas}`
+"#]),
+        ["kind", "metadata.name", "spec.replicas"]
+    );
+}
+
+#[test]
+fn a_module_regorus_cannot_parse_refuses_the_set() {
+    let refusal = refused(&["package p\na := input.a\n", "package q\n\nb := \n"]);
+    assert!(refusal.starts_with("m1.rego:"), "{refusal}");
+    assert!(refusal.contains("regorus cannot parse it"), "{refusal}");
 }

@@ -78,8 +78,11 @@ pub(crate) const COMPONENT: &str = "policies";
 /// The ConfigMaps watched: one reflector per namespace of the selection, or
 /// one over every namespace.
 struct Watched {
-    stores: Vec<(Option<String>, Store<ConfigMap>)>,
+    stores: Stores,
 }
+
+/// A reflector's store per watched namespace (`None`: every namespace).
+type Stores = Vec<(Option<String>, Store<ConfigMap>)>;
 
 impl Watched {
     /// The ConfigMap `namespace/name`, if any reflector holds it.
@@ -493,61 +496,11 @@ pub(crate) async fn run(
         Some(namespaces) => namespaces.into_iter().map(Some).collect(),
         None => vec![None],
     };
-    let mut stores = Vec::new();
-    let mut streams = Vec::new();
-    for namespace in &namespaces {
-        let api: Api<ConfigMap> = match namespace {
-            Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-            None => Api::all(ctx.client.clone()),
-        };
-        let (store, writer) = reflector::store::<ConfigMap>();
-        let stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
-            .reflect(writer);
-        stores.push((namespace.clone(), store));
-        streams.push(stream.boxed());
-    }
+    let (stores, streams) = watch(&ctx.client, &namespaces);
     if ctx.owners.namespaces().is_empty() {
         tracing::warn!(packages = ?ctx.owners.packages(), "no namespace may write the owned packages (no --policy-namespace, no --package-owner-namespaces): a module declaring or extending one is refused");
     }
-    // Data ConfigMaps land at data.<namespace>: data, not packages.
-    let mut data_roots = ctx.data_roots.clone();
-    data_roots.extend(namespaces.iter().flatten().cloned());
-    let loader = Arc::new(ConfigMapLoader {
-        client: ctx.client.clone(),
-        modules: ModuleSet::new(
-            namespaces.iter().flatten().cloned().collect(),
-            ctx.engine.clone(),
-            data_roots,
-            &ctx.decision,
-            ctx.owners.clone(),
-        ),
-        data: DataSet::new(ctx.engine.clone(), ctx.owners.clone()),
-        selection: ctx.selection.clone(),
-        watched: Watched {
-            stores: stores.clone(),
-        },
-        kinds: Mutex::new(BTreeMap::new()),
-        gate: Gate::default(),
-        state: ctx.state.clone(),
-        metrics: ctx.metrics.clone(),
-        trigger: ctx.trigger.clone(),
-        engine: ctx.engine.clone(),
-        reads: ctx.reads.clone(),
-        replicate_root: ctx.replicate_root.clone(),
-        demand: ctx.demand.clone(),
-        serial: tokio::sync::Mutex::new(()),
-        full_syncing: std::sync::atomic::AtomicBool::new(false),
-        last_good: ctx.last_good.as_ref().map(|(namespace, name)| LastGood {
-            api: Api::namespaced(ctx.client.clone(), namespace),
-            namespace: namespace.clone(),
-            name: name.clone(),
-            read_only: ctx.last_good_read_only,
-        }),
-        kept_revision: Mutex::new(None),
-        last_good_restored: std::sync::atomic::AtomicBool::new(false),
-    });
+    let loader = Arc::new(ConfigMapLoader::new(&ctx, &namespaces, stores.clone()));
     let queue = {
         let loader = loader.clone();
         KeyedQueue::new(
@@ -562,32 +515,128 @@ pub(crate) async fn run(
         )
     };
     let relist = Arc::new(Notify::new());
-    let full = {
-        let loader = loader.clone();
-        let state = ctx.state.clone();
-        let ready: Vec<Store<ConfigMap>> = stores.iter().map(|(_, s)| s.clone()).collect();
-        tokio::spawn(full_sync_loop(
-            COMPONENT.to_owned(),
-            ctx.state.clone(),
+    let full = spawn_full_sync(&ctx, loader, &stores, relist.clone(), &cancel);
+    follow(
+        streams,
+        |key| queue.push(key),
+        &relist,
+        &ctx.metrics,
+        &cancel,
+    )
+    .await;
+    let _ = full.await;
+    Ok(())
+}
+
+type ConfigMapEvents =
+    futures::stream::BoxStream<'static, watcher::Result<watcher::Event<ConfigMap>>>;
+
+/// A reflector per namespace (`None`: every namespace) and its event stream.
+fn watch(client: &Client, namespaces: &[Option<String>]) -> (Stores, Vec<ConfigMapEvents>) {
+    let mut stores = Vec::new();
+    let mut streams = Vec::new();
+    for namespace in namespaces {
+        let api: Api<ConfigMap> = match namespace {
+            Some(ns) => Api::namespaced(client.clone(), ns),
+            None => Api::all(client.clone()),
+        };
+        let (store, writer) = reflector::store::<ConfigMap>();
+        let stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|cm: &mut ConfigMap| cm.metadata.managed_fields = None)
+            .reflect(writer);
+        stores.push((namespace.clone(), store));
+        streams.push(stream.boxed());
+    }
+    (stores, streams)
+}
+
+impl ConfigMapLoader {
+    /// The loader of `ctx`, over the ConfigMaps of `namespaces` that `stores`
+    /// hold.
+    fn new(ctx: &PolicyLoaderContext, namespaces: &[Option<String>], stores: Stores) -> Self {
+        // Data ConfigMaps land at data.<namespace>: data, not packages.
+        let mut data_roots = ctx.data_roots.clone();
+        data_roots.extend(namespaces.iter().flatten().cloned());
+        ConfigMapLoader {
+            client: ctx.client.clone(),
+            modules: ModuleSet::new(
+                namespaces.iter().flatten().cloned().collect(),
+                ctx.engine.clone(),
+                data_roots,
+                &ctx.decision,
+                ctx.owners.clone(),
+            ),
+            data: DataSet::new(ctx.engine.clone(), ctx.owners.clone()),
+            selection: ctx.selection.clone(),
+            watched: Watched { stores },
+            kinds: Mutex::new(BTreeMap::new()),
+            gate: Gate::default(),
+            state: ctx.state.clone(),
+            metrics: ctx.metrics.clone(),
+            trigger: ctx.trigger.clone(),
+            engine: ctx.engine.clone(),
+            reads: ctx.reads.clone(),
+            replicate_root: ctx.replicate_root.clone(),
+            demand: ctx.demand.clone(),
+            serial: tokio::sync::Mutex::new(()),
+            full_syncing: std::sync::atomic::AtomicBool::new(false),
+            last_good: ctx.last_good.as_ref().map(|(namespace, name)| LastGood {
+                api: Api::namespaced(ctx.client.clone(), namespace),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                read_only: ctx.last_good_read_only,
+            }),
+            kept_revision: Mutex::new(None),
+            last_good_restored: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+}
+
+/// The full syncs of `loader`: once every store has listed, and again on
+/// every relist, after the replicated data is in.
+fn spawn_full_sync(
+    ctx: &PolicyLoaderContext,
+    loader: Arc<ConfigMapLoader>,
+    stores: &Stores,
+    relist: Arc<Notify>,
+    cancel: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let state = ctx.state.clone();
+    let ready: Vec<Store<ConfigMap>> = stores.iter().map(|(_, s)| s.clone()).collect();
+    tokio::spawn(full_sync_loop(
+        COMPONENT.to_owned(),
+        ctx.state.clone(),
+        async move {
+            for store in ready {
+                let _ = store.wait_until_ready().await;
+            }
+        },
+        relist,
+        move |epoch| {
+            let (loader, state) = (loader.clone(), state.clone());
             async move {
-                for store in ready {
-                    let _ = store.wait_until_ready().await;
-                }
-            },
-            relist.clone(),
-            move |epoch| {
-                let (loader, state) = (loader.clone(), state.clone());
-                async move {
-                    // Replicated data first, policies last: until the policies
-                    // are in, a restarted engine answers "undefined" rather
-                    // than deciding on partial data.
-                    state.wait_loaded_except(COMPONENT, epoch).await;
-                    loader.full_sync(epoch).await
-                }
-            },
-            cancel.clone(),
-        ))
-    };
+                // Replicated data first, policies last: until the policies
+                // are in, a restarted engine answers "undefined" rather
+                // than deciding on partial data.
+                state.wait_loaded_except(COMPONENT, epoch).await;
+                loader.full_sync(epoch).await
+            }
+        },
+        cancel.clone(),
+    ))
+}
+
+/// Follow the watches until `cancel` or their end: each changed ConfigMap's
+/// key to `push`, a relist (a list after the first of every watch) to
+/// `relist`.
+async fn follow(
+    streams: Vec<ConfigMapEvents>,
+    push: impl Fn(String),
+    relist: &Notify,
+    metrics: &Metrics,
+    cancel: &CancellationToken,
+) {
     let watches = streams.len();
     let mut stream = futures::stream::select_all(streams);
     let mut listed = 0usize;
@@ -597,9 +646,7 @@ pub(crate) async fn run(
             _ = cancel.cancelled() => break,
         };
         match event {
-            Some(Ok(watcher::Event::Apply(cm) | watcher::Event::Delete(cm))) => {
-                queue.push(key_of(&cm));
-            }
+            Some(Ok(watcher::Event::Apply(cm) | watcher::Event::Delete(cm))) => push(key_of(&cm)),
             Some(Ok(watcher::Event::InitDone)) => {
                 // Every watch lists once at start; a later list is a relist.
                 listed += 1;
@@ -609,12 +656,10 @@ pub(crate) async fn run(
             }
             Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
             Some(Err(e)) => {
-                ctx.metrics.watch_error(COMPONENT);
+                metrics.watch_error(COMPONENT);
                 tracing::warn!(error = %e, "ConfigMap watch error; the watch recovers by itself");
             }
             None => break,
         }
     }
-    let _ = full.await;
-    Ok(())
 }

@@ -257,57 +257,9 @@ impl ModuleSet {
         let mut puts: Vec<(&String, &&String)> = desired.iter().collect();
         puts.sort_by_key(|(id, _)| order.iter().position(|o| o == *id));
         for (id, source) in puts {
-            let previous = self.records.lock().get(id).cloned();
-            if !reload
-                && previous
-                    .as_ref()
-                    .is_some_and(|p| &&p.source == source && p.outcome.is_ok())
-            {
-                continue;
-            }
-            let last_good = previous.and_then(|p| p.last_good);
-            let record = match self.engine.put_policy(id, source).await {
-                Ok(()) => {
-                    changed = true;
-                    tracing::info!(module = %id, "policy module loaded");
-                    ModuleRecord {
-                        source: (*source).clone(),
-                        outcome: Ok(()),
-                        last_good: Some((*source).clone()),
-                    }
-                }
-                Err(EngineError::Compile(errors)) => {
-                    tracing::warn!(module = %id, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy module does not compile; the previous version stays in force");
-                    if reload && let Some(good) = last_good.as_ref().filter(|g| g != source) {
-                        match self.engine.put_policy(id, good).await {
-                            Ok(()) => changed = true,
-                            Err(EngineError::Compile(_)) => {}
-                            Err(e) => return Err(e),
-                        }
-                    }
-                    ModuleRecord {
-                        source: (*source).clone(),
-                        outcome: Err(errors),
-                        last_good,
-                    }
-                }
-                Err(e) => return Err(e),
-            };
-            self.records.lock().insert(id.clone(), record);
+            changed |= self.put(id, source, reload).await?;
         }
-        let removed: Vec<String> = self
-            .records
-            .lock()
-            .keys()
-            .filter(|id| id.starts_with(&prefix) && !desired.contains_key(*id))
-            .cloned()
-            .collect();
-        for id in removed {
-            self.engine.delete_policy(&id).await?;
-            self.records.lock().remove(&id);
-            changed = true;
-            tracing::info!(module = %id, "policy module removed");
-        }
+        changed |= self.remove_gone(&prefix, &desired).await?;
         let status = data.map(|_| {
             let records = self.records.lock();
             PolicyStatus::from_outcomes(
@@ -317,6 +269,74 @@ impl ModuleSet {
             )
         });
         Ok(ModuleSync { changed, status })
+    }
+
+    /// Put module `id` as `source`, unless it is in force already (`reload`:
+    /// put it anyway). A source that does not compile is recorded as failing;
+    /// on a reload its last good version goes back in. Whether the engine's
+    /// modules changed.
+    async fn put(&self, id: &String, source: &String, reload: bool) -> Result<bool, EngineError> {
+        let previous = self.records.lock().get(id).cloned();
+        if !reload
+            && previous
+                .as_ref()
+                .is_some_and(|p| &p.source == source && p.outcome.is_ok())
+        {
+            return Ok(false);
+        }
+        let last_good = previous.and_then(|p| p.last_good);
+        let mut changed = false;
+        let record = match self.engine.put_policy(id, source).await {
+            Ok(()) => {
+                changed = true;
+                tracing::info!(module = %id, "policy module loaded");
+                ModuleRecord {
+                    source: source.clone(),
+                    outcome: Ok(()),
+                    last_good: Some(source.clone()),
+                }
+            }
+            Err(EngineError::Compile(errors)) => {
+                tracing::warn!(module = %id, errors = %errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "), "policy module does not compile; the previous version stays in force");
+                if reload && let Some(good) = last_good.as_ref().filter(|g| *g != source) {
+                    match self.engine.put_policy(id, good).await {
+                        Ok(()) => changed = true,
+                        Err(EngineError::Compile(_)) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                ModuleRecord {
+                    source: source.clone(),
+                    outcome: Err(errors),
+                    last_good,
+                }
+            }
+            Err(e) => return Err(e),
+        };
+        self.records.lock().insert(id.clone(), record);
+        Ok(changed)
+    }
+
+    /// Delete the modules of the ConfigMap of `prefix` that `desired` no
+    /// longer holds. Whether there were any.
+    async fn remove_gone(
+        &self,
+        prefix: &str,
+        desired: &BTreeMap<String, &String>,
+    ) -> Result<bool, EngineError> {
+        let removed: Vec<String> = self
+            .records
+            .lock()
+            .keys()
+            .filter(|id| id.starts_with(prefix) && !desired.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in &removed {
+            self.engine.delete_policy(id).await?;
+            self.records.lock().remove(id);
+            tracing::info!(module = %id, "policy module removed");
+        }
+        Ok(!removed.is_empty())
     }
 
     /// Keep the set in force when a change would leave it incomplete: nothing

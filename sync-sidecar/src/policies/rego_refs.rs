@@ -5,14 +5,18 @@
 //! modules of one change dependencies first, so that no query sees a module
 //! without the ones it needs.
 //!
-//! A scanner, not a parser: comments and string literals are skipped (not
-//! the expressions inside a template string's `{...}`, which are code), then
-//! `package`, `import data.…` and dotted `data.…` references are read. A
-//! reference in a rule body only counts as a package reference when its first
-//! segment is also the first segment of a package of the set (anything else
-//! is data, which policies may read without a module defining it).
+//! Read from regorus's parse ([`policy_client::rego_analysis`], the analysis
+//! the decision cache reads `input` paths from): comments and strings are no
+//! references, the expressions of a template string are. A reference in a
+//! rule body only counts as a package reference when its first segment is
+//! also the first segment of a package of the set (anything else is data,
+//! which policies may read without a module defining it). A module regorus
+//! cannot parse is known by its package line alone (it needs nothing known),
+//! and may read any replicated type.
 
 use std::collections::{BTreeMap, BTreeSet};
+
+use policy_client::rego_analysis::{ModuleAnalysis, Reference};
 
 /// The package a module defines and the `data` paths it needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -26,36 +30,24 @@ pub(crate) struct ModuleRefs {
 
 /// Read a module's package, imports and references.
 pub(crate) fn scan(source: &str) -> ModuleRefs {
-    let code = strip_comments_and_strings(source);
-    let mut refs = ModuleRefs::default();
-    for line in code.lines() {
-        let trimmed = line.trim_start();
-        if let Some(rest) = trimmed.strip_prefix("package ") {
-            refs.package = Some(path_at(rest.trim_start()));
-            continue;
-        }
-        if let Some(rest) = trimmed.strip_prefix("import ") {
-            if let Some(path) = rest.trim_start().strip_prefix("data.") {
-                let path = path_at(path);
-                if !path.is_empty() {
-                    refs.imports.insert(path);
-                }
-            }
-            continue;
-        }
-        let bytes = line.as_bytes();
-        let mut start = 0;
-        while let Some(found) = line[start..].find("data.") {
-            let at = start + found;
-            let boundary = at == 0 || !is_ident(bytes[at - 1] as char) && bytes[at - 1] != b'.';
-            let path = path_at(&line[at + 5..]);
-            if boundary && !path.is_empty() {
-                refs.references.insert(path);
-            }
-            start = at + 5;
-        }
+    let dotted = |references: &[Reference]| -> BTreeSet<String> {
+        references
+            .iter()
+            .filter(|r| !r.path.is_empty())
+            .map(|r| r.path.join("."))
+            .collect()
+    };
+    match ModuleAnalysis::parse("module", source) {
+        Ok(module) => ModuleRefs {
+            package: Some(module.package.join(".")),
+            imports: dotted(&module.data_imports),
+            references: dotted(&module.data_references),
+        },
+        Err(_) => ModuleRefs {
+            package: ModuleAnalysis::package_line("module", source).map(|p| p.join(".")),
+            ..ModuleRefs::default()
+        },
     }
-    refs
 }
 
 /// A module id that needs a package which no module of the set defines.
@@ -149,22 +141,24 @@ pub(crate) fn refused_removals(
     after: &BTreeMap<String, String>,
     decision: &str,
 ) -> Vec<Removal> {
-    let package_of = |source: &String| scan(source).package;
-    let defines = |set: &BTreeMap<String, String>, package: &str| -> Vec<String> {
-        set.iter()
-            .filter(|(_, source)| package_of(source).as_deref() == Some(package))
-            .map(|(id, _)| id.clone())
-            .collect()
-    };
+    // Each module read once: the packages the set keeps.
+    let packages_after: Vec<(&String, Option<String>)> = after
+        .iter()
+        .map(|(id, source)| (id, scan(source).package))
+        .collect();
     let mut refused = Vec::new();
     for (id, source) in before {
         if after.contains_key(id) {
             continue;
         }
-        let Some(package) = package_of(source) else {
+        let Some(package) = scan(source).package else {
             continue;
         };
-        let staying = defines(after, &package);
+        let staying: Vec<&String> = packages_after
+            .iter()
+            .filter(|(_, p)| p.as_deref() == Some(package.as_str()))
+            .map(|(id, _)| *id)
+            .collect();
         let reason = if package == decision && staying.is_empty() && !after.is_empty() {
             RemovalReason::Decision {
                 remaining: after.len(),
@@ -172,7 +166,7 @@ pub(crate) fn refused_removals(
         } else if !staying.is_empty()
             && staying
                 .iter()
-                .all(|other| before.get(other) == after.get(other))
+                .all(|other| before.get(*other) == after.get(*other))
         {
             RemovalReason::PartOfPackage {
                 remaining: staying.len(),
@@ -287,160 +281,31 @@ pub(crate) fn data_reads<'a>(
 ) -> DataReads {
     let mut types = BTreeSet::new();
     for source in sources {
-        let code = strip_comments_and_strings(source);
-        for line in code.lines() {
-            if line.trim_start().starts_with("package ") {
+        let Ok(module) = ModuleAnalysis::parse("module", source) else {
+            return DataReads::All;
+        };
+        for reference in module.data_imports.iter().chain(&module.data_references) {
+            let segments = &reference.path;
+            let shared = segments
+                .iter()
+                .zip(root)
+                .take_while(|(a, b)| a == *b)
+                .count();
+            if shared < segments.len().min(root.len()) {
+                // Elsewhere in `data`: a package, or other data.
                 continue;
             }
-            let bytes = line.as_bytes();
-            let mut start = 0;
-            while let Some(found) = line[start..].find("data") {
-                let at = start + found;
-                start = at + 4;
-                let before_ok = at == 0 || {
-                    let b = bytes[at - 1] as char;
-                    !is_ident(b) && b != '.'
-                };
-                let after = line[at + 4..].chars().next();
-                if !before_ok || after.is_some_and(is_ident) {
-                    // Part of another identifier (`metadata`, `data_x`).
-                    continue;
+            match segments.get(root.len()) {
+                Some(resource) => {
+                    types.insert(resource.clone());
                 }
-                if after != Some('.') {
-                    // `data[...]`, `walk(data, ...)`, `import data`: anything.
-                    return DataReads::All;
-                }
-                let path = path_at(&line[at + 5..]);
-                let segments: Vec<&str> = path.split('.').filter(|s| !s.is_empty()).collect();
-                let shared = segments
-                    .iter()
-                    .zip(root)
-                    .take_while(|(a, b)| a == b)
-                    .count();
-                if shared < segments.len().min(root.len()) {
-                    // Elsewhere in `data`: a package, or other data.
-                    continue;
-                }
-                match segments.get(root.len()) {
-                    Some(resource) => {
-                        types.insert((*resource).to_owned());
-                    }
-                    // The root or above, indexed or passed on: anything.
-                    None => return DataReads::All,
-                }
+                // The root or above (`data[x]`, `walk(data)`, `import data`),
+                // indexed or passed on: anything.
+                None => return DataReads::All,
             }
         }
     }
     DataReads::Types(types)
-}
-
-fn is_ident(c: char) -> bool {
-    c.is_ascii_alphanumeric() || c == '_'
-}
-
-/// The dotted identifier path at the start of `text`.
-fn path_at(text: &str) -> String {
-    let end = text
-        .find(|c: char| !(is_ident(c) || c == '.'))
-        .unwrap_or(text.len());
-    text[..end].trim_end_matches('.').to_owned()
-}
-
-/// The source with comments removed and string literals emptied (line
-/// structure kept). The expressions of a template string (`{...}` in
-/// `$"..."` or `` $`...` ``) are code and stay; its text goes like a string's.
-fn strip_comments_and_strings(source: &str) -> String {
-    let mut out = String::with_capacity(source.len());
-    strip_code(&mut source.chars().peekable(), &mut out, false);
-    out
-}
-
-type Chars<'a> = std::iter::Peekable<std::str::Chars<'a>>;
-
-/// Code to its end or, `in_template`, to the `}` that closes a template
-/// string's expression (written out, as are the braces of the code).
-fn strip_code(chars: &mut Chars<'_>, out: &mut String, in_template: bool) {
-    let mut depth = 0usize;
-    while let Some(c) = chars.next() {
-        match c {
-            '#' => {
-                for c in chars.by_ref() {
-                    if c == '\n' {
-                        out.push('\n');
-                        break;
-                    }
-                }
-            }
-            '"' => {
-                out.push('"');
-                while let Some(c) = chars.next() {
-                    match c {
-                        '\\' => {
-                            chars.next();
-                        }
-                        '"' => break,
-                        '\n' => out.push('\n'),
-                        _ => {}
-                    }
-                }
-                out.push('"');
-            }
-            '`' => {
-                out.push('`');
-                for c in chars.by_ref() {
-                    match c {
-                        '`' => break,
-                        '\n' => out.push('\n'),
-                        _ => {}
-                    }
-                }
-                out.push('`');
-            }
-            '$' if matches!(chars.peek(), Some('"' | '`')) => {
-                let quote = chars.next().unwrap_or('"');
-                out.push('$');
-                out.push(quote);
-                strip_template(chars, out, quote);
-                out.push(quote);
-            }
-            '{' => {
-                depth += 1;
-                out.push('{');
-            }
-            '}' if in_template && depth == 0 => {
-                out.push('}');
-                return;
-            }
-            '}' => {
-                depth = depth.saturating_sub(1);
-                out.push('}');
-            }
-            other => out.push(other),
-        }
-    }
-}
-
-/// A template string's text after its opening `quote`, through its closing
-/// one: `{` starts an expression (code), `\{` is a literal brace, and in
-/// `$"..."` a backslash escapes the character after it.
-fn strip_template(chars: &mut Chars<'_>, out: &mut String, quote: char) {
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' if quote == '"' => {
-                chars.next();
-            }
-            '\\' => {
-                chars.next_if_eq(&'{');
-            }
-            c if c == quote => return,
-            '{' => {
-                out.push('{');
-                strip_code(chars, out, true);
-            }
-            '\n' => out.push('\n'),
-            _ => {}
-        }
-    }
 }
 
 #[cfg(test)]
@@ -597,6 +462,29 @@ raw := $`{data.a.other.rule}`
         assert_eq!(
             data_reads([reads], &["kubernetes"]),
             DataReads::Types(["nodes".to_owned()].into())
+        );
+    }
+
+    /// A template string's expression is Rego like any other: a bracketed
+    /// reference in it (`data["a"].lib.allowed`) names `a.lib` as much as a
+    /// dotted one does, for the load order and the missing-package check.
+    #[test]
+    fn a_bracketed_data_reference_inside_a_template_string_is_a_reference() {
+        let main = r#"package a.main
+msg := $"allowed: {data["a"].lib.allowed} and {data.a["other"].rule}"
+"#;
+        let lib = "package a.lib\nallowed := true\n";
+        let set = BTreeMap::from([
+            ("cm/a.rego".to_owned(), main.to_owned()),
+            ("cm/b.rego".to_owned(), lib.to_owned()),
+        ]);
+        assert_eq!(load_order(&set), ["cm/b.rego", "cm/a.rego"]);
+        assert_eq!(
+            missing_packages(&set, &[]),
+            [Missing {
+                module: "cm/a.rego".into(),
+                package: "a.other".into()
+            }]
         );
     }
 
