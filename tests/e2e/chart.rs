@@ -1184,7 +1184,7 @@ fn who_may_reach_the_webhook_is_a_value() {
 /// neither by default, and a NetworkPolicy naming no source of Karmada's
 /// API server is refused.
 #[test]
-fn the_karmada_guardrail_verifies_karmadas_api_server() {
+fn the_guardrail_verifies_karmadas_api_server() {
     let scheduler =
         |docs: &[Value]| named(docs, "Deployment", "placement-policy-karmada-scheduler").clone();
     let webhook_container = |deployment: &Value| {

@@ -5,13 +5,16 @@
 use std::time::Duration;
 
 use placement_tests::kubectl::apply_example_clusters;
-use placement_tests::{Cluster, POLICY_NAMESPACE, placed_clusters, repo_root, wait_for};
+use placement_tests::{Cluster, POLICY_NAMESPACE, placed_clusters, repo_root, serial, wait_for};
 
 /// Where the shipped policy places the EU/PCI example.
 const EU_PCI: [&str; 2] = ["gce-europe-west1", "gce-europe-west2"];
 
-fn installed() -> &'static Cluster {
-    let cluster = Cluster::shared();
+/// A cluster of this test's own with deploy/ installed, gone when dropped:
+/// the shared cluster of this binary holds `operations`' Helm releases,
+/// which deploy/'s objects (the same names) would collide with.
+fn installed() -> Cluster {
+    let cluster = Cluster::start();
     cluster.import_project_images();
     cluster.install_deploy();
     apply_example_clusters(&cluster.kubeconfig());
@@ -38,6 +41,7 @@ fn installed() -> &'static Cluster {
 
 #[test]
 fn deploy_places_replicasets_created_by_users_and_by_the_deployment_controller() {
+    let _serial = serial();
     let cluster = installed();
 
     // A user's `kubectl create` returns the object with its placement.
@@ -130,6 +134,7 @@ fn a_killed_cluster_leaves_nothing_behind() {
     use std::io::{BufRead, BufReader};
     use std::process::{Command, Stdio};
 
+    let _serial = serial();
     let iptables_before = host_iptables();
     // Killed also when a check fails before the test kills it.
     struct TestBed(std::process::Child);

@@ -1,7 +1,7 @@
 //! The documentation keeps working: every relative link of README.md,
 //! CONTRIBUTING.md, docs/*.md and sync-sidecar/README.md names a file of the
 //! repository (and, with `#anchor`, a heading of that file); the README keeps
-//! the project's two commands; every repository path, script, package and
+//! the project's two commands; every repository path, script, package, test target and
 //! chart named in an `sh` block exists; and every `--flag` written in
 //! docs/webhook.md and docs/sync.md is declared by the binary's clap
 //! configuration. Needs no server: it reads the repository's files.
@@ -369,6 +369,33 @@ fn workspace_packages(root: &Path) -> BTreeSet<String> {
     packages
 }
 
+/// The names of the `[[test]]` targets of the workspace's members (what
+/// `cargo test --test <name>` runs).
+fn workspace_test_targets(root: &Path) -> BTreeSet<String> {
+    let manifest = read(&root.join("Cargo.toml"));
+    let members = manifest
+        .lines()
+        .find(|l| l.trim_start().starts_with("members"))
+        .expect("Cargo.toml lists its members");
+    let mut targets = BTreeSet::new();
+    for member in members.split('"').skip(1).step_by(2) {
+        let member_manifest = read(&root.join(member).join("Cargo.toml"));
+        let mut in_test = false;
+        for line in member_manifest.lines().map(str::trim) {
+            if line.starts_with('[') {
+                in_test = line == "[[test]]";
+            } else if let Some((key, value)) = line.split_once('=')
+                && in_test
+                && key.trim() == "name"
+            {
+                targets.insert(value.trim().trim_matches('"').to_string());
+            }
+        }
+    }
+    assert!(!targets.is_empty(), "no [[test]] target found");
+    targets
+}
+
 /// The commands of the `sh` blocks of a page: continuation lines joined,
 /// comments dropped, split into words (quotes removed).
 fn sh_commands(text: &str) -> Vec<(usize, Vec<String>)> {
@@ -409,6 +436,7 @@ fn sh_commands(text: &str) -> Vec<(usize, Vec<String>)> {
 fn every_command_names_what_exists() {
     let root = placement_tests::repo_root();
     let packages = workspace_packages(&root);
+    let test_targets = workspace_test_targets(&root);
     // Paths into the repository start with one of its top-level folders
     // (target/ holds build output, not sources).
     let folders: BTreeSet<String> = fs::read_dir(&root)
@@ -456,6 +484,14 @@ fn every_command_names_what_exists() {
                         Some(p) if packages.contains(&p) => {}
                         Some(p) => problems.push(format!("{at}: no package {p} in the workspace")),
                         None => problems.push(format!("{at}: cargo run without -p")),
+                    }
+                }
+                if pair == ["cargo", "test"] {
+                    for target in args.windows(2).filter(|w| w[0] == "--test").map(|w| &w[1]) {
+                        if !test_targets.contains(target) {
+                            problems
+                                .push(format!("{at}: no test target {target} in the workspace"));
+                        }
                     }
                 }
                 if pair == ["helm", "install"] {

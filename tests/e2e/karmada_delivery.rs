@@ -1,4 +1,4 @@
-//! The last hop in Karmada (a module of the `karmada_composition` target,
+//! The last hop in Karmada (the `delivery` module of `karmada_composition`,
 //! beside the guardrail it completes): an EU, PCI-2 workload never reaches
 //! member-us-1, whatever path delivers it. Each test drives one path a
 //! tenant or a controller can take and reads member-us-1's own API server

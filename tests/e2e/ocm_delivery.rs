@@ -1,5 +1,5 @@
-//! The last hop in Open Cluster Management (a module of the `ocm_e2e`
-//! target): an EU, PCI-2 workload never reaches `ocm-us-1`, whatever
+//! The last hop in Open Cluster Management (the `delivery` module of `ocm`,
+//! in the `ocm` test binary): an EU, PCI-2 workload never reaches `ocm-us-1`, whatever
 //! delivers it. The delivery guard (the webhook registered with the hub for
 //! ManifestWorks and ManifestWorkReplicaSets, as `scripts/testbed up --ocm`
 //! and the chart register it) runs beside the decider; each test reads

@@ -5,7 +5,7 @@
 //! cases run one after another on one cluster.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use placement_tests::kubectl::apply_example_clusters;
@@ -16,10 +16,10 @@ const RELEASE: &str = "placement-policy";
 const NAMESPACE: &str = "placement-system";
 const EU_PCI: [&str; 2] = ["gce-europe-west1", "gce-europe-west2"];
 
-/// One case at a time (one release of the chart in the cluster).
+/// One case at a time (one release of the chart in the cluster), and none
+/// beside the other cluster tests of this binary (the binary's one lock).
 fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+    placement_tests::serial()
 }
 
 /// The shared cluster with the project's images imported (once).

@@ -71,7 +71,9 @@ pub fn shared<T: Sync>(
 
 /// One test at a time in this test binary, for tests that each start (or
 /// stop) a part of the bed others would otherwise share or compete for: held
-/// while the guard lives; a failed test does not poison it.
+/// while the guard lives; a failed test does not poison it. One lock for all
+/// the modules of a binary (each binary is one bed: tests/suites/), so the
+/// tests taking it never overlap, whichever file they are in.
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
     static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
     SERIAL.lock().unwrap_or_else(|p| p.into_inner())
