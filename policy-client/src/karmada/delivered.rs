@@ -68,7 +68,7 @@ mod tests {
     }
 
     #[test]
-    fn delivered_clusters_merge_required_by_as_karmada_does() {
+    fn delivered_clusters_merge_required_by_as_the_binding_controller_does() {
         let b = binding(
             json!([{"name": "eu-1", "replicas": 2}]),
             json!([{"clusters": [{"name": "eu-1", "replicas": 9}, {"name": "us-1", "replicas": 1}]}]),

@@ -207,7 +207,7 @@ fn members_outside_the_record_are_found_and_taken_out() {
 }
 
 #[test]
-fn karmada_scheduler_gets_a_grace_before_members_are_taken_out() {
+fn the_federations_scheduler_gets_a_grace_before_members_are_taken_out() {
     let mut overdue = Overdue::default();
     let key: ItemKey = (
         0,
