@@ -141,39 +141,10 @@ fn clusters_from(
     clusters: Option<&BTreeMap<String, Value>>,
     policy_weights: bool,
 ) -> Placement {
-    let mut preferences = match serde_json::from_str::<ReplicaSetPreferences>(preferences) {
-        Ok(p) => p.clusters,
-        Err(e) => {
-            return Placement::failed(
-                Reason::SchedulerError,
-                format!("the policy's {PREFERENCES_ANNOTATION} cannot be read: {e}"),
-            );
-        }
+    let preferences = match policy_clusters(preferences, clusters) {
+        Ok(preferences) => preferences,
+        Err(failed) => return failed,
     };
-    if preferences.contains_key("*") {
-        return Placement::failed(
-            Reason::SchedulerError,
-            format!(
-                "the policy's {PREFERENCES_ANNOTATION} uses the \"*\" cluster, which a Karmada binding cannot take: name the clusters"
-            ),
-        );
-    }
-    if let Some(known) = clusters {
-        let unknown: Vec<&str> = preferences
-            .keys()
-            .filter(|name| !known.contains_key(*name))
-            .map(String::as_str)
-            .collect();
-        if !unknown.is_empty() {
-            return Placement::failed(
-                Reason::SchedulerError,
-                format!(
-                    "the policy names clusters Karmada does not have: {}",
-                    unknown.join(", ")
-                ),
-            );
-        }
-    }
     let user = binding.spec.placement.clone().unwrap_or(Value::Null);
     if let Some(field) = unimplemented_field(&user, binding.is_workload()) {
         return Placement::failed(
@@ -183,67 +154,132 @@ fn clusters_from(
             ),
         );
     }
-    // Clusters being evicted from are no candidates (Karmada's
-    // ClusterEviction filter).
-    for task in &binding.spec.graceful_eviction_tasks {
-        preferences.remove(&task.from_cluster);
-    }
-    if preferences.is_empty() {
-        return Placement::failed(
-            Reason::NoClusterFit,
-            "every cluster the policy allows is being evicted from",
-        );
-    }
+    let preferences = match not_evicted_from(binding, preferences) {
+        Ok(preferences) => preferences,
+        Err(failed) => return failed,
+    };
     let (preferences, affinity) = match users_choice(binding, &user, preferences, clusters) {
         Ok(chosen) => chosen,
         Err(message) => return Placement::failed(Reason::NoClusterFit, message),
     };
-    let scheduled = |clusters: Vec<TargetCluster>| Placement::Clusters {
-        clusters,
-        affinity: affinity.clone(),
+    match with_replicas(binding, &user, preferences, clusters, policy_weights) {
+        Ok(clusters) => Placement::Clusters { clusters, affinity },
+        Err(failed) => failed,
+    }
+}
+
+/// The clusters of the policy's preferences annotation, each a cluster
+/// Karmada has (when its clusters are replicated).
+fn policy_clusters(
+    preferences: &str,
+    clusters: Option<&BTreeMap<String, Value>>,
+) -> Result<BTreeMap<String, ClusterPreference>, Placement> {
+    let preferences = match serde_json::from_str::<ReplicaSetPreferences>(preferences) {
+        Ok(p) => p.clusters,
+        Err(e) => {
+            return Err(Placement::failed(
+                Reason::SchedulerError,
+                format!("the policy's {PREFERENCES_ANNOTATION} cannot be read: {e}"),
+            ));
+        }
+    };
+    if preferences.contains_key("*") {
+        return Err(Placement::failed(
+            Reason::SchedulerError,
+            format!(
+                "the policy's {PREFERENCES_ANNOTATION} uses the \"*\" cluster, which a Karmada binding cannot take: name the clusters"
+            ),
+        ));
+    }
+    if let Some(known) = clusters {
+        let unknown: Vec<&str> = preferences
+            .keys()
+            .filter(|name| !known.contains_key(*name))
+            .map(String::as_str)
+            .collect();
+        if !unknown.is_empty() {
+            return Err(Placement::failed(
+                Reason::SchedulerError,
+                format!(
+                    "the policy names clusters Karmada does not have: {}",
+                    unknown.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(preferences)
+}
+
+/// Clusters being evicted from are no candidates (Karmada's
+/// ClusterEviction filter).
+fn not_evicted_from(
+    binding: &Binding,
+    mut preferences: BTreeMap<String, ClusterPreference>,
+) -> Result<BTreeMap<String, ClusterPreference>, Placement> {
+    for task in &binding.spec.graceful_eviction_tasks {
+        preferences.remove(&task.from_cluster);
+    }
+    if preferences.is_empty() {
+        return Err(Placement::failed(
+            Reason::NoClusterFit,
+            "every cluster the policy allows is being evicted from",
+        ));
+    }
+    Ok(preferences)
+}
+
+/// The chosen clusters with their replicas: none for a non-workload, all for
+/// a duplicated workload, divided by weight for a divided one.
+fn with_replicas(
+    binding: &Binding,
+    user: &Value,
+    preferences: BTreeMap<String, ClusterPreference>,
+    clusters: Option<&BTreeMap<String, Value>>,
+    policy_weights: bool,
+) -> Result<Vec<TargetCluster>, Placement> {
+    let each_with = |replicas: i32| {
+        preferences
+            .keys()
+            .map(|name| TargetCluster {
+                name: name.clone(),
+                replicas,
+            })
+            .collect()
     };
     if !binding.is_workload() {
         // Non-workloads go to every cluster, without replicas.
-        return scheduled(
-            preferences
-                .into_keys()
-                .map(|name| TargetCluster { name, replicas: 0 })
-                .collect(),
-        );
+        return Ok(each_with(0));
     }
     if !binding.is_divided_workload() {
         // Duplicated: every cluster runs all replicas.
-        return scheduled(
-            preferences
-                .into_keys()
-                .map(|name| TargetCluster {
-                    name,
-                    replicas: binding.spec.replicas,
-                })
-                .collect(),
-        );
+        return Ok(each_with(binding.spec.replicas));
     }
     let preferences = if policy_weights {
         preferences
     } else {
-        with_static_weights(&user, preferences, clusters)
+        with_static_weights(user, preferences, clusters)
     };
     match divide(
         binding.spec.replicas,
         &preferences,
         &binding.spec.resource.uid,
     ) {
-        Ok(division) => scheduled(
-            division
-                .into_iter()
-                .map(|(name, replicas)| TargetCluster { name, replicas })
-                .collect(),
-        ),
+        Ok(division) => Ok(division
+            .into_iter()
+            .map(|(name, replicas)| TargetCluster { name, replicas })
+            .collect()),
         Err(e @ DivisionError::Negative { .. }) => {
-            Placement::failed(Reason::SchedulerError, e.to_string())
+            Err(Placement::failed(Reason::SchedulerError, e.to_string()))
         }
-        Err(e) => Placement::failed(Reason::Unschedulable, e.to_string()),
+        Err(e) => Err(Placement::failed(Reason::Unschedulable, e.to_string())),
     }
+}
+
+/// A cluster as replicated, or only its name when it is not.
+fn cluster_object(clusters: Option<&BTreeMap<String, Value>>, name: &str) -> Value {
+    clusters
+        .and_then(|c| c.get(name).cloned())
+        .unwrap_or_else(|| json!({"metadata": {"name": name}}))
 }
 
 /// The policy's clusters the user's placement selects (karmada-scheduler's
@@ -257,88 +293,22 @@ fn users_choice(
     preferences: BTreeMap<String, ClusterPreference>,
     clusters: Option<&BTreeMap<String, Value>>,
 ) -> Result<(BTreeMap<String, ClusterPreference>, Option<String>), String> {
-    let object = |name: &str| -> Value {
-        clusters
-            .and_then(|c| c.get(name).cloned())
-            .unwrap_or_else(|| json!({"metadata": {"name": name}}))
-    };
-    let tolerations = user
-        .get("clusterTolerations")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let mut untolerated = Vec::new();
-    let candidates: BTreeMap<String, ClusterPreference> = preferences
-        .into_iter()
-        .filter(|(name, _)| {
-            // A cluster the binding is on already stays a candidate
-            // (Karmada's TaintToleration filter).
-            if binding.spec.clusters.iter().any(|c| &c.name == name) {
-                return true;
-            }
-            match untolerated_taint(&object(name), &tolerations) {
-                Some(taint) => {
-                    untolerated.push(format!("{name} ({taint})"));
-                    false
-                }
-                None => true,
-            }
-        })
-        .collect();
-    let allowed = candidates.keys().cloned().collect::<Vec<_>>().join(", ");
+    let (candidates, untolerated) = tolerated(binding, user, preferences, clusters);
     let fitting = |affinity: &Value| -> BTreeMap<String, ClusterPreference> {
         candidates
             .iter()
-            .filter(|(name, _)| matches(&object(name), affinity))
+            .filter(|(name, _)| matches(&cluster_object(clusters, name), affinity))
             .map(|(name, p)| (name.clone(), *p))
             .collect()
     };
-    let why = |what: &str| {
-        let mut message = format!(
-            "no cluster the placement policy allows ({}) matches the placement's {what}",
-            if allowed.is_empty() {
-                "none left"
-            } else {
-                &allowed
-            }
-        );
-        if !untolerated.is_empty() {
-            message.push_str(&format!("; untolerated taints: {}", untolerated.join(", ")));
-        }
-        message
-    };
+    let why = |what: &str| no_fit(&candidates, &untolerated, what);
     let terms = user
         .get("clusterAffinities")
         .and_then(Value::as_array)
         .filter(|t| !t.is_empty());
     if let Some(terms) = terms {
-        let observed = binding.status.scheduler_observed_affinity_name.as_deref();
-        let start = if binding.reschedule_required() {
-            0
-        } else {
-            terms
-                .iter()
-                .position(|t| t.get("affinityName").and_then(Value::as_str) == observed)
-                .unwrap_or(0)
-        };
-        for term in &terms[start..] {
-            let fit = fitting(term);
-            if !fit.is_empty() {
-                let name = term
-                    .get("affinityName")
-                    .and_then(Value::as_str)
-                    .map(str::to_owned);
-                return Ok((fit, name));
-            }
-        }
-        let names: Vec<&str> = terms[start..]
-            .iter()
-            .filter_map(|t| t.get("affinityName").and_then(Value::as_str))
-            .collect();
-        return Err(why(&format!(
-            "clusterAffinities (tried {})",
-            names.join(", ")
-        )));
+        return first_fitting_term(binding, terms, fitting)
+            .map_err(|tried| why(&format!("clusterAffinities (tried {tried})")));
     }
     let fit = match user.get("clusterAffinity").filter(|a| !a.is_null()) {
         Some(affinity) => fitting(affinity),
@@ -348,6 +318,92 @@ fn users_choice(
         return Err(why("clusterAffinity and clusterTolerations"));
     }
     Ok((fit, None))
+}
+
+/// The policy's clusters whose taints the placement's `clusterTolerations`
+/// tolerate, and the others as `name (taint)`. A cluster the binding is on
+/// already stays a candidate (Karmada's TaintToleration filter).
+fn tolerated(
+    binding: &Binding,
+    user: &Value,
+    preferences: BTreeMap<String, ClusterPreference>,
+    clusters: Option<&BTreeMap<String, Value>>,
+) -> (BTreeMap<String, ClusterPreference>, Vec<String>) {
+    let tolerations = user
+        .get("clusterTolerations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let mut untolerated = Vec::new();
+    let candidates = preferences
+        .into_iter()
+        .filter(|(name, _)| {
+            if binding.spec.clusters.iter().any(|c| &c.name == name) {
+                return true;
+            }
+            match untolerated_taint(&cluster_object(clusters, name), &tolerations) {
+                Some(taint) => {
+                    untolerated.push(format!("{name} ({taint})"));
+                    false
+                }
+                None => true,
+            }
+        })
+        .collect();
+    (candidates, untolerated)
+}
+
+/// Why no cluster fits the placement's `what`: the candidates left, and the
+/// clusters whose taints are not tolerated.
+fn no_fit(
+    candidates: &BTreeMap<String, ClusterPreference>,
+    untolerated: &[String],
+    what: &str,
+) -> String {
+    let allowed = candidates.keys().cloned().collect::<Vec<_>>().join(", ");
+    let mut message = format!(
+        "no cluster the placement policy allows ({}) matches the placement's {what}",
+        if allowed.is_empty() {
+            "none left"
+        } else {
+            &allowed
+        }
+    );
+    if !untolerated.is_empty() {
+        message.push_str(&format!("; untolerated taints: {}", untolerated.join(", ")));
+    }
+    message
+}
+
+/// The clusters of the first `clusterAffinities` term that selects any, from
+/// the one observed last (from the first when a reschedule is required), with
+/// its name; else the names of the terms tried.
+fn first_fitting_term(
+    binding: &Binding,
+    terms: &[Value],
+    fitting: impl Fn(&Value) -> BTreeMap<String, ClusterPreference>,
+) -> Result<(BTreeMap<String, ClusterPreference>, Option<String>), String> {
+    let observed = binding.status.scheduler_observed_affinity_name.as_deref();
+    let start = if binding.reschedule_required() {
+        0
+    } else {
+        terms
+            .iter()
+            .position(|t| affinity_name(t) == observed)
+            .unwrap_or(0)
+    };
+    for term in &terms[start..] {
+        let fit = fitting(term);
+        if !fit.is_empty() {
+            return Ok((fit, affinity_name(term).map(str::to_owned)));
+        }
+    }
+    let tried: Vec<&str> = terms[start..].iter().filter_map(affinity_name).collect();
+    Err(tried.join(", "))
+}
+
+fn affinity_name(term: &Value) -> Option<&str> {
+    term.get("affinityName").and_then(Value::as_str)
 }
 
 /// The user's `staticWeightList` over the policy's even weights (Karmada's
@@ -367,9 +423,7 @@ fn with_static_weights(
         return preferences;
     };
     for (name, preference) in preferences.iter_mut() {
-        let object = clusters
-            .and_then(|c| c.get(name).cloned())
-            .unwrap_or_else(|| json!({"metadata": {"name": name}}));
+        let object = cluster_object(clusters, name);
         preference.weight = rules
             .iter()
             .filter(|rule| {
