@@ -263,7 +263,19 @@ pub(crate) fn candidates(
     now: k8s_openapi::jiff::Timestamp,
 ) -> Result<(Candidates, Option<k8s_openapi::jiff::Timestamp>), Misconfigured> {
     validate_tolerations(&placement.spec.tolerations)?;
-    let predicates: Vec<CompiledSelector> = placement
+    let predicates = compile_predicates(placement)?;
+    let available =
+        match eligible_sets(placement, inventory).and_then(|sets| available(inventory, &sets)) {
+            Ok(available) => available,
+            Err(unsatisfied) => return Ok((Candidates::Unsatisfied(unsatisfied), None)),
+        };
+    let (selected, recheck) = select(placement, &predicates, available, decided, now);
+    Ok((Candidates::Clusters(selected), recheck))
+}
+
+/// The Placement's `predicates`, compiled.
+fn compile_predicates(placement: &Placement) -> Result<Vec<CompiledSelector>, Misconfigured> {
+    placement
         .spec
         .predicates
         .iter()
@@ -274,7 +286,14 @@ pub(crate) fn candidates(
                 &format!("spec.predicates[{i}]"),
             )
         })
-        .collect::<Result<_, _>>()?;
+        .collect()
+}
+
+/// The ManagedClusterSets bound to the Placement's namespace that it selects.
+fn eligible_sets<'a>(
+    placement: &Placement,
+    inventory: &'a Inventory,
+) -> Result<Vec<&'a String>, Unsatisfied> {
     // Bindings to a set that does not exist are not valid (OCM ignores them).
     let bound: BTreeSet<&String> = inventory
         .bound
@@ -282,14 +301,10 @@ pub(crate) fn candidates(
         .filter(|name| inventory.sets.contains_key(*name))
         .collect();
     if bound.is_empty() {
-        return Ok((
-            Candidates::Unsatisfied(Unsatisfied {
-                reason: "NoManagedClusterSetBindings",
-                message: "No valid ManagedClusterSetBindings found in placement namespace"
-                    .to_owned(),
-            }),
-            None,
-        ));
+        return Err(Unsatisfied {
+            reason: "NoManagedClusterSetBindings",
+            message: "No valid ManagedClusterSetBindings found in placement namespace".to_owned(),
+        });
     }
     let wanted = &placement.spec.cluster_sets;
     let eligible: Vec<&String> = bound
@@ -297,39 +312,55 @@ pub(crate) fn candidates(
         .filter(|name| wanted.is_empty() || wanted.contains(name))
         .collect();
     if eligible.is_empty() {
-        return Ok((
-            Candidates::Unsatisfied(Unsatisfied {
-                reason: "NoIntersection",
-                message: format!(
-                    "None of ManagedClusterSets [{}] is bound to placement namespace",
-                    wanted.join(",")
-                ),
-            }),
-            None,
-        ));
+        return Err(Unsatisfied {
+            reason: "NoIntersection",
+            message: format!(
+                "None of ManagedClusterSets [{}] is bound to placement namespace",
+                wanted.join(",")
+            ),
+        });
     }
+    Ok(eligible)
+}
+
+/// The clusters of `sets` not being deleted.
+fn available<'a>(
+    inventory: &'a Inventory,
+    sets: &[&String],
+) -> Result<Vec<&'a ManagedCluster>, Unsatisfied> {
     let available: Vec<&ManagedCluster> = inventory
         .clusters
         .values()
         .filter(|c| !c.deleting)
-        .filter(|c| eligible.iter().any(|set| inventory.sets[*set].contains(c)))
+        .filter(|c| sets.iter().any(|set| inventory.sets[*set].contains(c)))
         .collect();
     if available.is_empty() {
-        return Ok((
-            Candidates::Unsatisfied(Unsatisfied {
-                reason: "AllManagedClusterSetsEmpty",
-                message: format!(
-                    "All ManagedClusterSets [{}] have no member ManagedCluster",
-                    eligible
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(",")
-                ),
-            }),
-            None,
-        ));
+        return Err(Unsatisfied {
+            reason: "AllManagedClusterSetsEmpty",
+            message: format!(
+                "All ManagedClusterSets [{}] have no member ManagedCluster",
+                sets.iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        });
     }
+    Ok(available)
+}
+
+/// The `available` clusters matching a predicate (any, when there are none)
+/// whose taints are tolerated; and the earliest time a toleration runs out.
+fn select(
+    placement: &Placement,
+    predicates: &[CompiledSelector],
+    available: Vec<&ManagedCluster>,
+    decided: &BTreeSet<String>,
+    now: k8s_openapi::jiff::Timestamp,
+) -> (
+    BTreeMap<String, ManagedCluster>,
+    Option<k8s_openapi::jiff::Timestamp>,
+) {
     let mut recheck: Option<k8s_openapi::jiff::Timestamp> = None;
     let mut selected = BTreeMap::new();
     for cluster in available {
@@ -350,7 +381,7 @@ pub(crate) fn candidates(
         }
         selected.insert(cluster.name.clone(), cluster.clone());
     }
-    Ok((Candidates::Clusters(selected), recheck))
+    (selected, recheck)
 }
 
 /// OCM's checks of a toleration (the `tainttoleration` plugin).
