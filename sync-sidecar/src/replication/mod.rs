@@ -35,7 +35,7 @@ use crate::engine_sync::component::{Gate, full_sync_loop};
 use crate::error::SyncError;
 use crate::metrics::Metrics;
 use crate::policies::demand::Demand;
-use crate::policies::rego_refs::PolicyReads;
+use crate::policies::rego_refs::{DataReads, PolicyReads};
 use crate::queue::{KEY_BACKOFF, KeyedQueue};
 use crate::replication::document::{ObjectKey, object_path, type_path};
 use crate::replication::health::{ClusterHealth, ClusterKind, cluster_kind};
@@ -335,94 +335,133 @@ pub(crate) async fn run_type(
     let Some(watched) = watched else {
         return Ok(());
     };
-    let mut demand = ctx.demand.as_ref().map(|demand| {
+    let demand = ctx.demand.as_ref().map(|demand| {
         demand.register(&watched.resource.plural);
         demand.subscribe()
     });
-    let cluster = cluster_kind(&watched.resource.group, &watched.resource.plural);
-    let replicator = Arc::new(TypeReplicator {
-        watched,
-        gate: Gate::default(),
-        ctx: ctx.clone(),
-        cluster,
-        causes: Mutex::default(),
-        listed: Default::default(),
-    });
-    ctx.replicated.register(replicator.watched.clone(), cluster);
+    let replicator = TypeReplicator::registered(ctx, watched);
     let queue = {
-        let replicator = replicator.clone();
+        let handler = replicator.clone();
         KeyedQueue::new(
             name.clone(),
             move |key: ObjectKey| {
-                let replicator = replicator.clone();
+                let replicator = handler.clone();
                 async move { replicator.sync_key(key).await }
             },
-            ctx.permits.clone(),
+            replicator.ctx.permits.clone(),
             KEY_BACKOFF,
             cancel.clone(),
         )
     };
     let relist = Arc::new(Notify::new());
-    let full = {
-        let replicator = replicator.clone();
-        let listed = replicator.clone();
-        tokio::spawn(full_sync_loop(
-            name.clone(),
-            ctx.state.clone(),
+    let full = tokio::spawn(replicator.whole_type_writes(name, relist.clone(), cancel.clone()));
+    replicator
+        .follow(&mut watch, demand, |key| queue.push(key), &relist, &cancel)
+        .await;
+    let _ = full.await;
+    Ok(())
+}
+
+impl TypeReplicator {
+    /// The replicator of `watched`, registered as a replicated type.
+    fn registered(ctx: ReplicatorContext, watched: Arc<WatchedType>) -> Arc<TypeReplicator> {
+        let cluster = cluster_kind(&watched.resource.group, &watched.resource.plural);
+        let replicated = ctx.replicated.clone();
+        let replicator = Arc::new(TypeReplicator {
+            watched,
+            gate: Gate::default(),
+            ctx,
+            cluster,
+            causes: Mutex::default(),
+            listed: Default::default(),
+        });
+        replicated.register(replicator.watched.clone(), cluster);
+        replicator
+    }
+
+    /// The whole-type writes: after the first list, and at each `relist`.
+    fn whole_type_writes(
+        self: &Arc<Self>,
+        name: String,
+        relist: Arc<Notify>,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let replicator = self.clone();
+        let listed = self.clone();
+        full_sync_loop(
+            name,
+            self.ctx.state.clone(),
             async move { listed.watched.objects.wait_until_listed().await },
-            relist.clone(),
+            relist,
             move |epoch| {
                 let replicator = replicator.clone();
                 async move { replicator.full_sync(epoch).await }
             },
-            cancel.clone(),
-        ))
-    };
-    let mut wanted = replicator.wanted();
-    loop {
-        let demand_changed = async {
-            match &mut demand {
-                Some(demand) => demand.changed().await.is_ok(),
-                None => std::future::pending().await,
-            }
-        };
-        let change = tokio::select! {
-            c = watch.changes.recv() => c,
-            true = demand_changed => {
-                if replicator.wanted() != wanted {
-                    wanted = !wanted;
-                    // Written or removed as a whole.
-                    relist.notify_one();
+            cancel,
+        )
+    }
+
+    /// Mirror the watch's changes until `cancel` or its end: each changed
+    /// object through `push`; a relist, or the policies' demand turning the
+    /// type on or off, as a whole-type write (`relist`).
+    async fn follow(
+        &self,
+        watch: &mut Subscription,
+        mut demand: Option<tokio::sync::watch::Receiver<DataReads>>,
+        push: impl Fn(ObjectKey),
+        relist: &Notify,
+        cancel: &CancellationToken,
+    ) {
+        let mut wanted = self.wanted();
+        loop {
+            let demand_changed = async {
+                match &mut demand {
+                    Some(demand) => demand.changed().await.is_ok(),
+                    None => std::future::pending().await,
                 }
-                continue;
-            }
-            _ = cancel.cancelled() => break,
-        };
+            };
+            let change = tokio::select! {
+                c = watch.changes.recv() => c,
+                true = demand_changed => {
+                    if self.wanted() != wanted {
+                        wanted = !wanted;
+                        // Written or removed as a whole.
+                        relist.notify_one();
+                    }
+                    continue;
+                }
+                _ = cancel.cancelled() => break,
+            };
+            let Some(change) = change else {
+                break;
+            };
+            self.on_change(change, &push, relist);
+        }
+    }
+
+    fn on_change(&self, change: WatchChange, push: impl Fn(ObjectKey), relist: &Notify) {
         match change {
-            Some(WatchChange::Applied {
+            WatchChange::Applied {
                 key,
                 json,
                 previous,
                 ..
-            }) => {
-                replicator.note(&key, previous.as_deref(), Some(&json));
-                queue.push(key);
+            } => {
+                self.note(&key, previous.as_deref(), Some(&json));
+                push(key);
             }
-            Some(WatchChange::Deleted { key, previous }) => {
-                replicator.note(&key, previous.as_deref(), None);
-                queue.push(key);
+            WatchChange::Deleted { key, previous } => {
+                self.note(&key, previous.as_deref(), None);
+                push(key);
             }
-            Some(WatchChange::ListDone { first: false }) => {
-                replicator.note_listed();
-                tracing::info!(resource = %replicator.label(), "relisted; rewriting the whole type");
+            WatchChange::ListDone { first: false } => {
+                self.note_listed();
+                tracing::info!(resource = %self.label(), "relisted; rewriting the whole type");
                 relist.notify_one();
             }
-            Some(WatchChange::ListDone { first: true }) => replicator.note_listed(),
-            None => break,
+            WatchChange::ListDone { first: true } => self.note_listed(),
         }
     }
-    let _ = full.await;
-    Ok(())
 }
 
 #[cfg(test)]
