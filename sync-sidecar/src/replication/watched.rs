@@ -206,22 +206,63 @@ async fn watch_type(
         objects: TypeObjects::default(),
     });
     slot.found.send_replace(Some(watched.clone()));
-    let label = watched.resource.plural.clone();
-    let send = |change: &dyn Fn() -> WatchChange, listed: bool| {
-        for s in &slot.subscribers {
-            if !listed || s.listed {
-                // A subscriber gone means the sidecar is stopping.
-                let _ = s.tx.send(change());
+    let label = &watched.resource.plural;
+    let mut feed = Feed {
+        watched: &watched,
+        subscribers: &slot.subscribers,
+        listed_once: false,
+    };
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        let event = tokio::select! {
+            e = stream.next() => e,
+            _ = cancel.cancelled() => break,
+        };
+        match event {
+            Some(Ok(event)) => feed.apply(event),
+            Some(Err(e)) => {
+                metrics.watch_error(label);
+                tracing::warn!(resource = %label, error = %e, "watch error; the watch recovers by itself");
+            }
+            None => break,
+        }
+    }
+    Ok(())
+}
+
+/// A type's watch events into its store, each change then handed to the
+/// subscribers.
+struct Feed<'a> {
+    watched: &'a WatchedType,
+    subscribers: &'a [Subscriber],
+    /// A list has completed (the next one is a relist).
+    listed_once: bool,
+}
+
+impl Feed<'_> {
+    fn apply(&mut self, event: watcher::Event<DynamicObject>) {
+        let objects = &self.watched.objects;
+        match event {
+            watcher::Event::Apply(object) => self.applied(&object, false),
+            watcher::Event::Delete(object) => self.deleted(&object),
+            watcher::Event::Init => objects.list_started(),
+            watcher::Event::InitApply(object) => self.applied(&object, true),
+            watcher::Event::InitDone => {
+                objects.list_done();
+                let first = !self.listed_once;
+                self.listed_once = true;
+                self.send(&|| WatchChange::ListDone { first }, false);
             }
         }
-    };
-    let objects = &watched.objects;
-    // An add or update (`listed`: part of a (re)list): stored, then handed on.
-    let applied = |object: &DynamicObject, listed: bool| {
+    }
+
+    /// An add or update (`listed`: part of a (re)list): stored, then handed on.
+    fn applied(&self, object: &DynamicObject, listed: bool) {
         let Some(key) = ObjectKey::of(object) else {
             return;
         };
-        let json = Bytes::from(object_json(object, &watched.resource));
+        let json = Bytes::from(object_json(object, &self.watched.resource));
+        let objects = &self.watched.objects;
         let previous = if listed {
             objects.listed(key.clone(), json.clone());
             None
@@ -234,45 +275,31 @@ async fn watch_type(
             listed,
             previous: previous.clone(),
         };
-        send(&change, listed);
-    };
-    let mut stream = std::pin::pin!(stream);
-    let mut listed_once = false;
-    loop {
-        let event = tokio::select! {
-            e = stream.next() => e,
-            _ = cancel.cancelled() => break,
-        };
-        match event {
-            Some(Ok(watcher::Event::Apply(object))) => applied(&object, false),
-            Some(Ok(watcher::Event::Delete(object))) => {
-                if let Some(key) = ObjectKey::of(&object) {
-                    let previous = objects.delete(&key);
-                    send(
-                        &|| WatchChange::Deleted {
-                            key: key.clone(),
-                            previous: previous.clone(),
-                        },
-                        false,
-                    );
-                }
-            }
-            Some(Ok(watcher::Event::Init)) => objects.list_started(),
-            Some(Ok(watcher::Event::InitApply(object))) => applied(&object, true),
-            Some(Ok(watcher::Event::InitDone)) => {
-                objects.list_done();
-                let first = !listed_once;
-                listed_once = true;
-                send(&|| WatchChange::ListDone { first }, false);
-            }
-            Some(Err(e)) => {
-                metrics.watch_error(&label);
-                tracing::warn!(resource = %label, error = %e, "watch error; the watch recovers by itself");
-            }
-            None => break,
+        self.send(&change, listed);
+    }
+
+    fn deleted(&self, object: &DynamicObject) {
+        if let Some(key) = ObjectKey::of(object) {
+            let previous = self.watched.objects.delete(&key);
+            self.send(
+                &|| WatchChange::Deleted {
+                    key: key.clone(),
+                    previous: previous.clone(),
+                },
+                false,
+            );
         }
     }
-    Ok(())
+
+    /// `change` to every subscriber (`listed`: only to those that take lists).
+    fn send(&self, change: &dyn Fn() -> WatchChange, listed: bool) {
+        for s in self.subscribers {
+            if !listed || s.listed {
+                // A subscriber gone means the sidecar is stopping.
+                let _ = s.tx.send(change());
+            }
+        }
+    }
 }
 
 #[cfg(test)]
