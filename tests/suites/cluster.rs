@@ -11,7 +11,7 @@
 //! installs its release in the shared cluster, `cluster` starts clusters of
 //! its own. The `chart` tests (no cluster) run beside them.
 
-#[path = "../e2e/chart.rs"]
+#[path = "../e2e/chart/mod.rs"]
 mod chart;
 #[path = "../e2e/cluster.rs"]
 mod cluster;
