@@ -27,7 +27,7 @@ mod opa_client;
 mod ownership;
 #[path = "../e2e/policy_input.rs"]
 mod policy_input;
-#[path = "../e2e/sync.rs"]
+#[path = "../e2e/sync/mod.rs"]
 mod sync;
 #[path = "../e2e/webhook_auth.rs"]
 mod webhook_auth;
