@@ -13,7 +13,7 @@
 
 #[path = "../e2e/admission_e2e.rs"]
 mod admission_e2e;
-#[path = "../e2e/blast_radius.rs"]
+#[path = "../e2e/blast_radius/mod.rs"]
 mod blast_radius;
 #[path = "../e2e/docs.rs"]
 mod docs;
