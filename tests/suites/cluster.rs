@@ -15,5 +15,5 @@
 mod chart;
 #[path = "../e2e/cluster.rs"]
 mod cluster;
-#[path = "../e2e/operations.rs"]
+#[path = "../e2e/operations/mod.rs"]
 mod operations;
