@@ -17,7 +17,7 @@ mod admission_e2e;
 mod blast_radius;
 #[path = "../e2e/docs.rs"]
 mod docs;
-#[path = "../e2e/hostile.rs"]
+#[path = "../e2e/hostile/mod.rs"]
 mod hostile;
 #[path = "../e2e/kube_mgmt.rs"]
 mod kube_mgmt;
