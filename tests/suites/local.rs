@@ -15,7 +15,7 @@
 mod admission_e2e;
 #[path = "../e2e/blast_radius/mod.rs"]
 mod blast_radius;
-#[path = "../e2e/docs.rs"]
+#[path = "../e2e/docs/mod.rs"]
 mod docs;
 #[path = "../e2e/hostile/mod.rs"]
 mod hostile;
