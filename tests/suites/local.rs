@@ -19,7 +19,7 @@ mod blast_radius;
 mod docs;
 #[path = "../e2e/hostile/mod.rs"]
 mod hostile;
-#[path = "../e2e/kube_mgmt.rs"]
+#[path = "../e2e/kube_mgmt/mod.rs"]
 mod kube_mgmt;
 #[path = "../e2e/opa_client.rs"]
 mod opa_client;
