@@ -13,5 +13,5 @@
 
 #[path = "../e2e/karmada/mod.rs"]
 mod karmada;
-#[path = "../e2e/karmada_composition.rs"]
+#[path = "../e2e/karmada_composition/mod.rs"]
 mod karmada_composition;
