@@ -31,5 +31,5 @@ mod policy_input;
 mod sync;
 #[path = "../e2e/webhook_auth.rs"]
 mod webhook_auth;
-#[path = "../e2e/webhook_tls.rs"]
+#[path = "../e2e/webhook_tls/mod.rs"]
 mod webhook_tls;
