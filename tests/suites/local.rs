@@ -3,7 +3,7 @@
 //! that call `ControlPlane::shared`, each test in namespaces of its own, or
 //! one of a test's own), the project's binaries as processes, and kube-mgmt
 //! where its source is kept. One binary, so the harness links once; each
-//! module is one file of `tests/e2e/`.
+//! module is one file or folder of `tests/e2e/`.
 //!
 //! Tests of different modules run side by side (two at a time, as cargo runs
 //! the tests of one binary); the tests that start a bed of their own one at a
