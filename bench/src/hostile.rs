@@ -12,7 +12,7 @@
 //! from 127.0.2.1) sent during the attack. The attacker connects from other
 //! loopback addresses (127.0.0.2 and up, 127.0.1.x for the many peers of the
 //! probe lockout) than the well-behaved client (127.0.0.1), as another pod
-//! would. The attacks are the ones of `tests/e2e/hostile.rs`
+//! would. The attacks are the ones of `tests/e2e/hostile/`
 //! (`placement_tests::hostile`), bigger.
 
 use std::fmt::Write as _;
@@ -335,7 +335,7 @@ fn write_section(rows: &[Row], report: &mut Report) {
          their answered share and latency are those of a well-behaved peer while the attacker holds all it can. \
          Probes: {PROBES} kubelet-style liveness probes (`GET /healthz` on the metrics port, a new connection each, `Connection: close`) \
          from 127.0.2.1 right after the reviews, answered 200 within 5 s. \
-         The same attacks, smaller, are the regression test `tests/e2e/hostile.rs`.\n"
+         The same attacks, smaller, are the regression test `tests/e2e/hostile/`.\n"
     );
     md.push_str(
         "| attack | RSS at rest | peak RSS | RSS after | connections held (3 s / 15 s) | normal reviews passed | p50 / max | probes answered | refused (webhook's counters) |\n\

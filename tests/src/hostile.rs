@@ -1,5 +1,5 @@
 //! Hostile clients of the webhook over real TLS, shared by the regression test
-//! (`tests/e2e/hostile.rs`) and the measurement (`placement-bench` scenario 6):
+//! (`tests/e2e/hostile/`) and the measurement (`placement-bench` scenario 6):
 //! idle connections, slow headers and bodies, floods of stalled large bodies
 //! and stalled HTTP/2 streams, bodies that expand when parsed, bodies that are
 //! declared and never sent, peers holding the plain-HTTP ports, and the memory

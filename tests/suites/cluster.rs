@@ -3,7 +3,7 @@
 //! deploy/`; `operations`: `helm install` and the faults of a working day),
 //! and the Helm chart rendered by the real helm against a loopback API
 //! server (`chart`). One binary, so the harness links once; each module is
-//! one file of `tests/e2e/`.
+//! one file or folder of `tests/e2e/`.
 //!
 //! One cluster test at a time: the tests of `cluster` and `operations` take
 //! [`placement_tests::serial`] (one lock for the binary), as they ran one
@@ -11,9 +11,9 @@
 //! installs its release in the shared cluster, `cluster` starts clusters of
 //! its own. The `chart` tests (no cluster) run beside them.
 
-#[path = "../e2e/chart.rs"]
+#[path = "../e2e/chart/mod.rs"]
 mod chart;
 #[path = "../e2e/cluster.rs"]
 mod cluster;
-#[path = "../e2e/operations.rs"]
+#[path = "../e2e/operations/mod.rs"]
 mod operations;

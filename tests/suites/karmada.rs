@@ -11,7 +11,7 @@
 //! contains it. OCM has a binary of its own, so the two federations (each
 //! taking 2-3 GiB) never run in one process at once.
 
-#[path = "../e2e/karmada.rs"]
+#[path = "../e2e/karmada/mod.rs"]
 mod karmada;
-#[path = "../e2e/karmada_composition.rs"]
+#[path = "../e2e/karmada_composition/mod.rs"]
 mod karmada_composition;

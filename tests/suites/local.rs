@@ -3,7 +3,7 @@
 //! that call `ControlPlane::shared`, each test in namespaces of its own, or
 //! one of a test's own), the project's binaries as processes, and kube-mgmt
 //! where its source is kept. One binary, so the harness links once; each
-//! module is one file of `tests/e2e/`.
+//! module is one file or folder of `tests/e2e/`.
 //!
 //! Tests of different modules run side by side (two at a time, as cargo runs
 //! the tests of one binary); the tests that start a bed of their own one at a
@@ -13,13 +13,13 @@
 
 #[path = "../e2e/admission_e2e.rs"]
 mod admission_e2e;
-#[path = "../e2e/blast_radius.rs"]
+#[path = "../e2e/blast_radius/mod.rs"]
 mod blast_radius;
-#[path = "../e2e/docs.rs"]
+#[path = "../e2e/docs/mod.rs"]
 mod docs;
-#[path = "../e2e/hostile.rs"]
+#[path = "../e2e/hostile/mod.rs"]
 mod hostile;
-#[path = "../e2e/kube_mgmt.rs"]
+#[path = "../e2e/kube_mgmt/mod.rs"]
 mod kube_mgmt;
 #[path = "../e2e/opa_client.rs"]
 mod opa_client;
@@ -27,9 +27,9 @@ mod opa_client;
 mod ownership;
 #[path = "../e2e/policy_input.rs"]
 mod policy_input;
-#[path = "../e2e/sync.rs"]
+#[path = "../e2e/sync/mod.rs"]
 mod sync;
 #[path = "../e2e/webhook_auth.rs"]
 mod webhook_auth;
-#[path = "../e2e/webhook_tls.rs"]
+#[path = "../e2e/webhook_tls/mod.rs"]
 mod webhook_tls;

@@ -8,5 +8,5 @@
 //! Every test's path contains `ocm_`: `scripts/test` skips them by that name
 //! where OCM's source is absent. No test of another binary contains it.
 
-#[path = "../e2e/ocm.rs"]
+#[path = "../e2e/ocm/mod.rs"]
 mod ocm;
