@@ -108,7 +108,7 @@ impl TargetReconciler for Workloads {
                     "the placement policy reports errors for this object, so it keeps its current placement until the policy gives a valid one; fix: {}",
                     errors.join("; ")
                 );
-                event(c, i, &object, false, "PlacementRejected", note);
+                remediation_event(c, i, &object, false, "PlacementRejected", note);
                 Step::Unplaceable
             }
             Assessment::Stale { patch, changed } => match c.ctx.mode {
@@ -118,7 +118,7 @@ impl TargetReconciler for Workloads {
                         resource.kind,
                         changed.join(", ")
                     );
-                    event(c, i, &object, false, "PlacementStale", note);
+                    remediation_event(c, i, &object, false, "PlacementStale", note);
                     Step::LEFT_STALE
                 }
                 RemediationMode::Auto => {
@@ -159,7 +159,7 @@ async fn patch_workload(
             }
             tracing::info!(object = %name, "remediated placement");
             let note = format!("updated placement annotations: {}", changed.join(", "));
-            event(c, i, object, true, "PlacementRemediated", note);
+            remediation_event(c, i, object, true, "PlacementRemediated", note);
             Step::written(false)
         }
         // Gone: nothing to remediate.
@@ -172,8 +172,15 @@ async fn patch_workload(
     }
 }
 
-/// Queue an Event on a workload.
-fn event(c: &Common, i: usize, object: &DynamicObject, normal: bool, reason: &str, note: String) {
+/// Queue the remediator's Event about a workload (action `Remediate`).
+fn remediation_event(
+    c: &Common,
+    i: usize,
+    object: &DynamicObject,
+    normal: bool,
+    reason: &str,
+    note: String,
+) {
     let reference = object.object_ref(c.targets[i].resource());
     c.writer.event(reference, normal, reason, "Remediate", note);
 }
