@@ -860,7 +860,7 @@ pub(crate) fn wait_remembering(metrics: std::net::SocketAddr) -> Result<()> {
 }
 
 /// placement-webhook's decision cache counters (hits, misses).
-fn cache_counters(metrics: std::net::SocketAddr) -> Result<(u64, u64)> {
+pub(crate) fn cache_counters(metrics: std::net::SocketAddr) -> Result<(u64, u64)> {
     let text = metrics_page(metrics)?;
     let counter = |name: &str| -> Result<u64> {
         text.lines()

@@ -21,6 +21,7 @@
 //! evaluates, against the same writes where no webhook is registered).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -35,8 +36,7 @@ use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
 use crate::common::{
-    Bins, Contending, Sidecar, cpu_seconds, http_get, median, metric_sum, poll, start_webhook,
-    vm_kib,
+    Bins, Contending, Sidecar, cpu_seconds, median, metric_sum, poll, start_webhook, vm_kib,
 };
 use crate::report::{Report, Status};
 
@@ -163,7 +163,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         &namespace,
                         &format!("{GUARD_LABEL}=true"),
                     ]);
-                    let before = Remembered::read(webhook_metrics.port(), &sync)?;
+                    let before = Remembered::read(webhook_metrics, &sync)?;
                     guardeds.push(schedule_all(
                         &runtime,
                         &client,
@@ -173,7 +173,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         settings,
                         &guarded_pids,
                     )?);
-                    let during = Remembered::read(webhook_metrics.port(), &sync)?.since(&before);
+                    let during = Remembered::read(webhook_metrics, &sync)?.since(&before);
                     eprintln!("{namespace}: {during}");
                     remembered.add(&during);
                 }
@@ -670,16 +670,12 @@ struct Remembered {
 }
 
 impl Remembered {
-    fn read(webhook_metrics: u16, sync: &Sidecar) -> Result<Self> {
-        let (status, page) = http_get(webhook_metrics, "/metrics", None)?;
-        if status != 200 {
-            bail!("placement-webhook /metrics: HTTP {status}");
-        }
-        let sync_page = sync.metrics()?;
+    fn read(webhook_metrics: SocketAddr, sync: &Sidecar) -> Result<Self> {
+        let (hits, misses) = crate::admission::cache_counters(webhook_metrics)?;
         Ok(Remembered {
-            hits: metric_sum(&page, "placement_webhook_decision_cache_hits_total", &[]),
-            misses: metric_sum(&page, "placement_webhook_decision_cache_misses_total", &[]),
-            engine_writes: metric_sum(&sync_page, "placement_sync_engine_writes_total", &[]),
+            hits: hits as f64,
+            misses: misses as f64,
+            engine_writes: metric_sum(&sync.metrics()?, "placement_sync_engine_writes_total", &[]),
         })
     }
 
