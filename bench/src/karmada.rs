@@ -31,7 +31,9 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::runtime::watcher;
-use placement_tests::karmada::{Karmada, delivery_configuration, guardrail_rules, scheduler_args};
+use placement_tests::karmada::{
+    Karmada, delivery_configuration, guardrail_match_conditions, guardrail_rules, scheduler_args,
+};
 use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
@@ -46,7 +48,7 @@ const NATIVE: &str = "bench-native";
 const OURS: &str = "bench-placement-policy";
 const GUARDED: &str = "bench-guardrail";
 /// The label of the namespaces the guardrail's webhook and placement-sync act on.
-const GUARD_LABEL: &str = "bench-guardrail";
+pub(crate) const GUARD_LABEL: &str = "bench-guardrail";
 const DEAD: &str = "member-us-1";
 const LEFT: &str = "member-eu-2";
 const SCHEDULER_NAME: &str = "placement-policy";
@@ -68,63 +70,10 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     let karmada = std::panic::catch_unwind(Karmada::start)
         .map_err(|_| anyhow!("the Karmada test bed did not start (see the output above)"))?;
     let bed_ready = started.elapsed().as_secs_f64();
-    let scheduler_pid = karmada
-        .component_pid("karmada-scheduler")
-        .context("karmada-scheduler is not running")?;
-
-    karmada.create_policy_namespace(POLICY_NAMESPACE);
-    placement_tests::kubectl::create_shipped_policy_configmap(
-        &karmada.karmada_kubeconfig(),
-        POLICY_NAMESPACE,
-    );
-    let opa = OpaServer::start();
-    let mut args = scheduler_args(POLICY_NAMESPACE);
-    args.extend([
-        "--lease-namespace=placement-system".to_owned(),
-        "--identity=bench".to_owned(),
-        // The guardrail, for the guarded contender's namespaces only.
-        "--guard-karmada-bindings".to_owned(),
-        format!("--scope-namespace-selector={GUARD_LABEL}=true"),
-    ]);
-    let mut sync = Sidecar::start(
-        bins,
-        dir,
-        karmada.plane(),
-        Identity::Admin,
-        &opa,
-        &args,
-        "karmada",
-    )?;
-    sync.wait_ready(Duration::from_secs(60), Duration::from_millis(100))?;
-    let ours_pids = vec![sync.pid(), opa.pid().context("OPA is not running")?];
-    let certs = placement_certs::generate_to_dir(
-        &dir.join("webhook-certs"),
-        &["127.0.0.1".into(), "localhost".into()],
-    )?;
-    let (webhook, admission, webhook_metrics) = start_webhook(
-        bins,
-        dir,
-        &certs,
-        &[
-            format!("--opa-url={}", opa.url()),
-            format!("--opa-token-file={}", opa.token_file().display()),
-            format!("--kubeconfig={}", karmada.karmada_kubeconfig().display()),
-            format!("--policy-namespace={POLICY_NAMESPACE}"),
-            // As in the chart's pod: placement-sync, OPA's only writer,
-            // announces its writes, so the webhook remembers decisions.
-            format!(
-                "--engine-revisions-url=http://127.0.0.1:{}/engine/revisions",
-                sync.port
-            ),
-        ],
-    )?;
-    register_guardrail(&karmada, &format!("https://{admission}/mutate"), &certs)?;
-    let guarded_pids = vec![
-        scheduler_pid,
-        webhook.pid(),
-        sync.pid(),
-        opa.pid().unwrap_or(0),
-    ];
+    let mut contenders = Contenders::start(bins, dir, &karmada, GUARDED)?;
+    let (sync, webhook_metrics) = (&contenders.sync, contenders.webhook_metrics);
+    let ours_pids = contenders.ours_pids();
+    let guarded_pids = contenders.guarded_pids();
 
     let runtime = tokio::runtime::Runtime::new()?;
     let client = runtime.block_on(karmada.client(Identity::Admin));
@@ -153,7 +102,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                     &namespace,
                     native_policy(),
                     settings,
-                    &[scheduler_pid],
+                    &[contenders.scheduler_pid],
                 )?),
                 GUARDED => {
                     karmada.create_namespace(&namespace);
@@ -163,7 +112,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         &namespace,
                         &format!("{GUARD_LABEL}=true"),
                     ]);
-                    let before = Remembered::read(webhook_metrics, &sync)?;
+                    let before = Remembered::read(webhook_metrics, sync)?;
                     guardeds.push(schedule_all(
                         &runtime,
                         &client,
@@ -173,12 +122,12 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         settings,
                         &guarded_pids,
                     )?);
-                    let during = Remembered::read(webhook_metrics, &sync)?.since(&before);
+                    let during = Remembered::read(webhook_metrics, sync)?.since(&before);
                     eprintln!("{namespace}: {during}");
                     remembered.add(&during);
                 }
                 _ => {
-                    let before = counted(&sync)?;
+                    let before = counted(sync)?;
                     ourses.push(schedule_all(
                         &runtime,
                         &client,
@@ -188,7 +137,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         settings,
                         &ours_pids,
                     )?);
-                    let after = counted(&sync)?;
+                    let after = counted(sync)?;
                     queries += after[0] - before[0];
                     passes += after[1] - before[1];
                 }
@@ -223,7 +172,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         settings,
         [namespaces(NATIVE), namespaces(OURS)],
     ))?;
-    sync.check_alive()?;
+    contenders.sync.check_alive()?;
 
     let n = settings.deployments;
     let mut section = format!(
@@ -335,19 +284,126 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
             (None, _) => false,
         }),
     );
-    drop(webhook);
-    drop(sync);
-    drop(opa);
+    drop(contenders);
     drop(karmada);
     Ok(())
 }
 
+/// placement-policy beside a Karmada bed, in every role the scenarios
+/// compare: OPA with the shipped policy (in [`POLICY_NAMESPACE`]);
+/// placement-sync scheduling the bindings handed to it and guarding those of
+/// the namespaces labelled [`GUARD_LABEL`]; the webhook registered with
+/// Karmada's API server as the guardrail of those namespaces and the last hop
+/// of their Works (those of namespaces named `guarded_prefix...`).
+/// Dropped in the order the fields are declared: the webhook, then
+/// placement-sync, then OPA.
+pub(crate) struct Contenders {
+    webhook: crate::common::Server,
+    pub(crate) webhook_metrics: SocketAddr,
+    pub(crate) sync: Sidecar,
+    opa: OpaServer,
+    pub(crate) scheduler_pid: u32,
+}
+
+impl Contenders {
+    pub(crate) fn start(
+        bins: &Bins,
+        dir: &Path,
+        karmada: &Karmada,
+        guarded_prefix: &str,
+    ) -> Result<Contenders> {
+        let scheduler_pid = karmada
+            .component_pid("karmada-scheduler")
+            .context("karmada-scheduler is not running")?;
+        karmada.create_policy_namespace(POLICY_NAMESPACE);
+        placement_tests::kubectl::create_shipped_policy_configmap(
+            &karmada.karmada_kubeconfig(),
+            POLICY_NAMESPACE,
+        );
+        let opa = OpaServer::start();
+        let mut args = scheduler_args(POLICY_NAMESPACE);
+        args.extend([
+            "--lease-namespace=placement-system".to_owned(),
+            "--identity=bench".to_owned(),
+            // The guardrail, for the guarded contender's namespaces only.
+            "--guard-karmada-bindings".to_owned(),
+            format!("--scope-namespace-selector={GUARD_LABEL}=true"),
+        ]);
+        let mut sync = Sidecar::start(
+            bins,
+            dir,
+            karmada.plane(),
+            Identity::Admin,
+            &opa,
+            &args,
+            "karmada",
+        )?;
+        sync.wait_ready(Duration::from_secs(120), Duration::from_millis(100))?;
+        let certs = placement_certs::generate_to_dir(
+            &dir.join("webhook-certs"),
+            &["127.0.0.1".into(), "localhost".into()],
+        )?;
+        let (webhook, admission, webhook_metrics) = start_webhook(
+            bins,
+            dir,
+            &certs,
+            &[
+                format!("--opa-url={}", opa.url()),
+                format!("--opa-token-file={}", opa.token_file().display()),
+                format!("--kubeconfig={}", karmada.karmada_kubeconfig().display()),
+                format!("--policy-namespace={POLICY_NAMESPACE}"),
+                // As in the chart's pod: placement-sync, OPA's only writer,
+                // announces its writes, so the webhook remembers decisions.
+                format!(
+                    "--engine-revisions-url=http://127.0.0.1:{}/engine/revisions",
+                    sync.port
+                ),
+            ],
+        )?;
+        register_guardrail(
+            karmada,
+            &format!("https://{admission}/mutate"),
+            &certs,
+            guarded_prefix,
+        )?;
+        Ok(Contenders {
+            webhook,
+            webhook_metrics,
+            sync,
+            opa,
+            scheduler_pid,
+        })
+    }
+
+    /// placement-sync and OPA: the scheduler of handed bindings.
+    pub(crate) fn ours_pids(&self) -> Vec<u32> {
+        vec![self.sync.pid(), self.opa.pid().unwrap_or(0)]
+    }
+
+    /// karmada-scheduler with the guardrail: the webhook, placement-sync, OPA.
+    pub(crate) fn guarded_pids(&self) -> Vec<u32> {
+        vec![
+            self.scheduler_pid,
+            self.webhook.pid(),
+            self.sync.pid(),
+            self.opa.pid().unwrap_or(0),
+        ]
+    }
+
+    /// The webhook's process id.
+    pub(crate) fn webhook_pid(&self) -> u32 {
+        self.webhook.pid()
+    }
+}
+
 /// Register the webhook at `url` with Karmada's API server as the guardrail
-/// of the namespaces labelled [`GUARD_LABEL`].
+/// of the namespaces labelled [`GUARD_LABEL`] (and the last hop of the Works
+/// of namespaces named `guarded_prefix...`).
 fn register_guardrail(
     karmada: &Karmada,
     url: &str,
     certs: &placement_certs::CertPaths,
+    guarded_prefix: &str,
 ) -> Result<()> {
     let ca = std::fs::read_to_string(&certs.ca)?;
     let configuration = json!({
@@ -360,6 +416,9 @@ fn register_guardrail(
             "clientConfig": {"url": url, "caBundle": placement_certs::ca_bundle(&ca)},
             "rules": guardrail_rules(),
             "namespaceSelector": {"matchLabels": {GUARD_LABEL: "true"}},
+            // The chart's: without them every status write of a binding is a
+            // webhook call (13,000 in two runs of 1,000 Deployments).
+            "matchConditions": guardrail_match_conditions(),
             "sideEffects": "NoneOnDryRun",
             "timeoutSeconds": 10,
             "failurePolicy": "Fail",
@@ -371,7 +430,7 @@ fn register_guardrail(
         &ca,
         json!({"matchLabels": {GUARD_LABEL: "true"}}),
         false,
-        Some(GUARDED),
+        Some(guarded_prefix),
     );
     for configuration in [configuration, delivery] {
         let out = karmada.kubectl_stdin(&["apply", "-f", "-"], &configuration.to_string());
@@ -386,17 +445,17 @@ fn register_guardrail(
 }
 
 /// Median latencies of binding writes, with and without the guardrail.
-struct AdmissionLatency {
-    guarded_ms: f64,
-    plain_ms: f64,
-    samples: usize,
+pub(crate) struct AdmissionLatency {
+    pub(crate) guarded_ms: f64,
+    pub(crate) plain_ms: f64,
+    pub(crate) samples: usize,
 }
 
 /// Time `SAMPLES` sequential writes of one binding of `guarded` (its
 /// placement as the detector writes it, without the names the guardrail
 /// narrows it to: evaluated, and stored as it was) and of one binding of
 /// `plain` (written as it is: no webhook there).
-async fn binding_admission_latency(
+pub(crate) async fn binding_admission_latency(
     client: &kube::Client,
     guarded: &str,
     plain: &str,
@@ -418,8 +477,7 @@ async fn binding_admission_latency(
             .and_then(|b| b.metadata.name.clone())
             .with_context(|| format!("no binding in {namespace}"))?;
         let mut times = Vec::with_capacity(SAMPLES);
-        for _ in 0..SAMPLES {
-            let mut binding = api.get(&name).await?;
+        let widened = |binding: &mut DynamicObject| {
             if widen
                 && let Some(placement) = binding
                     .data
@@ -428,9 +486,9 @@ async fn binding_admission_latency(
             {
                 placement.remove("clusterAffinity");
             }
-            let started = Instant::now();
-            api.replace(&name, &PostParams::default(), &binding).await?;
-            times.push(started.elapsed().as_secs_f64() * 1000.0);
+        };
+        for _ in 0..SAMPLES {
+            times.push(time_write(&api, &name, widened).await?);
         }
         medians.push(median(&times));
     }
@@ -478,7 +536,17 @@ async fn work_admission_latency(
         );
         let mut times = Vec::with_capacity(SAMPLES);
         for sample in 0..SAMPLES {
-            times.push(time_work_write(&api, &name, sample).await?);
+            let annotated = |work: &mut DynamicObject| {
+                if let Some(metadata) = work
+                    .data
+                    .pointer_mut("/spec/workload/manifests/0/metadata")
+                    .and_then(Value::as_object_mut)
+                {
+                    let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
+                    annotations["bench.placement-policy.io/sample"] = json!(sample.to_string());
+                }
+            };
+            times.push(time_write(&api, &name, annotated).await?);
         }
         medians.push(median(&times));
     }
@@ -489,25 +557,22 @@ async fn work_admission_latency(
     })
 }
 
-/// Milliseconds of one write of Work `name` with its first manifest annotated
-/// anew. Karmada's binding controller owns the Work and writes it back, so a
-/// write may meet a newer version (409): it is read again and retried, and
-/// only the write that lands is timed.
-async fn time_work_write(api: &Api<DynamicObject>, name: &str, sample: usize) -> Result<f64> {
+/// Milliseconds of one write of `name` as `edit` changes it. Karmada's
+/// controllers write bindings and Works too, so a write may meet a newer
+/// version (409): it is read again and retried, and only the write that
+/// lands is timed.
+async fn time_write(
+    api: &Api<DynamicObject>,
+    name: &str,
+    edit: impl Fn(&mut DynamicObject),
+) -> Result<f64> {
     const RETRIES: usize = 10;
     let mut retries = 0;
     loop {
-        let mut work = api.get(name).await?;
-        if let Some(metadata) = work
-            .data
-            .pointer_mut("/spec/workload/manifests/0/metadata")
-            .and_then(Value::as_object_mut)
-        {
-            let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
-            annotations["bench.placement-policy.io/sample"] = json!(sample.to_string());
-        }
+        let mut object = api.get(name).await?;
+        edit(&mut object);
         let started = Instant::now();
-        match api.replace(name, &PostParams::default(), &work).await {
+        match api.replace(name, &PostParams::default(), &object).await {
             Ok(_) => return Ok(started.elapsed().as_secs_f64() * 1000.0),
             Err(kube::Error::Api(e)) if e.code == 409 && retries < RETRIES => retries += 1,
             Err(e) => return Err(e.into()),

@@ -15,12 +15,17 @@
 //! 8. scheduling 1,000 Deployments through a real Karmada federation,
 //!    placement-policy beside karmada-scheduler, and failover;
 //! 9. deciding 500 Placements on a real Open Cluster Management hub,
-//!    placement-policy beside OCM's placement controller.
+//!    placement-policy beside OCM's placement controller;
+//! 10. policy at federation scale: 10,000 Deployments through Karmada on 100
+//!     members, karmada-scheduler alone, with the guardrail and
+//!     placement-policy as the scheduler, and failover of a member carrying
+//!     3,000 bindings.
 
 mod admission;
 mod apiserver;
 mod churn;
 mod common;
+mod federation;
 mod hostile;
 mod karmada;
 mod kube_mgmt;
@@ -45,11 +50,11 @@ use crate::report::Report;
 #[derive(Debug, Parser)]
 #[command(about = "Benchmarks of placement-policy; run through scripts/bench")]
 struct Args {
-    /// Scenarios to run (comma-separated numbers 1-9).
+    /// Scenarios to run (comma-separated numbers 1-10).
     #[arg(
         long,
         env = "BENCH_SCENARIOS",
-        default_value = "1,2,3,4,5,6,7,8,9",
+        default_value = "1,2,3,4,5,6,7,8,9,10",
         value_delimiter = ','
     )]
     scenarios: Vec<u8>,
@@ -97,6 +102,12 @@ struct Args {
     /// Karmada's source is absent).
     #[arg(long, env = "BENCH_KARMADA_SKIPPED")]
     karmada_skipped: Option<String>,
+    /// Members of the Karmada bed of scenario 10.
+    #[arg(long, env = "BENCH_FEDERATION_MEMBERS", default_value_t = 100)]
+    federation_members: usize,
+    /// Deployments scheduled in scenario 10, by each contender.
+    #[arg(long, env = "BENCH_FEDERATION_DEPLOYMENTS", default_value_t = 10_000)]
+    federation_deployments: usize,
     /// Placements decided on the OCM hub in scenario 9, by each decider.
     #[arg(long, env = "BENCH_OCM_PLACEMENTS", default_value_t = 500)]
     ocm_placements: usize,
@@ -241,6 +252,18 @@ fn main() -> Result<()> {
                     &mut report,
                 )?,
             },
+            10 => match args.karmada_skipped.as_deref().filter(|r| !r.is_empty()) {
+                Some(reason) => federation::skipped(reason, &mut report),
+                None => federation::run(
+                    &bins,
+                    &dir,
+                    &federation::Settings {
+                        members: args.federation_members,
+                        deployments: args.federation_deployments,
+                    },
+                    &mut report,
+                )?,
+            },
             other => anyhow::bail!("no scenario {other}"),
         }
         eprintln!(
@@ -332,7 +355,7 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     report.header(format!("Command: `{}`", args.command));
     report.header(format!(
-        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads, churn of {} workloads at {} status updates/s for {} s, {} Deployments through Karmada, {} Placements on an OCM hub.",
+        "Settings: scenarios {:?}, {} run(s) per measurement (medians reported), {} s per load run, concurrency {:?}, {} creates per contender, {} replicated objects, {} remediated workloads, churn of {} workloads at {} status updates/s for {} s, {} Deployments through Karmada, {} Placements on an OCM hub, {} Deployments per contender on {} Karmada members.",
         args.scenarios,
         args.runs,
         args.duration,
@@ -349,6 +372,8 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
         args.churn_seconds,
         args.karmada_deployments,
         args.ocm_placements,
+        args.federation_deployments,
+        args.federation_members,
     ));
     report.header(format!(
         "Machine: {cores} cores ({cpu}), {mem} memory; load average at start: {}. Everything (servers, peers, load generator) shares these cores.",

@@ -199,6 +199,7 @@ fn karmada_registers_the_three_members_with_their_regions_labels_and_capacity() 
                 ]);
                 assert_eq!(allocatable["cpu"], node.trim(), "{cluster}");
             }
+            MemberKind::Light => unreachable!("MEMBERS has no light member"),
         }
     }
 }

@@ -5,9 +5,10 @@
 //! Prints how to reach everything; Ctrl-C stops it all.
 //!
 //! `testbed up --cluster [--bare]`: the single-node cluster instead, with the
-//! product installed from its images. `testbed up --karmada [--bare]`: a
-//! Karmada federation (control plane and three members) with OPA and
-//! placement-sync against Karmada's API server. `testbed up --ocm [--bare]`:
+//! product installed from its images. `testbed up --karmada [--bare]
+//! [--members N]`: a Karmada federation (control plane and three members, or
+//! N with light ones) with OPA and placement-sync against Karmada's API
+//! server. `testbed up --ocm [--bare]`:
 //! an Open Cluster Management hub with three managed clusters.
 
 use std::time::Duration;
@@ -25,14 +26,38 @@ fn main() {
             up_cluster(args.iter().any(|a| a == "--bare"))
         }
         Some("up") if args.iter().any(|a| a == "--karmada") => {
-            up_karmada(args.iter().any(|a| a == "--bare"))
+            up_karmada(args.iter().any(|a| a == "--bare"), members(&args))
         }
         Some("up") if args.iter().any(|a| a == "--ocm") => {
             up_ocm(args.iter().any(|a| a == "--bare"))
         }
         Some("up") => up(args.iter().any(|a| a == "--bare")),
         _ => {
-            eprintln!("usage: testbed up [--bare] [--cluster | --karmada | --ocm]");
+            eprintln!("{USAGE}");
+            std::process::exit(2);
+        }
+    }
+}
+
+const USAGE: &str = "usage: testbed up [--bare] [--cluster | --karmada [--members N] | --ocm]";
+
+/// The value of `--members N` (or `--members=N`): the Karmada bed's size,
+/// three unless given.
+fn members(args: &[String]) -> usize {
+    let value = args.iter().enumerate().find_map(|(i, a)| match a.as_str() {
+        "--members" => Some(args.get(i + 1).cloned().unwrap_or_default()),
+        _ => a.strip_prefix("--members=").map(str::to_owned),
+    });
+    let Some(value) = value else {
+        return placement_tests::karmada::MEMBERS.len();
+    };
+    match value.parse::<usize>() {
+        Ok(n) if n >= placement_tests::karmada::MEMBERS.len() => n,
+        _ => {
+            eprintln!(
+                "--members takes a number of members, at least {} (the bed's own three): got {value:?}\n{USAGE}",
+                placement_tests::karmada::MEMBERS.len()
+            );
             std::process::exit(2);
         }
     }
@@ -178,13 +203,23 @@ fn up_cluster(bare: bool) {
     drop(cluster);
 }
 
-/// `up --karmada [--bare]`: Karmada's control plane and its three members
-/// and, unless `--bare`, the shipped policy, OPA and placement-sync against
+/// The members `up --karmada` prints: the three of its own (a light member's
+/// API server and kubeconfig are the shared host's, the same for each).
+const MEMBERS_LISTED: usize = 3;
+
+/// `up --karmada [--bare] [--members N]`: Karmada's control plane and its
+/// members (three, or `count` with light ones: [`Karmada::start_with`]) and,
+/// unless `--bare`, the shipped policy, OPA and placement-sync against
 /// Karmada's API server.
-fn up_karmada(bare: bool) {
+fn up_karmada(bare: bool, count: usize) {
     let runtime = start_up();
-    eprintln!("starting Karmada's control plane and its three members ...");
-    let karmada = Karmada::start();
+    eprintln!("starting Karmada's control plane and its {count} members ...");
+    let started = std::time::Instant::now();
+    let karmada = Karmada::start_with(count);
+    eprintln!(
+        "Karmada reports all {count} members Ready after {:.0} s",
+        started.elapsed().as_secs_f64()
+    );
     let mut product = None;
     if !bare {
         eprintln!("starting OPA and placement-sync with the shipped policy ...");
@@ -210,8 +245,14 @@ fn up_karmada(bare: bool) {
 
     println!();
     println!("Karmada API server {}", karmada.server_url());
-    for member in karmada.members() {
+    for member in karmada.members().iter().take(MEMBERS_LISTED) {
         println!("{:<18} {}", member.name(), member.server_url());
+    }
+    if count > MEMBERS_LISTED {
+        println!(
+            "(and {} light members sharing one API server: kubectl get clusters.cluster.karmada.io)",
+            count - MEMBERS_LISTED
+        );
     }
     if let Some((opa, sidecar, webhook)) = &product {
         println!(
@@ -235,7 +276,7 @@ fn up_karmada(bare: bool) {
         "KARMADA_KUBECONFIG={}",
         karmada.karmada_kubeconfig().display()
     );
-    for member in karmada.members() {
+    for member in karmada.members().iter().take(MEMBERS_LISTED) {
         println!(
             "MEMBER_KUBECONFIG_{}={}",
             member.name().to_uppercase().replace('-', "_"),

@@ -78,8 +78,9 @@ pub const COMPONENT_QPS: u32 = 400;
 
 /// Apply Karmada's CRDs, start the aggregated API server (and register its
 /// APIService), the webhook (and register its configurations), the controller
-/// manager and the scheduler.
-pub(super) fn start_components(plane: &ControlPlane, assets: &Path) -> Components {
+/// manager (without applying Works to members unless `execution`) and the
+/// scheduler.
+pub(super) fn start_components(plane: &ControlPlane, assets: &Path, execution: bool) -> Components {
     apply_crds(plane, assets);
     let components = Components {
         processes: Mutex::new(Vec::new()),
@@ -156,31 +157,32 @@ pub(super) fn start_components(plane: &ControlPlane, assets: &Path) -> Component
     wait_listening("karmada-webhook to listen", port);
     register_webhooks(plane, assets, &serving, port);
 
-    spawn(
-        "karmada-controller-manager",
-        vec![
-            format!("--kubeconfig={kubeconfig}"),
-            format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
-            format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
-            "--leader-elect=false".into(),
-            // Failover that moves workloads off a dead member.
-            "--feature-gates=Failover=true".into(),
-            "--enable-no-execute-taint-eviction=true".into(),
-            // Test timings: a member's death is seen within seconds; members
-            // without kubelets never report workloads Healthy, so eviction
-            // tasks clear only at the graceful-eviction timeout.
-            "--cluster-status-update-frequency=5s".into(),
-            "--cluster-failure-threshold=10s".into(),
-            "--cluster-success-threshold=10s".into(),
-            "--graceful-eviction-timeout=1m".into(),
-            // Its default client throttle (40 requests per second) paces a
-            // thousand Deployments at about four a second, whatever schedules
-            // them; raised so that the scheduler sets the pace.
-            format!("--kube-api-qps={COMPONENT_QPS}"),
-            format!("--kube-api-burst={}", 2 * COMPONENT_QPS),
-            "--v=1".into(),
-        ],
-    );
+    let mut controller_manager = vec![
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--metrics-bind-address=127.0.0.1:{}", free_port()),
+        format!("--health-probe-bind-address=127.0.0.1:{}", free_port()),
+        "--leader-elect=false".into(),
+        // Failover that moves workloads off a dead member.
+        "--feature-gates=Failover=true".into(),
+        "--enable-no-execute-taint-eviction=true".into(),
+        // Test timings: a member's death is seen within seconds; members
+        // without kubelets never report workloads Healthy, so eviction
+        // tasks clear only at the graceful-eviction timeout.
+        "--cluster-status-update-frequency=5s".into(),
+        "--cluster-failure-threshold=10s".into(),
+        "--cluster-success-threshold=10s".into(),
+        "--graceful-eviction-timeout=1m".into(),
+        // Its default client throttle (40 requests per second) paces a
+        // thousand Deployments at about four a second, whatever schedules
+        // them; raised so that the scheduler sets the pace.
+        format!("--kube-api-qps={COMPONENT_QPS}"),
+        format!("--kube-api-burst={}", 2 * COMPONENT_QPS),
+        "--v=1".into(),
+    ];
+    if !execution {
+        controller_manager.push("--controllers=*,-execution,-workStatus".into());
+    }
+    spawn("karmada-controller-manager", controller_manager);
     spawn(
         "karmada-scheduler",
         vec![

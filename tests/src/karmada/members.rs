@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
+use std::sync::Arc;
 
 use serde_json::json;
 
@@ -39,11 +40,24 @@ pub enum MemberKind {
         cpu: &'static str,
         memory: &'static str,
     },
+    /// A member of a large bed (`--members N`): its own `Cluster` object,
+    /// region and labels, and an API server shared with every other light
+    /// member (one Node of 64 CPUs and 256 GiB allocatable);
+    /// nothing runs, and Karmada does not execute Works in a bed that has
+    /// light members (see [`crate::karmada::Karmada::start_with`]).
+    Light,
 }
+
+/// The allocatable CPU and memory of the light members' one Node: what
+/// Karmada's resource summary reports for each light member.
+const LIGHT_HOST_CPU: &str = "64";
+const LIGHT_HOST_MEMORY: &str = "256Gi";
 
 enum Server {
     Node(Box<Cluster>),
     Plain(Box<ControlPlane>),
+    /// The API server every light member shares.
+    Light(Arc<ControlPlane>),
 }
 
 /// One member cluster.
@@ -52,7 +66,23 @@ pub struct Member {
     server: Server,
 }
 
+/// The API server the light members share, with its one Node.
+pub(super) fn start_light_host() -> Arc<ControlPlane> {
+    let plane = ControlPlane::start();
+    create_node(&plane, "light-host-node", LIGHT_HOST_CPU, LIGHT_HOST_MEMORY);
+    Arc::new(plane)
+}
+
 impl Member {
+    /// A light member on `host` ([`start_light_host`]).
+    pub(super) fn light(spec: MemberSpec, host: Arc<ControlPlane>) -> Member {
+        Member {
+            spec,
+            server: Server::Light(host),
+        }
+    }
+
+    /// A member with a server of its own (not [`MemberKind::Light`]).
     pub(crate) fn start(spec: MemberSpec) -> Member {
         let server = match spec.kind {
             MemberKind::Node => {
@@ -70,6 +100,7 @@ impl Member {
                 create_node(&plane, &format!("{}-node", spec.name), cpu, memory);
                 Server::Plain(Box::new(plane))
             }
+            MemberKind::Light => panic!("{} is a light member: Member::light", spec.name),
         };
         Member { spec, server }
     }
@@ -86,7 +117,7 @@ impl Member {
     pub fn cluster(&self) -> Option<&Cluster> {
         match &self.server {
             Server::Node(cluster) => Some(cluster),
-            Server::Plain(_) => None,
+            Server::Plain(_) | Server::Light(_) => None,
         }
     }
 
@@ -95,6 +126,7 @@ impl Member {
         match &self.server {
             Server::Node(cluster) => cluster.server_url(),
             Server::Plain(plane) => plane.server_url(),
+            Server::Light(plane) => plane.server_url(),
         }
     }
 
@@ -103,6 +135,7 @@ impl Member {
         match &self.server {
             Server::Node(cluster) => cluster.kubeconfig(),
             Server::Plain(plane) => plane.kubeconfig(Identity::Admin),
+            Server::Light(plane) => plane.kubeconfig(Identity::Admin),
         }
     }
 
@@ -111,6 +144,7 @@ impl Member {
         match &self.server {
             Server::Node(cluster) => cluster.dir(),
             Server::Plain(plane) => plane.dir(),
+            Server::Light(plane) => plane.dir(),
         }
     }
 
@@ -134,11 +168,13 @@ impl Member {
     }
 
     /// Kill the member's kube-apiserver (its etcd, and on `member-eu-1` its
-    /// node and pods, keep running): Karmada loses the member.
+    /// node and pods, keep running): Karmada loses the member (on a light
+    /// member: every light member).
     pub fn stop_apiserver(&self) {
         match &self.server {
             Server::Node(cluster) => cluster.stop_apiserver(),
             Server::Plain(plane) => plane.stop_apiserver(),
+            Server::Light(plane) => plane.stop_apiserver(),
         }
     }
 
@@ -147,15 +183,25 @@ impl Member {
         match &self.server {
             Server::Node(cluster) => cluster.start_apiserver(),
             Server::Plain(plane) => plane.start_apiserver(),
+            Server::Light(plane) => plane.start_apiserver(),
         }
     }
 
     /// The member's credentials (the administrator's token and the API
     /// server's CA) and its Cluster object, in the Karmada API server.
     pub(super) fn register(&self, karmada: &ControlPlane) {
+        crate::kubectl::apply_documents(
+            &karmada.kubeconfig(Identity::Admin),
+            self.registration().to_vec(),
+        );
+    }
+
+    /// The Secret and the Cluster [`Member::register`] writes.
+    pub(super) fn registration(&self) -> [serde_json::Value; 2] {
         let (token, ca_file) = match &self.server {
             Server::Node(cluster) => (cluster.admin_token(), cluster.ca_file()),
             Server::Plain(plane) => (plane.token(Identity::Admin), plane.ca_file()),
+            Server::Light(plane) => (plane.token(Identity::Admin), plane.ca_file()),
         };
         let ca = std::fs::read_to_string(&ca_file)
             .unwrap_or_else(|e| panic!("read {}: {e}", ca_file.display()));
@@ -178,10 +224,7 @@ impl Member {
                 "zones": [format!("{}-b", self.spec.region)],
             },
         });
-        crate::kubectl::apply_documents(
-            &karmada.kubeconfig(Identity::Admin),
-            vec![secret, cluster],
-        );
+        [secret, cluster]
     }
 }
 

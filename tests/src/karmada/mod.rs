@@ -85,6 +85,17 @@ pub fn guardrail_rules() -> serde_json::Value {
     ])
 }
 
+/// The match conditions of the guardrail's webhook, as the chart's: objects
+/// being deleted are not sent, nor status updates that leave annotations
+/// alone (Karmada's binding status controller writes every binding's status
+/// several times).
+pub fn guardrail_match_conditions() -> serde_json::Value {
+    serde_json::json!([
+        {"name": "not-being-deleted", "expression": "!has(object.metadata.deletionTimestamp)"},
+        crate::control_plane::status_only_when_it_changes_annotations(),
+    ])
+}
+
 /// The last hop in Karmada's API server, validated by the webhook at `url`
 /// (its `/validate`) once every mutation is done, as the chart's
 /// `<release>-karmada-delivery` configuration: Works in the execution
@@ -202,6 +213,31 @@ pub const MEMBERS: [MemberSpec; 3] = [
     },
 ];
 
+/// The light members of a bed of `count` members (none for three): named
+/// `member-004` on, over six regions (three in the EU, two in the US, one in
+/// Asia) and PCI levels 1 to 4 in turn, so every combination of region and
+/// level has members. Their names are leaked (`MemberSpec` holds `'static`
+/// names): once per bed.
+pub fn light_members(count: usize) -> Vec<MemberSpec> {
+    const REGIONS: [&str; 6] = [
+        "europe-west1",
+        "us-central1",
+        "europe-west3",
+        "us-east1",
+        "europe-north1",
+        "asia-east1",
+    ];
+    const PCI_LEVELS: [&str; 4] = ["1", "2", "3", "4"];
+    (MEMBERS.len()..count)
+        .map(|i| MemberSpec {
+            name: Box::leak(format!("member-{:03}", i + 1).into_boxed_str()),
+            region: REGIONS[i % REGIONS.len()],
+            pci_level: PCI_LEVELS[(i / REGIONS.len()) % PCI_LEVELS.len()],
+            kind: MemberKind::Light,
+        })
+        .collect()
+}
+
 /// The type placement-sync replicates Karmada's clusters from (into the same
 /// engine path, `kubernetes/clusters`, as our own Cluster CRD).
 pub const KARMADA_CLUSTERS: &str = "cluster.karmada.io/v1alpha1/clusters";
@@ -304,33 +340,63 @@ impl Karmada {
     /// register the members and wait until Karmada reports every one Ready
     /// with its resource summary.
     pub fn start() -> Karmada {
+        Karmada::start_with(MEMBERS.len())
+    }
+
+    /// [`Karmada::start`] with `count` members: the three of [`MEMBERS`] and
+    /// `count - 3` light ones ([`light_members`]) sharing one API server.
+    /// Members that share an API server would fight over the objects Karmada
+    /// applies to them, so a bed with light members runs Karmada's controller
+    /// manager without its `execution` and `workStatus` controllers: Works
+    /// are made, scheduled and guarded as anywhere, but never applied
+    /// (scenario 8 of the benchmarks measures their execution on three real
+    /// members).
+    pub fn start_with(count: usize) -> Karmada {
+        assert!(
+            count >= MEMBERS.len(),
+            "a Karmada bed has at least the {} members of MEMBERS",
+            MEMBERS.len()
+        );
         crate::install_crypto();
         let assets = karmada_assets();
-        let (plane, components, members) = std::thread::scope(|scope| {
+        let light = light_members(count);
+        let execution = light.is_empty();
+        let (plane, components, mut members, host) = std::thread::scope(|scope| {
             let members: Vec<_> = MEMBERS
                 .iter()
                 .map(|spec| scope.spawn(move || Member::start(*spec)))
                 .collect();
+            let host = (!light.is_empty()).then(|| scope.spawn(members::start_light_host));
             let plane = control_plane::start_apiserver();
-            let components = control_plane::start_components(&plane, assets);
-            let members: Vec<Member> = members
-                .into_iter()
-                .map(|handle| {
-                    handle
-                        .join()
-                        .unwrap_or_else(|p| std::panic::resume_unwind(p))
-                })
-                .collect();
-            (plane, components, members)
+            let components = control_plane::start_components(&plane, assets, execution);
+            fn join<T>(handle: std::thread::ScopedJoinHandle<'_, T>) -> T {
+                handle
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p))
+            }
+            let members: Vec<Member> = members.into_iter().map(join).collect();
+            let host = host.map(join);
+            (plane, components, members, host)
         });
+        if let Some(host) = host {
+            members.extend(
+                light
+                    .into_iter()
+                    .map(|spec| Member::light(spec, host.clone())),
+            );
+        }
         let karmada = Karmada {
             components,
             members,
             plane,
         };
-        for member in &karmada.members {
-            member.register(&karmada.plane);
-        }
+        // One apply for every member: a hundred kubectl runs take half a minute.
+        let documents = karmada
+            .members
+            .iter()
+            .flat_map(Member::registration)
+            .collect();
+        crate::kubectl::apply_documents(&karmada.karmada_kubeconfig(), documents);
         karmada.wait_members_ready();
         karmada
     }
@@ -349,7 +415,7 @@ impl Karmada {
         &self.members
     }
 
-    /// The member named `name` (one of [`MEMBERS`]).
+    /// The member named `name` (one of [`MEMBERS`], or a light one).
     pub fn member(&self, name: &str) -> &Member {
         self.members
             .iter()
@@ -369,13 +435,13 @@ impl Karmada {
     pub fn wait_members_ready(&self) {
         wait_for(
             "Karmada to report every member Ready",
-            Duration::from_secs(180),
+            Duration::from_secs(180 + 2 * self.members.len() as u64),
             || {
                 self.components.check();
                 let clusters = self.clusters();
-                let ready = MEMBERS.iter().all(|spec| {
+                let ready = self.members.iter().all(|member| {
                     clusters.iter().any(|c| {
-                        c["metadata"]["name"] == spec.name
+                        c["metadata"]["name"] == member.name()
                             && cluster_ready(c)
                             && c["status"]["resourceSummary"]["allocatable"]
                                 .as_object()
@@ -461,6 +527,7 @@ impl Karmada {
                     "values": ["kube-system", "kube-public", "kube-node-lease",
                                "karmada-system", "karmada-cluster", crate::POLICY_NAMESPACE]
                 }]},
+                "matchConditions": guardrail_match_conditions(),
                 "sideEffects": "NoneOnDryRun",
                 "timeoutSeconds": 10,
                 "failurePolicy": "Fail",
