@@ -83,6 +83,39 @@ fn clock_ticks() -> f64 {
     })
 }
 
+/// The CPU of a contender's processes from a start: what a timed run used.
+pub(crate) struct CpuSince {
+    pids: Vec<u32>,
+    before: Vec<f64>,
+}
+
+impl CpuSince {
+    pub(crate) fn start(pids: &[u32]) -> Result<CpuSince> {
+        Ok(CpuSince {
+            pids: pids.to_vec(),
+            before: pids
+                .iter()
+                .map(|p| cpu_seconds(*p))
+                .collect::<Result<_>>()?,
+        })
+    }
+
+    /// A run of `seconds` with the CPU each process used since the start.
+    pub(crate) fn contending(&self, seconds: f64) -> Result<Contending> {
+        let parts = self
+            .pids
+            .iter()
+            .zip(&self.before)
+            .map(|(pid, before)| Ok(cpu_seconds(*pid)? - before))
+            .collect::<Result<Vec<f64>>>()?;
+        Ok(Contending {
+            seconds,
+            cpu: parts.iter().sum(),
+            parts,
+        })
+    }
+}
+
 /// User + system CPU seconds a process has used so far (its threads included).
 pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -39,7 +39,7 @@ use placement_tests::Identity;
 use placement_tests::karmada::{Karmada, MEMBERS, light_members};
 use serde_json::{Value, json};
 
-use crate::common::{Bins, Contending, cpu_seconds, poll, vm_kib};
+use crate::common::{Bins, Contending, CpuSince, poll, vm_kib};
 use crate::karmada::{Contenders, GUARD_LABEL};
 use crate::report::{Report, Status};
 
@@ -469,9 +469,7 @@ fn deliver_all(
         .map(|group| propagation_policy(fleet, namespace, group, handed))
         .collect();
     placement_tests::kubectl::apply_documents(&karmada.karmada_kubeconfig(), policies);
-    let cpus =
-        |pids: &[u32]| -> Result<Vec<f64>> { pids.iter().map(|p| cpu_seconds(*p)).collect() };
-    let before = cpus(pids)?;
+    let cpu = CpuSince::start(pids)?;
     let started = Instant::now();
     runtime.block_on(async {
         let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
@@ -496,24 +494,14 @@ fn deliver_all(
         },
     )
     .is_ok();
-    let seconds = started.elapsed().as_secs_f64();
-    let parts: Vec<f64> = cpus(pids)?
-        .iter()
-        .zip(&before)
-        .map(|(a, b)| a - b)
-        .collect();
+    let contending = cpu.contending(started.elapsed().as_secs_f64())?;
     let delivered = tracker.delivered(namespace);
     eprintln!(
-        "{namespace}: {delivered} of {} bindings delivered after {seconds:.1} s (created in {created:.1} s), CPU {:.2} s ({parts:.2?})",
-        settings.deployments,
-        parts.iter().sum::<f64>()
+        "{namespace}: {delivered} of {} bindings delivered after {:.1} s (created in {created:.1} s), CPU {:.2} s ({:.2?})",
+        settings.deployments, contending.seconds, contending.cpu, contending.parts
     );
     Ok(Delivery {
-        contending: Contending {
-            seconds,
-            cpu: parts.iter().sum(),
-            parts,
-        },
+        contending,
         complete,
         delivered,
     })
@@ -527,19 +515,7 @@ type Failovers = BTreeMap<&'static str, (usize, Option<f64>)>;
 /// killed; seconds from the kill until no binding of each namespace names it,
 /// and the seconds until Karmada tainted it.
 fn failover(karmada: &Karmada, tracker: &Tracker) -> Result<(Failovers, f64)> {
-    let taint_key = "bench/not-ready";
-    let policy = json!({
-        "apiVersion": "policy.karmada.io/v1alpha1",
-        "kind": "ClusterTaintPolicy",
-        "metadata": {"name": "bench-federation-failover"},
-        "spec": {
-            "targetClusters": {"clusterNames": [VICTIM]},
-            "addOnConditions": [{"conditionType": "Ready", "operator": "NotIn", "statusValues": ["True"]}],
-            "removeOnConditions": [{"conditionType": "Ready", "operator": "In", "statusValues": ["True"]}],
-            "taints": [{"key": taint_key, "effect": "NoExecute"}]
-        }
-    });
-    placement_tests::kubectl::apply_documents(&karmada.karmada_kubeconfig(), vec![policy]);
+    crate::karmada::create_failover_taint_policy(karmada, "bench-federation-failover", VICTIM)?;
     let mut results: Failovers = [NATIVE, GUARDED, OURS]
         .into_iter()
         .map(|ns| (ns, (tracker.naming(ns, VICTIM), None)))
@@ -549,23 +525,8 @@ fn failover(karmada: &Karmada, tracker: &Tracker) -> Result<(Failovers, f64)> {
     member.stop_apiserver();
     let mut tainted = None;
     while killed.elapsed() < FAILOVER_LIMIT && results.values().any(|(_, t)| t.is_none()) {
-        if tainted.is_none() {
-            let cluster: Value = serde_json::from_str(&karmada.kubectl_ok(&[
-                "get",
-                "clusters.cluster.karmada.io",
-                VICTIM,
-                "-o",
-                "json",
-            ]))?;
-            let has = cluster
-                .pointer("/spec/taints")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|t| t["key"] == taint_key && t["effect"] == "NoExecute");
-            if has {
-                tainted = Some(killed.elapsed().as_secs_f64());
-            }
+        if tainted.is_none() && crate::karmada::failover_tainted(karmada, VICTIM)? {
+            tainted = Some(killed.elapsed().as_secs_f64());
         }
         for (namespace, (_, after)) in results.iter_mut() {
             if after.is_none() && tracker.naming(namespace, VICTIM) == 0 {

@@ -38,7 +38,7 @@ use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
 use crate::common::{
-    Bins, Contending, Sidecar, cpu_seconds, median, metric_sum, poll, start_webhook, vm_kib,
+    Bins, Contending, CpuSince, Sidecar, median, metric_sum, poll, start_webhook, vm_kib,
 };
 use crate::report::{Report, Status};
 
@@ -658,10 +658,6 @@ fn deployment(namespace: &str, name: &str, replicas: i32) -> Deployment {
     .expect("a Deployment")
 }
 
-fn cpus(pids: &[u32]) -> Result<Vec<f64>> {
-    pids.iter().map(|pid| cpu_seconds(*pid)).collect()
-}
-
 /// Create the policy and every Deployment in `namespace`, and wait until
 /// every Work of them exists.
 fn schedule_all(
@@ -683,7 +679,7 @@ fn schedule_all(
     }
     let expected = 2 * settings.deployments;
     let works = WorkCount::start(runtime, client, namespace);
-    let cpu_before = cpus(pids)?;
+    let cpu = CpuSince::start(pids)?;
     let started = Instant::now();
     runtime.block_on(async {
         let api: Api<Deployment> = Api::namespaced(client.clone(), namespace);
@@ -709,19 +705,12 @@ fn schedule_all(
             Ok((works.count() >= expected).then_some(()))
         },
     )?;
-    let seconds = started.elapsed().as_secs_f64();
-    let used: Vec<f64> = cpus(pids)?
-        .iter()
-        .zip(&cpu_before)
-        .map(|(after, before)| after - before)
-        .collect();
-    let cpu = used.iter().sum();
-    eprintln!("{namespace}: {expected} Works after {seconds:.2} s, CPU {cpu:.2} s ({used:.2?})");
-    Ok(Contending {
-        seconds,
-        cpu,
-        parts: used,
-    })
+    let run = cpu.contending(started.elapsed().as_secs_f64())?;
+    eprintln!(
+        "{namespace}: {expected} Works after {:.2} s, CPU {:.2} s ({:.2?})",
+        run.seconds, run.cpu, run.parts
+    );
+    Ok(run)
 }
 
 /// What the guardrail's webhook remembered during a guarded run, and what
@@ -894,24 +883,26 @@ async fn all_left(
     Ok(true)
 }
 
-/// `namespaces`: those of karmada-scheduler's and of placement-policy's
-/// Deployments.
-async fn failover(
-    client: &kube::Client,
+/// The taint the failover's ClusterTaintPolicy puts on a member not Ready.
+const FAILOVER_TAINT: &str = "bench/not-ready";
+
+/// ClusterTaintPolicy `name`, created through Karmada's API server:
+/// `member` tainted [`FAILOVER_TAINT`] NoExecute while it is not Ready (so
+/// Karmada evicts what runs there), untainted once Ready again.
+pub(crate) fn create_failover_taint_policy(
     karmada: &Karmada,
-    settings: &Settings,
-    [native_namespaces, ours_namespaces]: [Vec<String>; 2],
-) -> Result<Failover> {
-    let taint_key = "bench/not-ready";
+    name: &str,
+    member: &str,
+) -> Result<()> {
     let policy = json!({
         "apiVersion": "policy.karmada.io/v1alpha1",
         "kind": "ClusterTaintPolicy",
-        "metadata": {"name": "bench-failover"},
+        "metadata": {"name": name},
         "spec": {
-            "targetClusters": {"clusterNames": [DEAD]},
+            "targetClusters": {"clusterNames": [member]},
             "addOnConditions": [{"conditionType": "Ready", "operator": "NotIn", "statusValues": ["True"]}],
             "removeOnConditions": [{"conditionType": "Ready", "operator": "In", "statusValues": ["True"]}],
-            "taints": [{"key": taint_key, "effect": "NoExecute"}]
+            "taints": [{"key": FAILOVER_TAINT, "effect": "NoExecute"}]
         }
     });
     let out = karmada.kubectl_stdin(&["create", "-f", "-"], &policy.to_string());
@@ -921,25 +912,41 @@ async fn failover(
             String::from_utf8_lossy(&out.stderr)
         );
     }
+    Ok(())
+}
+
+/// Whether Karmada has tainted `member` with [`FAILOVER_TAINT`] NoExecute.
+pub(crate) fn failover_tainted(karmada: &Karmada, member: &str) -> Result<bool> {
+    let cluster: Value = serde_json::from_str(&karmada.kubectl_ok(&[
+        "get",
+        "clusters.cluster.karmada.io",
+        member,
+        "-o",
+        "json",
+    ]))?;
+    Ok(cluster
+        .pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|t| t["key"] == FAILOVER_TAINT && t["effect"] == "NoExecute"))
+}
+
+/// `namespaces`: those of karmada-scheduler's and of placement-policy's
+/// Deployments.
+async fn failover(
+    client: &kube::Client,
+    karmada: &Karmada,
+    settings: &Settings,
+    [native_namespaces, ours_namespaces]: [Vec<String>; 2],
+) -> Result<Failover> {
+    create_failover_taint_policy(karmada, "bench-failover", DEAD)?;
     let member = karmada.member(DEAD);
     let killed = Instant::now();
     member.stop_apiserver();
     let result = async {
         let tainted = loop {
-            let cluster: Value = serde_json::from_str(&karmada.kubectl_ok(&[
-                "get",
-                "clusters.cluster.karmada.io",
-                DEAD,
-                "-o",
-                "json",
-            ]))?;
-            let has = cluster
-                .pointer("/spec/taints")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .any(|t| t["key"] == taint_key && t["effect"] == "NoExecute");
-            if has {
+            if failover_tainted(karmada, DEAD)? {
                 break Instant::now();
             }
             if killed.elapsed() > Duration::from_secs(180) {

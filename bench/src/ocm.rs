@@ -22,7 +22,7 @@ use placement_tests::ocm::{CLUSTER_SET, Ocm, decider_args};
 use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
-use crate::common::{Bins, Contending, Sidecar, cpu_seconds, poll};
+use crate::common::{Bins, Contending, CpuSince, Sidecar, poll};
 use crate::report::{Report, Status};
 
 const PCI_KEY: &str = "policy.federation.alpha.kubernetes.io/pci-compliance-level";
@@ -211,10 +211,6 @@ fn opted_in_placement(namespace: &str, name: &str) -> Value {
     })
 }
 
-fn cpus(pids: &[u32]) -> Result<Vec<f64>> {
-    pids.iter().map(|pid| cpu_seconds(*pid)).collect()
-}
-
 /// Create every Placement in `namespace` and wait until each is decided
 /// onto [`DECIDED`].
 fn decide_all(
@@ -233,7 +229,7 @@ fn decide_all(
         "v1beta1",
         "Placement",
     ));
-    let cpu_before = cpus(pids)?;
+    let cpu = CpuSince::start(pids)?;
     let started = Instant::now();
     runtime.block_on(async {
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
@@ -258,13 +254,7 @@ fn decide_all(
             Ok((decided.count() >= settings.placements).then_some(()))
         },
     )?;
-    let seconds = started.elapsed().as_secs_f64();
-    let used: Vec<f64> = cpus(pids)?
-        .iter()
-        .zip(&cpu_before)
-        .map(|(after, before)| after - before)
-        .collect();
-    let cpu = used.iter().sum();
+    let run = cpu.contending(started.elapsed().as_secs_f64())?;
     if decided.wrong() > 0 {
         bail!(
             "{namespace}: {} Placements were decided onto other clusters than {DECIDED:?}",
@@ -272,14 +262,10 @@ fn decide_all(
         );
     }
     eprintln!(
-        "{namespace}: {} Placements decided after {seconds:.2} s, CPU {cpu:.2} s ({used:.2?})",
-        settings.placements
+        "{namespace}: {} Placements decided after {:.2} s, CPU {:.2} s ({:.2?})",
+        settings.placements, run.seconds, run.cpu, run.parts
     );
-    Ok(Contending {
-        seconds,
-        cpu,
-        parts: used,
-    })
+    Ok(run)
 }
 
 /// The Placements of one namespace whose PlacementDecisions name exactly
