@@ -713,44 +713,65 @@ fn schedule_all(
     Ok(run)
 }
 
-/// What the guardrail's webhook remembered during a guarded run, and what
-/// made it forget: its decision memory's hits and misses, and placement-sync's
-/// writes to OPA (each one a new revision, which empties the memory).
+/// What the guardrail's webhook and placement-sync remembered during a
+/// guarded run, and what made them forget: their decision memories' hits and
+/// misses, and placement-sync's writes to OPA (each one a new revision, which
+/// empties both memories).
 #[derive(Debug, Default, Clone, Copy)]
 struct Remembered {
     hits: f64,
     misses: f64,
+    sync_hits: f64,
+    sync_misses: f64,
     engine_writes: f64,
 }
 
 impl Remembered {
     fn read(webhook_metrics: SocketAddr, sync: &Sidecar) -> Result<Self> {
         let (hits, misses) = crate::admission::cache_counters(webhook_metrics)?;
+        let page = sync.metrics()?;
         Ok(Remembered {
             hits: hits as f64,
             misses: misses as f64,
-            engine_writes: metric_sum(&sync.metrics()?, "placement_sync_engine_writes_total", &[]),
+            sync_hits: metric_sum(&page, "placement_sync_decision_cache_hits_total", &[]),
+            sync_misses: metric_sum(&page, "placement_sync_decision_cache_misses_total", &[]),
+            engine_writes: metric_sum(&page, "placement_sync_engine_writes_total", &[]),
         })
     }
 
-    fn since(&self, before: &Self) -> Self {
+    fn figures(&self) -> [f64; 5] {
+        [
+            self.hits,
+            self.misses,
+            self.sync_hits,
+            self.sync_misses,
+            self.engine_writes,
+        ]
+    }
+
+    fn of(figures: [f64; 5]) -> Self {
+        let [hits, misses, sync_hits, sync_misses, engine_writes] = figures;
         Remembered {
-            hits: self.hits - before.hits,
-            misses: self.misses - before.misses,
-            engine_writes: self.engine_writes - before.engine_writes,
+            hits,
+            misses,
+            sync_hits,
+            sync_misses,
+            engine_writes,
         }
     }
 
+    fn since(&self, before: &Self) -> Self {
+        let (now, then) = (self.figures(), before.figures());
+        Remembered::of(std::array::from_fn(|i| now[i] - then[i]))
+    }
+
     fn add(&mut self, other: &Self) {
-        self.hits += other.hits;
-        self.misses += other.misses;
-        self.engine_writes += other.engine_writes;
+        let (mine, theirs) = (self.figures(), other.figures());
+        *self = Remembered::of(std::array::from_fn(|i| mine[i] + theirs[i]));
     }
 
     fn scale(&mut self, by: f64) {
-        self.hits *= by;
-        self.misses *= by;
-        self.engine_writes *= by;
+        *self = Remembered::of(self.figures().map(|figure| figure * by));
     }
 }
 
@@ -758,8 +779,8 @@ impl std::fmt::Display for Remembered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "the webhook's decision memory answered {:.0} decisions and evaluated {:.0}; placement-sync wrote OPA {:.0} times",
-            self.hits, self.misses, self.engine_writes
+            "the webhook's decision memory answered {:.0} decisions and evaluated {:.0}; placement-sync's answered {:.0} and asked OPA {:.0}; placement-sync wrote OPA {:.0} times",
+            self.hits, self.misses, self.sync_hits, self.sync_misses, self.engine_writes
         )
     }
 }

@@ -22,6 +22,7 @@ pub mod delivery;
 pub mod embedded;
 mod embedded_builtins;
 pub mod engine;
+pub mod engine_metrics;
 pub mod input;
 mod input_reads;
 pub mod karmada;

@@ -10,6 +10,10 @@
 //! the lease has run out; so no answer remembered, and none being computed,
 //! can outlive the revision it was computed under. When the board does not
 //! answer, the lease runs out and every review is evaluated.
+//!
+//! The writer itself follows its own board the same way, in process
+//! ([`RememberingEngine::beside_writer`]): placement-sync asks the engine it
+//! writes once per binding and workload, and most of them share a decision.
 
 use std::fmt;
 use std::sync::Arc;
@@ -27,17 +31,24 @@ use crate::engine::{DecisionCacheStats, EngineError, PolicyEngine, QueryOutcome}
 use crate::input::{InputRoot, PolicyInput};
 use crate::input_reads::{InputReads, Uncacheable};
 use crate::memo::DecisionMemo;
-use crate::revision_board::{Announcement, HOLD, LEASE, Revision};
+use crate::revision_board::{Announcement, HOLD, LEASE, Poll, Revision, RevisionBoard};
 
 /// An engine whose decisions are remembered while its writer's revisions are
 /// followed. See the module documentation.
 pub struct RememberingEngine {
     inner: Arc<dyn PolicyEngine>,
     memo: DecisionMemo,
-    board: Url,
-    client: reqwest::Client,
+    feed: Feed,
     reader: String,
     state: Mutex<Following>,
+}
+
+/// Where the writer's revisions are read.
+enum Feed {
+    /// Its board over HTTP: a webhook beside the writer.
+    Remote { board: Url, client: reqwest::Client },
+    /// Its board in this process: the writer's own queries.
+    Local(Arc<RevisionBoard>),
 }
 
 /// The writer's epoch and its count of module writes: the same pair, the
@@ -85,7 +96,7 @@ impl fmt::Debug for RememberingEngine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RememberingEngine")
             .field("inner", &self.inner)
-            .field("board", &crate::opa::redacted_url(&self.board))
+            .field("board", &self.shown_board())
             .field("state", &*self.state.lock())
             .finish()
     }
@@ -142,12 +153,32 @@ impl RememberingEngine {
             .tls_certs_only([])
             .build()
             .map_err(|e| EngineError::Config(format!("HTTP client: {e}")))?;
-        Ok(RememberingEngine {
+        Ok(Self::following(
+            inner,
+            budget,
+            Feed::Remote { board, client },
+            "webhook",
+        ))
+    }
+
+    /// `inner`'s decisions remembered in about `budget` bytes by the writer of
+    /// the engine itself, following `board` (its own) in this process; run
+    /// [`RememberingEngine::follow`] for that. `inner` is the engine whose
+    /// writes `board` announces.
+    pub fn beside_writer(
+        inner: Arc<dyn PolicyEngine>,
+        budget: usize,
+        board: Arc<RevisionBoard>,
+    ) -> Self {
+        Self::following(inner, budget, Feed::Local(board), "writer")
+    }
+
+    fn following(inner: Arc<dyn PolicyEngine>, budget: usize, feed: Feed, role: &str) -> Self {
+        RememberingEngine {
             inner,
             memo: DecisionMemo::new(budget),
-            board,
-            client,
-            reader: reader_id(),
+            feed,
+            reader: reader_id(role),
             state: Mutex::new(Following {
                 seen: None,
                 seen_module_writes: 0,
@@ -157,7 +188,7 @@ impl RememberingEngine {
                 feed_error: None,
                 reads_error: None,
             }),
-        })
+        }
     }
 
     /// The generation and input reads to remember under, when remembering is
@@ -226,11 +257,23 @@ impl RememberingEngine {
     }
 
     fn shown_board(&self) -> String {
-        crate::opa::redacted_url(&self.board)
+        match &self.feed {
+            Feed::Remote { board, .. } => crate::opa::redacted_url(board),
+            Feed::Local(_) => "this process's own".to_owned(),
+        }
     }
 
     async fn ask(&self, acknowledged: Option<Revision>) -> Result<Announcement, String> {
-        let mut url = self.board.clone();
+        let (board, client) = match &self.feed {
+            Feed::Remote { board, client } => (board, client),
+            Feed::Local(board) => {
+                return board
+                    .poll(Poll::new(&self.reader, acknowledged), HOLD)
+                    .await
+                    .map_err(|e| e.to_string());
+            }
+        };
+        let mut url = board.clone();
         {
             let mut query = url.query_pairs_mut();
             query.append_pair("reader", &self.reader);
@@ -240,8 +283,7 @@ impl RememberingEngine {
                     .append_pair("counter", &revision.counter.to_string());
             }
         }
-        let response = self
-            .client
+        let response = client
             .get(url)
             .send()
             .await
@@ -313,8 +355,8 @@ impl RememberingEngine {
 }
 
 /// Random per process, so that a restarted webhook is a new reader.
-fn reader_id() -> String {
-    format!("webhook-{:016x}", crate::revision_board::random_u64())
+fn reader_id(role: &str) -> String {
+    format!("{role}-{:016x}", crate::revision_board::random_u64())
 }
 
 /// Queries answered from memory where that is sound; everything else as the
@@ -486,6 +528,52 @@ answer := input.kind
             engine.decision_cache().unwrap().refused.as_deref(),
             Some("connection refused")
         );
+    }
+
+    /// Until `engine` follows a revision at rest with its input reads.
+    async fn trusted(engine: &RememberingEngine) {
+        for _ in 0..100 {
+            if engine.remembering().is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "never trusted: {:?}",
+            engine.decision_cache().unwrap().refused
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_writer_remembers_its_own_decisions_until_it_writes() {
+        let board = Arc::new(RevisionBoard::new());
+        let embedded = Embedded::new().with_decision_cache(0);
+        embedded.put_policy("t.rego", MODULE).await.unwrap();
+        let writes: Arc<dyn PolicyEngine> = Arc::new(crate::revision_board::AnnouncedWrites::new(
+            Arc::new(embedded),
+            Arc::clone(&board),
+        ));
+        let engine = Arc::new(RememberingEngine::beside_writer(
+            writes,
+            1 << 20,
+            Arc::clone(&board),
+        ));
+        let following = Arc::clone(&engine);
+        tokio::spawn(async move { following.follow().await });
+        trusted(&engine).await;
+        ask(&engine, "A").await;
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 1);
+
+        // The write waits for the reader's acknowledgement, so what it
+        // remembered is gone before the write reaches the engine.
+        engine.put_data("x", &json!(1)).await.unwrap();
+        assert!(board.current().at_rest());
+        trusted(&engine).await;
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 1, "evaluated again after the write");
+        ask(&engine, "A").await;
+        assert_eq!(hits(&engine), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,5 +1,6 @@
 //! Bounding text that can carry client- or policy-controlled content: denial
 //! messages, log lines, Events. One function, so every place cuts the same way.
+//! And byte counts as flags take them (`16Mi`), one parser for every binary.
 
 use std::borrow::Cow;
 
@@ -42,9 +43,47 @@ fn floor_char_boundary(text: &str, mut index: usize) -> usize {
     index
 }
 
+/// A byte count: digits with an optional `Ki`, `Mi`, `Gi` (or `K`, `M`, `G`;
+/// powers of 1024) suffix, `B`/`iB` allowed.
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let trimmed = text.trim();
+    let digits = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(digits);
+    let number: usize = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a byte count (e.g. 6291456, 6Mi, 1Gi)"))?;
+    let unit = unit
+        .trim()
+        .trim_end_matches("iB")
+        .trim_end_matches(['i', 'B']);
+    let scale: usize = match unit {
+        "" => 1,
+        "K" | "k" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        _ => return Err(format!("unknown unit in {text:?}: use Ki, Mi or Gi")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn byte_counts_take_binary_suffixes() {
+        assert_eq!(parse_bytes("6291456"), Ok(6 << 20));
+        assert_eq!(parse_bytes("6Mi"), Ok(6 << 20));
+        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
+        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("5Xi").is_err());
+    }
 
     #[test]
     fn short_text_is_kept() {

@@ -1,9 +1,12 @@
 //! Prometheus metrics of the sidecar (prefix `placement_sync_`).
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use placement_endpoint::ListenerMetrics;
+use policy_client::engine::PolicyEngine;
+use policy_client::engine_metrics::EngineCollector;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -135,6 +138,12 @@ impl Metrics {
             listeners,
             ..m
         }
+    }
+
+    /// Export what `engine`'s decision cache did, read at each scrape.
+    pub(crate) fn watch_decision_cache(&mut self, engine: Arc<dyn PolicyEngine>) {
+        self.registry
+            .register_collector(Box::new(EngineCollector::new(engine)));
     }
 
     /// The engine's and the replication's metrics.

@@ -7,6 +7,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use policy_client::engine::PolicyEngine;
 use policy_client::revision_board::AnnouncedWrites;
 use policy_client::revision_board::RevisionBoard;
+use policy_client::revision_feed::RememberingEngine;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -29,6 +30,10 @@ pub(crate) struct Sidecar {
     /// Every write to `engine` is announced here first.
     revisions: Arc<RevisionBoard>,
     engine: Arc<dyn PolicyEngine>,
+    /// `engine` with its decisions remembered (`--decision-cache-memory`)
+    /// while it follows `revisions`, for the reconcilers' questions only: the
+    /// engine monitor's sentinel must reach the engine every time.
+    deciding: Arc<RememberingEngine>,
     metrics: Arc<Metrics>,
     state: Arc<SyncState>,
 }
@@ -48,15 +53,24 @@ impl Sidecar {
         client: kube::Client,
         engine: Arc<dyn PolicyEngine>,
     ) -> Self {
-        let metrics = Arc::new(Metrics::new());
-        let state = SyncState::new(metrics.clone());
+        let mut metrics = Metrics::new();
         let revisions = Arc::new(RevisionBoard::new());
-        let engine = Arc::new(AnnouncedWrites::new(engine, Arc::clone(&revisions)));
+        let engine: Arc<dyn PolicyEngine> =
+            Arc::new(AnnouncedWrites::new(engine, Arc::clone(&revisions)));
+        let deciding = Arc::new(RememberingEngine::beside_writer(
+            Arc::clone(&engine),
+            settings.decision_cache_memory,
+            Arc::clone(&revisions),
+        ));
+        metrics.watch_decision_cache(deciding.clone());
+        let metrics = Arc::new(metrics);
+        let state = SyncState::new(metrics.clone());
         Sidecar {
             settings,
             client,
             revisions,
             engine,
+            deciding,
             metrics,
             state,
         }
@@ -74,6 +88,7 @@ impl Sidecar {
         let mut tasks = JoinSet::new();
         self.spawn_server(&mut tasks, listener, &cancel);
         self.spawn_engine_monitor(&mut tasks, &cancel);
+        self.spawn_revision_follower(&mut tasks, &cancel);
         // One watch per type, shared by its replicator and the reconciler.
         let watches = watched::TypeWatches::default();
         self.spawn_replicators(&mut tasks, &watches, &shared, &cancel);
@@ -139,6 +154,18 @@ impl Sidecar {
         );
         tasks.spawn(async move {
             monitor.await;
+            Ok(())
+        });
+    }
+
+    /// Following this process's own revisions, for the remembered decisions.
+    fn spawn_revision_follower(&self, tasks: &mut Tasks, cancel: &CancellationToken) {
+        let (deciding, cancel) = (self.deciding.clone(), cancel.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                () = cancel.cancelled() => {}
+                () = deciding.follow() => {}
+            }
             Ok(())
         });
     }
@@ -231,7 +258,7 @@ impl Sidecar {
         tasks.spawn(reconcile::run(
             reconcile::ReconcilerContext {
                 client: client.clone(),
-                engine: self.engine.clone(),
+                engine: self.deciding.clone(),
                 metrics: self.metrics.clone(),
                 state: self.state.clone(),
                 mode: settings.remediation,

@@ -496,10 +496,12 @@ impl ControlPlane {
                 "resources": ["replicasets", "deployments", "replicasets/status", "deployments/status"],
                 "scope": "Namespaced"
             }]),
+            serde_json::json!([status_only_when_it_changes_annotations()]),
         );
     }
 
-    /// [`ControlPlane::register_webhook`] with these `rules`.
+    /// [`ControlPlane::register_webhook`] with these `rules` and match
+    /// `conditions`.
     pub fn register_webhook_for(
         &self,
         name: &str,
@@ -507,6 +509,7 @@ impl ControlPlane {
         ca_pem: &str,
         policy_namespace: &str,
         rules: serde_json::Value,
+        conditions: serde_json::Value,
     ) {
         let config = serde_json::json!({
             "apiVersion": "admissionregistration.k8s.io/v1",
@@ -517,7 +520,7 @@ impl ControlPlane {
                 "admissionReviewVersions": ["v1"],
                 "clientConfig": {"url": url, "caBundle": placement_certs::ca_bundle(ca_pem)},
                 "rules": rules,
-                "matchConditions": [status_only_when_it_changes_annotations()],
+                "matchConditions": conditions,
                 "namespaceSelector": {
                     "matchLabels": {"placement-test": name},
                     "matchExpressions": [{

@@ -14,6 +14,7 @@ use policy_client::configmaps::{ConfigMapFlags, ConfigMapFlagsEnv};
 use policy_client::embedded::Embedded;
 use policy_client::engine::PolicyEngine;
 use policy_client::opa::{Opa, OpaConfig, Token};
+use policy_client::text::parse_bytes;
 use reqwest::Url;
 use serde::Deserialize;
 
@@ -287,33 +288,6 @@ pub struct ServeArgs {
     pub(crate) shutdown_delay: Duration,
     #[command(flatten)]
     pub(crate) self_managed: SelfManagedTlsArgs,
-}
-
-/// A byte count: digits with an optional `Ki`, `Mi`, `Gi` (or `K`, `M`, `G`;
-/// powers of 1024) suffix, `B`/`iB` allowed.
-pub(crate) fn parse_bytes(text: &str) -> Result<usize, String> {
-    let trimmed = text.trim();
-    let digits = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(digits);
-    let number: usize = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a byte count (e.g. 6291456, 6Mi, 1Gi)"))?;
-    let unit = unit
-        .trim()
-        .trim_end_matches("iB")
-        .trim_end_matches(['i', 'B']);
-    let scale: usize = match unit {
-        "" => 1,
-        "K" | "k" => 1 << 10,
-        "M" => 1 << 20,
-        "G" => 1 << 30,
-        _ => return Err(format!("unknown unit in {text:?}: use Ki, Mi or Gi")),
-    };
-    number
-        .checked_mul(scale)
-        .ok_or_else(|| format!("{text:?} is too large"))
 }
 
 #[derive(Debug, Args)]
@@ -640,17 +614,6 @@ mod tests {
         };
         let err = args.engine.resolve().unwrap_err().to_string();
         assert!(err.contains("EnforceSchedulingPolicy"), "{err}");
-    }
-
-    #[test]
-    fn byte_counts_take_binary_suffixes() {
-        assert_eq!(parse_bytes("6291456"), Ok(6 << 20));
-        assert_eq!(parse_bytes("6Mi"), Ok(6 << 20));
-        assert_eq!(parse_bytes("256MiB"), Ok(256 << 20));
-        assert_eq!(parse_bytes("1Gi"), Ok(1 << 30));
-        assert_eq!(parse_bytes("64K"), Ok(64 << 10));
-        assert!(parse_bytes("lots").is_err());
-        assert!(parse_bytes("5Xi").is_err());
     }
 
     #[test]

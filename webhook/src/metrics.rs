@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use placement_endpoint::ListenerMetrics;
 use policy_client::engine::PolicyEngine;
-use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use policy_client::engine_metrics::EngineCollector;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -234,7 +234,7 @@ impl Metrics {
     /// each scrape.
     pub(crate) fn watch_decision_cache(&mut self, engine: Arc<dyn PolicyEngine>) {
         self.registry
-            .register_collector(Box::new(DecisionCacheCollector(engine)));
+            .register_collector(Box::new(EngineCollector::new(engine)));
     }
 
     /// The registry in Prometheus text format.
@@ -243,86 +243,6 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
-    }
-}
-
-/// The embedded engine's decision cache and answer checks, as their
-/// counters stand.
-#[derive(Debug)]
-struct DecisionCacheCollector(Arc<dyn PolicyEngine>);
-
-impl Collector for DecisionCacheCollector {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        if let Some(checks) = self.0.answer_checks() {
-            for (name, help, value) in [
-                (
-                    "embedded_answer_checks",
-                    "Compiled answers of the embedded engine compared with its interpreter's",
-                    checks.compared,
-                ),
-                (
-                    "embedded_disagreements",
-                    "Compiled answers the embedded engine's interpreter gave otherwise or refused (each sends its query to the interpreter; the log names the first)",
-                    checks.disagreements,
-                ),
-            ] {
-                let counter = ConstCounter::new(value);
-                counter.encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    counter.metric_type(),
-                )?)?;
-            }
-        }
-        let Some(stats) = self.0.decision_cache() else {
-            return Ok(());
-        };
-        let enabled = stats.refused.is_none() && stats.budget_bytes > 0;
-        let gauge = |value: u64| ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
-        let counters = [
-            (
-                "decision_cache_hits",
-                "Decisions answered from the decision cache",
-                stats.hits,
-            ),
-            (
-                "decision_cache_misses",
-                "Decisions evaluated because the cache did not hold them",
-                stats.misses,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
-        let gauges = [
-            (
-                "decision_cache_enabled",
-                "1 when decisions are cached; 0 when the cache is off or the policy set cannot be cached (the log says why)",
-                u64::from(enabled),
-            ),
-            (
-                "decision_cache_entries",
-                "Decisions held by the decision cache",
-                stats.entries,
-            ),
-            (
-                "decision_cache_bytes",
-                "Bytes held by the decision cache (estimate)",
-                stats.bytes,
-            ),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = gauge(value);
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-        Ok(())
     }
 }
 

@@ -144,6 +144,13 @@ pub(super) struct OpaArgs {
     /// Limit for one request to OPA, e.g. `5s`.
     #[arg(long, env = "PLACEMENT_SYNC_OPA_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub(crate) opa_timeout: Duration,
+
+    /// Memory for remembered decisions (0: none), as the webhook's flag: the
+    /// reconcilers ask once per workload and binding, most of which share a
+    /// decision. Sound because this process writes the engine: every policy
+    /// or data write forgets them all before it reaches the engine.
+    #[arg(long, env = "PLACEMENT_SYNC_DECISION_CACHE_MEMORY", value_parser = policy_client::text::parse_bytes, default_value = "16Mi")]
+    pub(crate) decision_cache_memory: usize,
 }
 
 impl OpaArgs {

@@ -127,6 +127,8 @@ pub struct Settings {
     pub(crate) opa_token: Option<Token>,
     pub(crate) opa_ca_pem: Option<Vec<u8>>,
     pub(crate) opa_timeout: Duration,
+    /// `--decision-cache-memory`.
+    pub(crate) decision_cache_memory: usize,
     pub(crate) kubeconfig: Option<PathBuf>,
     /// Which ConfigMaps are policies and which are data.
     pub(crate) configmaps: ConfigMapSelection,
@@ -212,6 +214,7 @@ impl Settings {
             opa_token,
             opa_ca_pem,
             opa_timeout: args.opa.opa_timeout,
+            decision_cache_memory: args.opa.decision_cache_memory,
             kubeconfig: args.kubeconfig,
             configmaps,
             package_owners,

@@ -179,6 +179,11 @@ impl Pass {
                 }
             }
         }
+        // Writes that take members out of a placement (a failed member's
+        // moves, repairs) go first: the pass's other writes (re-admissions,
+        // refreshed records) would otherwise keep workloads on a dead member
+        // for as long as they take through the API server.
+        evaluations.sort_by_cached_key(|e| e.weighed().clusters_taken_out().is_empty());
         self.act_all(evaluations, cancel, &mut report).await;
         self.common.writer.publish(cancel).await;
         // A retry saw a few objects: the gauges keep the last full pass's view.

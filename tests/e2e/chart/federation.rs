@@ -114,14 +114,12 @@ fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
         let main = rule["resources"][0].as_str().unwrap_or_default();
         assert_eq!(rule["resources"][1], format!("{main}/status"), "{rule}");
     }
-    assert!(
-        hook["matchConditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["name"] == "status-only-when-it-changes-annotations"),
-        "{}",
-        hook["matchConditions"]
+    // The chart's conditions are those the Karmada beds and the bench
+    // register: status updates that keep annotations, and binding updates
+    // the webhook admits unevaluated, are not sent.
+    assert_eq!(
+        hook["matchConditions"],
+        placement_tests::karmada::guardrail_match_conditions()
     );
     let excluded = hook["namespaceSelector"]["matchExpressions"][0]["values"].clone();
     assert_eq!(
@@ -191,6 +189,18 @@ fn values_run_the_guardrail_and_a_scheduler_in_the_api_server_of_karmada() {
         .collect();
     assert_eq!(bindings, ["resourcebindings", "clusterresourcebindings"]);
     assert_eq!(hooks[1]["namespaceSelector"], hook["namespaceSelector"]);
+    let harness = placement_tests::karmada::delivery_configuration(
+        "d",
+        "https://d/validate",
+        "",
+        json!({}),
+        true,
+        None,
+    );
+    assert_eq!(
+        hooks[1]["matchConditions"], harness["webhooks"][1]["matchConditions"],
+        "a binding's delivery is sent as the beds send it: only when it delivers to a member"
+    );
     let accepted = plane.kubectl_stdin(
         &["apply", "--dry-run=server", "-f", "-"],
         &delivery.to_string(),

@@ -68,26 +68,37 @@ fn documented_metrics(lines: &[&str], prefix: &str) -> BTreeSet<String> {
 }
 
 /// The metrics tables of docs/webhook.md and docs/sync.md name exactly the
-/// metrics each binary registers (its own and the endpoint crate's).
+/// metrics each binary registers (its own, the endpoint crate's and the
+/// engine's: placement-sync asks OPA only, so of the engine's it exports the
+/// decision cache's).
 #[test]
 fn the_metrics_tables_name_every_metric_and_no_other() {
     let root = placement_tests::repo_root();
     let endpoint = registered_metrics(&root.join("endpoint/src/metrics.rs"));
     assert!(endpoint.contains("connections_open"), "{endpoint:?}");
+    let engine = registered_metrics(&root.join("policy-client/src/engine_metrics.rs"));
+    assert!(engine.contains("decision_cache_hits"), "{engine:?}");
+    let decision_cache: BTreeSet<String> = engine
+        .iter()
+        .filter(|name| name.starts_with("decision_cache_"))
+        .cloned()
+        .collect();
     let mut problems = Vec::new();
-    for (page, source, prefix) in [
+    for (page, source, prefix, engine) in [
         (
             "docs/webhook.md",
             "webhook/src/metrics.rs",
             "placement_webhook_",
+            &engine,
         ),
         (
             "docs/sync.md",
             "sync-sidecar/src/metrics.rs",
             "placement_sync_",
+            &decision_cache,
         ),
     ] {
-        let registered = &registered_metrics(&root.join(source)) | &endpoint;
+        let registered = &(&registered_metrics(&root.join(source)) | &endpoint) | engine;
         assert!(registered.len() > 10, "{source}: {registered:?}");
         let text = read(&root.join(page));
         let metrics_heading = text

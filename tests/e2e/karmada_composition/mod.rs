@@ -20,7 +20,9 @@
 use placement_tests::karmada::scenario::{
     EU_KEY, PCI_KEY, binding_clusters, create, deployment, propagation_policy, split,
 };
-use placement_tests::karmada::{MemberKind, MemberSpec, delivery_configuration, guardrail_rules};
+use placement_tests::karmada::{
+    MemberKind, MemberSpec, delivery_configuration, guardrail_match_conditions, guardrail_rules,
+};
 use placement_tests::{
     Karmada, OpaServer, SidecarProcess, WebhookProcess, current_thread_runtime, restoring, serial,
     shipped_policy_modules, unique_name, wait_or_explain,
@@ -43,7 +45,7 @@ struct Guardrail {
     namespace: String,
     policy_namespace: String,
     sync: Option<SidecarProcess>,
-    _webhook: WebhookProcess,
+    webhook: WebhookProcess,
     _opa: OpaServer,
 }
 
@@ -85,6 +87,7 @@ impl Guardrail {
             &webhook.ca_pem,
             &policy_namespace,
             guardrail_rules(),
+            guardrail_match_conditions(),
         );
         let delivery = delivery_configuration(
             &format!("{namespace}-delivery"),
@@ -105,7 +108,7 @@ impl Guardrail {
             namespace,
             policy_namespace,
             sync: Some(sync),
-            _webhook: webhook,
+            webhook,
             _opa: opa,
         }
     }

@@ -109,6 +109,41 @@ fn karmada_guardrail_bounds_what_karmada_scheduler_chooses_to_what_the_policy_al
     );
 }
 
+/// The writes the webhook would admit unevaluated are not sent to it (the
+/// chart's conditions, registered as the beds register them): the
+/// detector's CREATE of a binding that delivers to no member yet (to
+/// `/validate`), and karmada-scheduler's result, which keeps the binding's
+/// placement, template and record (to `/mutate`). Every review the webhook
+/// receives for a propagation is one it evaluates.
+#[test]
+fn karmada_guardrail_writes_it_would_admit_unevaluated_are_not_sent() {
+    let _serial = serial();
+    let karmada = Karmada::shared();
+    let guard = Guardrail::shipped(karmada);
+    let placement = json!({"clusterAffinity": {"clusterNames": ["member-eu-1"]}});
+    guard.propagate(karmada, "web", 2, placement);
+    guard.wait_replicas(karmada, "web", &split(&[("member-eu-1", 2)]));
+    let page = current_thread_runtime().block_on(guard.webhook.metrics());
+    let count = |operation: &str, outcome: &str| {
+        placement_tests::webhook::metric_value(
+            &page,
+            &format!(
+                r#"placement_webhook_admission_requests_total{{operation="{operation}",outcome="{outcome}"}}"#
+            ),
+        )
+    };
+    let skipped = count("CREATE", "skipped") + count("UPDATE", "skipped");
+    let evaluated = count("CREATE", "patched") + count("CREATE", "unchanged");
+    assert!(
+        evaluated >= 3.0,
+        "the template, its binding and its Work: {page}"
+    );
+    assert_eq!(
+        skipped, 0.0,
+        "reviews admitted unevaluated were sent: {page}"
+    );
+}
+
 /// The tour of docs/karmada.md, with its files: karmada-scheduler's static
 /// weights 2:1:1 over member-eu-1, member-eu-2 and member-us-1 give an EU
 /// workload 4 and 2 on the EU members, none in the US; member-eu-2

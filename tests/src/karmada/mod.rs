@@ -93,8 +93,23 @@ pub fn guardrail_match_conditions() -> serde_json::Value {
     serde_json::json!([
         {"name": "not-being-deleted", "expression": "!has(object.metadata.deletionTimestamp)"},
         crate::control_plane::status_only_when_it_changes_annotations(),
+        {"name": "binding-changes-what-is-decided", "expression": BINDING_CHANGES_WHAT_IS_DECIDED},
     ])
 }
+
+/// The chart's condition that keeps out the binding updates the guardrail
+/// admits unevaluated (placement, template and record kept: karmada-scheduler
+/// writing its result, Karmada's bookkeeping).
+const BINDING_CHANGES_WHAT_IS_DECIDED: &str = "request.resource.group != 'work.karmada.io' || request.operation != 'UPDATE' || \
+    !has(oldObject.metadata.annotations) || \
+    !('placement-policy.io/allowed-clusters' in oldObject.metadata.annotations) || \
+    !has(object.metadata.annotations) || \
+    !('placement-policy.io/allowed-clusters' in object.metadata.annotations) || \
+    object.metadata.annotations['placement-policy.io/allowed-clusters'] != \
+    oldObject.metadata.annotations['placement-policy.io/allowed-clusters'] || \
+    has(object.spec.placement) != has(oldObject.spec.placement) || \
+    (has(object.spec.placement) && object.spec.placement != oldObject.spec.placement) || \
+    object.spec.resource != oldObject.spec.resource";
 
 /// The last hop in Karmada's API server, validated by the webhook at `url`
 /// (its `/validate`) once every mutation is done, as the chart's
@@ -177,6 +192,13 @@ pub fn delivery_configuration(
         serde_json::Value::Array(binding_rules),
     );
     bindings_webhook["namespaceSelector"] = bindings;
+    bindings_webhook["matchConditions"]
+        .as_array_mut()
+        .expect("a list")
+        .push(serde_json::json!({
+            "name": "may-add-a-member",
+            "expression": MAY_ADD_A_MEMBER
+        }));
     serde_json::json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
@@ -184,6 +206,24 @@ pub fn delivery_configuration(
         "webhooks": [works, bindings_webhook]
     })
 }
+
+/// The chart's condition on a binding's delivery check: a binding that
+/// delivers to no member adds none, nor does an update that keeps its
+/// members and its template (a new version of the same template is the
+/// same).
+const MAY_ADD_A_MEMBER: &str = "((has(object.spec.clusters) && size(object.spec.clusters) > 0) || \
+    (has(object.spec.requiredBy) && size(object.spec.requiredBy) > 0)) && \
+    (request.operation != 'UPDATE' || \
+    [object.spec.resource.apiVersion, object.spec.resource.kind, object.spec.resource.name] != \
+    [oldObject.spec.resource.apiVersion, oldObject.spec.resource.kind, oldObject.spec.resource.name] || \
+    (has(object.spec.resource.namespace) ? object.spec.resource.namespace : '') != \
+    (has(oldObject.spec.resource.namespace) ? oldObject.spec.resource.namespace : '') || \
+    (has(object.spec.resource.uid) ? object.spec.resource.uid : '') != \
+    (has(oldObject.spec.resource.uid) ? oldObject.spec.resource.uid : '') || \
+    (has(object.spec.clusters) ? object.spec.clusters : []) != \
+    (has(oldObject.spec.clusters) ? oldObject.spec.clusters : []) || \
+    (has(object.spec.requiredBy) ? object.spec.requiredBy : []) != \
+    (has(oldObject.spec.requiredBy) ? oldObject.spec.requiredBy : []))";
 
 /// The members, as registered with Karmada.
 pub const MEMBERS: [MemberSpec; 3] = [
