@@ -212,6 +212,12 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         guarded.seconds, guarded.cpu
     ));
     section.push_str(&format!(
+        "\nThe whole machine's CPU over a run (every process of the bed, Karmada's API server calling the webhooks \
+         included, and the bench's client): karmada-scheduler {:.2} s, placement-policy {:.2} s, karmada-scheduler with \
+         the guardrail {:.2} s (medians).\n",
+        native.machine, ours.machine, guarded.machine
+    ));
+    section.push_str(&format!(
         "\nplacement-policy's CPU: placement-sync {:.2} s, OPA {:.2} s; {queries:.0} decision queries and {passes:.0} \
          reconciler passes for {n} bindings (means over runs). The guardrail's CPU beside karmada-scheduler's {:.2} s: \
          the webhook {:.2} s, placement-sync {:.2} s, OPA {:.2} s (the webhook registered with Karmada's API server for \
@@ -707,8 +713,8 @@ fn schedule_all(
     )?;
     let run = cpu.contending(started.elapsed().as_secs_f64())?;
     eprintln!(
-        "{namespace}: {expected} Works after {:.2} s, CPU {:.2} s ({:.2?})",
-        run.seconds, run.cpu, run.parts
+        "{namespace}: {expected} Works after {:.2} s, CPU {:.2} s ({:.2?}), the machine's {:.2} s",
+        run.seconds, run.cpu, run.parts, run.machine
     );
     Ok(run)
 }
