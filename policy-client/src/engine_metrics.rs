@@ -27,26 +27,21 @@ impl EngineCollector {
 impl Collector for EngineCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         if let Some(checks) = self.0.answer_checks() {
-            for (name, help, value) in [
-                (
-                    "embedded_answer_checks",
-                    "Compiled answers of the embedded engine compared with its interpreter's",
-                    checks.compared,
-                ),
-                (
-                    "embedded_disagreements",
-                    "Compiled answers the embedded engine's interpreter gave otherwise or refused (each sends its query to the interpreter; the log names the first)",
-                    checks.disagreements,
-                ),
-            ] {
-                let counter = ConstCounter::new(value);
-                counter.encode(encoder.encode_descriptor(
-                    name,
-                    help,
-                    None,
-                    counter.metric_type(),
-                )?)?;
-            }
+            encode_counters(
+                &mut encoder,
+                &[
+                    (
+                        "embedded_answer_checks",
+                        "Compiled answers of the embedded engine compared with its interpreter's",
+                        checks.compared,
+                    ),
+                    (
+                        "embedded_disagreements",
+                        "Compiled answers the embedded engine's interpreter gave otherwise or refused (each sends its query to the interpreter; the log names the first)",
+                        checks.disagreements,
+                    ),
+                ],
+            )?;
         }
         let Some(stats) = self.0.decision_cache() else {
             return Ok(());
@@ -65,15 +60,7 @@ impl Collector for EngineCollector {
                 stats.misses,
             ),
         ];
-        for (name, help, value) in counters {
-            let counter = ConstCounter::new(value);
-            counter.encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                counter.metric_type(),
-            )?)?;
-        }
+        encode_counters(&mut encoder, &counters)?;
         let gauges = [
             (
                 "decision_cache_enabled",
@@ -97,4 +84,16 @@ impl Collector for EngineCollector {
         }
         Ok(())
     }
+}
+
+/// Counters as they stand now: name, help, value.
+fn encode_counters(
+    encoder: &mut DescriptorEncoder,
+    counters: &[(&str, &str, u64)],
+) -> Result<(), fmt::Error> {
+    for &(name, help, value) in counters {
+        let counter = ConstCounter::new(value);
+        counter.encode(encoder.encode_descriptor(name, help, None, counter.metric_type())?)?;
+    }
+    Ok(())
 }
