@@ -157,21 +157,32 @@ impl Driver {
             .pass(cancel, only, schedule.owed_mut(), revision)
             .await;
         self.ctx().metrics.remediation_passes.inc();
-        tracing::info!(
-            mode = ?self.ctx().mode,
-            only = only.map(BTreeSet::len),
-            evaluated = report.evaluated,
-            stale = report.stale,
-            patched = report.patched,
-            failed = report.failed,
-            unplaceable = report.unplaceable,
-            undefined = report.undefined,
-            held = report.held,
-            aborted = report.aborted,
-            cause = only.is_none().then(|| schedule.owed().describe(revision)),
-            took_ms = started.elapsed().as_millis() as u64,
-            "remediation pass"
-        );
+        // A pass over a few changed objects that are all our own writes,
+        // not yet seen by the watch, evaluates nothing: frequent while
+        // writes are in flight, and no news.
+        let quiet = only.is_some() && report.evaluated == 0 && !report.aborted;
+        if quiet {
+            tracing::debug!(
+                only = only.map(BTreeSet::len),
+                "remediation pass: nothing to evaluate"
+            );
+        } else {
+            tracing::info!(
+                mode = ?self.ctx().mode,
+                only = only.map(BTreeSet::len),
+                evaluated = report.evaluated,
+                stale = report.stale,
+                patched = report.patched,
+                failed = report.failed,
+                unplaceable = report.unplaceable,
+                undefined = report.undefined,
+                held = report.held,
+                aborted = report.aborted,
+                cause = only.is_none().then(|| schedule.owed().describe(revision)),
+                took_ms = started.elapsed().as_millis() as u64,
+                "remediation pass"
+            );
+        }
         if report.aborted {
             schedule.aborted(work);
             return;

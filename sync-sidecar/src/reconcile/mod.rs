@@ -162,6 +162,7 @@ pub(crate) async fn run(
         karmada_clusters,
         propagation_policies,
         overdue: Default::default(),
+        deferred: Default::default(),
     };
     let scope = ScopeFilter::start(&ctx.client, &ctx.scope, &cancel).await;
     let user_info = start::own_user_info(&ctx.client).await;

@@ -7,6 +7,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use kube::api::DynamicObject;
@@ -29,6 +30,15 @@ use crate::reconcile::ocm::item::PlacementItem;
 
 /// Objects evaluated and written at once in a pass.
 const PASS_CONCURRENCY: usize = 16;
+
+/// Writes of one object in a pass when each meets a newer version of it
+/// (another writer's): evaluated again on that version at once, not after
+/// the pass (a failover's pass is thousands of writes long, and Karmada's
+/// taint manager writes the same bindings meanwhile).
+const CONFLICT_ATTEMPTS: usize = 3;
+
+/// How long such a retry waits for the watch to show the newer version.
+const CATCH_UP: Duration = Duration::from_secs(5);
 
 /// Tally of one pass.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -57,8 +67,10 @@ impl PassReport {
         if let (Step::Overdue(at), Some(key)) = (&step, &key) {
             self.due.insert(key.clone(), *at);
         }
-        if matches!(step, Step::Failed | Step::Stale { failed: true, .. })
-            && let Some(key) = key
+        if matches!(
+            step,
+            Step::Failed | Step::Stale { failed: true, .. } | Step::Conflicted
+        ) && let Some(key) = key
         {
             self.failed_objects.insert(key);
         }
@@ -80,6 +92,10 @@ impl PassReport {
                 self.failed += usize::from(failed);
             }
             Step::Overdue(_) => self.stale += 1,
+            Step::Conflicted => {
+                self.stale += 1;
+                self.failed += 1;
+            }
         }
         true
     }
@@ -179,12 +195,15 @@ impl Pass {
                 }
             }
         }
-        // Writes that take members out of a placement (a failed member's
-        // moves, repairs) go first: the pass's other writes (re-admissions,
+        // Writes that change where replicas run (a failed member's moves,
+        // repairs) go first: the pass's other writes (re-admissions,
         // refreshed records) would otherwise keep workloads on a dead member
         // for as long as they take through the API server.
-        evaluations.sort_by_cached_key(|e| e.weighed().clusters_taken_out().is_empty());
+        evaluations.sort_by_cached_key(|e| !e.weighed().moves_replicas());
         self.act_all(evaluations, cancel, &mut report).await;
+        (self.bindings)
+            .write_deferred(&self.common, PASS_CONCURRENCY, cancel)
+            .await;
         self.common.writer.publish(cancel).await;
         // A retry saw a few objects: the gauges keep the last full pass's view.
         if !report.aborted && only.is_none() {
@@ -284,21 +303,68 @@ impl Pass {
         Some(evaluation)
     }
 
-    /// Act on one evaluation: what happened to which object.
+    /// Act on one evaluation: what happened to which object. A write that
+    /// met a newer version of the object is evaluated again on it, up to
+    /// [`CONFLICT_ATTEMPTS`] writes.
     async fn act(
         &self,
         evaluation: Evaluation,
         cancel: &CancellationToken,
     ) -> (Option<ItemKey>, Step) {
-        let c = &self.common;
         let key = evaluation.key();
-        let step = match (evaluation, &self.placements) {
+        let mut planned_from = evaluation.weighed().planned_from();
+        let mut step = self.act_once(evaluation, cancel).await;
+        for _ in 1..CONFLICT_ATTEMPTS {
+            let (Step::Conflicted, Some(key)) = (&step, &key) else {
+                break;
+            };
+            let Some(item) = self.caught_up(key, planned_from.as_deref(), cancel).await else {
+                break;
+            };
+            let Some(evaluation) = self.evaluate(item, cancel).await else {
+                return (Some(key.clone()), Step::Aborted);
+            };
+            planned_from = evaluation.weighed().planned_from();
+            step = self.act_once(evaluation, cancel).await;
+        }
+        if matches!(step, Step::Conflicted) {
+            let name = key
+                .as_ref()
+                .map(|(i, object)| describe(self.common.targets[*i].resource(), Some(object)));
+            tracing::warn!(object = ?name, "the object changed under its writes and was not written within the pass; evaluated again after it");
+        }
+        (key, step)
+    }
+
+    /// The object of `key` as one pass item once the watch shows a version
+    /// other than `planned_from` (within [`CATCH_UP`]); `None` if it does
+    /// not, or the object left the scope.
+    async fn caught_up(
+        &self,
+        key: &ItemKey,
+        planned_from: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> Option<Item> {
+        let (i, object) = key;
+        let deadline = Instant::now() + CATCH_UP;
+        while self.common.targets[*i].resource_version(object).as_deref() == planned_from {
+            if Instant::now() >= deadline || cancel.is_cancelled() {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.items(Some(&BTreeSet::from([key.clone()]))).pop()
+    }
+
+    /// Act on one evaluation once.
+    async fn act_once(&self, evaluation: Evaluation, cancel: &CancellationToken) -> Step {
+        let c = &self.common;
+        match (evaluation, &self.placements) {
             (Evaluation::Workload(e), _) => self.workloads.act(c, e, cancel).await,
             (Evaluation::Binding(e), _) => self.bindings.act(c, e, cancel).await,
             (Evaluation::Placement(e), Some(placements)) => placements.act(c, e, cancel).await,
             (Evaluation::Placement(_), None) => Step::Aborted,
-        };
-        (key, step)
+        }
     }
 }
 

@@ -47,11 +47,22 @@ pub(crate) trait Weighed {
     /// The object's key (`None`: a workload without one).
     fn object(&self) -> Option<ObjectKey>;
 
+    /// The resourceVersion the evaluation read (its writes are preconditioned
+    /// on it).
+    fn planned_from(&self) -> Option<String>;
+
     /// Would this change rewrite or remove a placement the object has?
     fn replaces_a_placement(&self) -> bool;
 
     /// The clusters this write takes out of the placement the object has.
     fn clusters_taken_out(&self) -> BTreeSet<String>;
+
+    /// Whether this write itself changes where the object's replicas run
+    /// (a pass sends these first): it takes clusters out, unless a kind
+    /// says more.
+    fn moves_replicas(&self) -> bool {
+        !self.clusters_taken_out().is_empty()
+    }
 
     /// What it writes, for the fingerprint of a held move.
     fn written(&self) -> serde_json::Result<Vec<u8>>;

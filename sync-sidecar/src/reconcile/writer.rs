@@ -38,6 +38,16 @@ pub(crate) fn is_gone(e: &SyncError) -> bool {
     matches!(e, SyncError::Kube(kube::Error::Api(s)) if s.code == 404)
 }
 
+/// Whether `e` says the object changed since the write was planned from it:
+/// a conflict on its resourceVersion (409), or the failed `test` op of a
+/// guarded JSON patch (the API server answers a patch that does not apply
+/// with 422 and no field causes; a field the object refuses has causes).
+pub(crate) fn is_conflict(e: &SyncError) -> bool {
+    matches!(e, SyncError::Kube(kube::Error::Api(s))
+        if s.code == 409
+            || (s.code == 422 && s.details.as_ref().is_none_or(|d| d.causes.is_empty())))
+}
+
 pub(crate) struct Writer {
     limiter: RateLimiter,
     /// Objects written from a resourceVersion the cache still shows: skipped
@@ -199,6 +209,30 @@ mod tests {
         let t = now_rfc3339();
         assert_eq!(t.len(), "2026-11-25T10:00:00Z".len(), "{t}");
         assert!(t.ends_with('Z'));
+    }
+
+    fn api_error(status: serde_json::Value) -> SyncError {
+        let status: kube::core::Status = serde_json::from_value(status).unwrap();
+        SyncError::Kube(kube::Error::Api(Box::new(status)))
+    }
+
+    /// As the API server answers: a 409 on the resourceVersion; a JSON patch
+    /// whose `test` fails (422, no causes); a field the object refuses (422
+    /// with its cause), and a webhook's denial, are no conflict.
+    #[test]
+    fn a_write_met_a_newer_version_on_409_and_on_a_failed_patch_test() {
+        let conflict = json!({"code": 409, "reason": "Conflict", "message": "the object has been modified",
+            "details": {"name": "web-deployment", "kind": "resourcebindings", "causes": []}});
+        assert!(is_conflict(&api_error(conflict)));
+        let failed_test = json!({"code": 422, "reason": "Invalid",
+            "message": "the server rejected our request due to an error in our request",
+            "details": {"causes": []}});
+        assert!(is_conflict(&api_error(failed_test)));
+        let refused = json!({"code": 422, "reason": "Invalid", "message": "spec.clusters: Invalid value",
+            "details": {"causes": [{"reason": "FieldValueInvalid", "field": "spec.clusters", "message": "Invalid value"}]}});
+        assert!(!is_conflict(&api_error(refused)));
+        let denied = json!({"code": 403, "reason": "Forbidden", "message": "admission webhook denied the request"});
+        assert!(!is_conflict(&api_error(denied)));
     }
 
     #[test]

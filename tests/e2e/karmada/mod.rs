@@ -11,8 +11,8 @@ use placement_tests::karmada::scenario::{
 };
 use placement_tests::karmada::{MEMBERS, MemberKind, PCI_LABEL, WORKLOAD_IMAGE, cluster_ready};
 use placement_tests::{
-    Karmada, OpaServer, SidecarProcess, WebhookProcess, repo_root, restoring,
-    shipped_policy_modules, unique_name, wait_for, wait_or_explain,
+    Karmada, OpaServer, SidecarProcess, WebhookProcess, current_thread_runtime, repo_root,
+    restoring, shipped_policy_modules, unique_name, wait_for, wait_or_explain,
 };
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -46,14 +46,23 @@ impl Scheduler {
     /// Scheduling the bindings named `name` (the examples' use the default,
     /// `placement-policy`; the tests run one at a time).
     fn named(karmada: &Karmada, modules: &[(String, String)], name: &str) -> Scheduler {
+        Scheduler::with_flags(karmada, modules, name, &[])
+    }
+
+    /// [`Scheduler::named`], placement-sync given `extra` flags too.
+    fn with_flags(
+        karmada: &Karmada,
+        modules: &[(String, String)],
+        name: &str,
+        extra: &[&str],
+    ) -> Scheduler {
         let name = name.to_owned();
         let policy_namespace = karmada.policy_namespace_with(modules);
         let opa = OpaServer::start();
-        let sync = karmada.start_placement_sync(
-            &opa,
-            &policy_namespace,
-            &[&format!("--scheduler-name={name}")],
-        );
+        let scheduler_name = format!("--scheduler-name={name}");
+        let mut flags = vec![scheduler_name.as_str()];
+        flags.extend(extra);
+        let sync = karmada.start_placement_sync(&opa, &policy_namespace, &flags);
         Scheduler {
             name,
             policy_namespace,

@@ -82,6 +82,10 @@ impl Weighed for BindingEvaluation {
         Some(self.item.key.clone())
     }
 
+    fn planned_from(&self) -> Option<String> {
+        self.item.binding.resource_version().map(str::to_owned)
+    }
+
     fn replaces_a_placement(&self) -> bool {
         BindingEvaluation::replaces_a_placement(self)
     }
@@ -113,11 +117,92 @@ impl Weighed for BindingEvaluation {
             .collect()
     }
 
+    /// A binding we schedule moves when its clusters change: after Karmada's
+    /// taint manager evicted it from a failed member, our write takes
+    /// nothing out but still puts the evicted replicas back to run.
+    fn moves_replicas(&self) -> bool {
+        match &self.verdict {
+            Verdict::Planned { write, .. } => write.moves,
+            _ => !self.clusters_taken_out().is_empty(),
+        }
+    }
+
     fn written(&self) -> serde_json::Result<Vec<u8>> {
         match &self.verdict {
             Verdict::Planned { write, .. } => serde_json::to_vec(&write.spec),
             Verdict::Repair(members) => serde_json::to_vec(members),
             _ => Ok(Vec::new()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::reconcile::karmada::binding::plan;
+
+    fn scheduled(clusters: Value, to: Value) -> BindingEvaluation {
+        let raw = json!({
+            "apiVersion": "work.karmada.io/v1alpha2",
+            "kind": "ResourceBinding",
+            "metadata": {"name": "web-deployment", "namespace": "shop", "resourceVersion": "7",
+                         "generation": 2},
+            "spec": {
+                "resource": {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "shop",
+                             "name": "web", "uid": "a"},
+                "schedulerName": "placement-policy",
+                "replicas": 2,
+                "clusters": clusters,
+            },
+        });
+        let binding = Binding::parse(raw.to_string().as_bytes()).unwrap();
+        let placement = Placement::Clusters {
+            clusters: serde_json::from_value(to).unwrap(),
+            affinity: None,
+        };
+        let write = plan(&binding, &placement, "2026-11-27T19:00:00Z");
+        let item = BindingItem {
+            key: ObjectKey {
+                namespace: Some("shop".into()),
+                name: "web-deployment".into(),
+            },
+            raw,
+            binding,
+            mode: Mode::Schedule,
+        };
+        BindingEvaluation {
+            i: 0,
+            item: Arc::new(item),
+            verdict: Verdict::Planned { placement, write },
+        }
+    }
+
+    /// After Karmada's taint manager evicted a binding from a failed member,
+    /// our move takes nothing out of it, and still goes first in its pass:
+    /// it puts the evicted replica back to run.
+    #[test]
+    fn a_scheduled_move_after_an_eviction_moves_replicas() {
+        let evicted = scheduled(
+            json!([{"name": "member-eu-2", "replicas": 1}]),
+            json!([{"name": "member-eu-2", "replicas": 2}]),
+        );
+        assert!(evicted.clusters_taken_out().is_empty());
+        assert!(evicted.moves_replicas());
+        let failed_over = scheduled(
+            json!([{"name": "member-eu-2", "replicas": 1}, {"name": "member-us-1", "replicas": 1}]),
+            json!([{"name": "member-eu-2", "replicas": 2}]),
+        );
+        assert_eq!(
+            failed_over.clusters_taken_out(),
+            BTreeSet::from(["member-us-1".to_owned()])
+        );
+        assert!(failed_over.moves_replicas());
+        let placed = scheduled(
+            json!([{"name": "member-eu-2", "replicas": 2}]),
+            json!([{"name": "member-eu-2", "replicas": 2}]),
+        );
+        assert!(!placed.moves_replicas());
     }
 }

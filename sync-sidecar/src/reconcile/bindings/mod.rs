@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch};
 use policy_client::engine::QueryOutcome;
@@ -55,6 +56,19 @@ pub(crate) struct Bindings {
     pub(crate) propagation_policies: Option<PropagationPolicies>,
     /// Since when guarded bindings deliver outside their record.
     pub(crate) overdue: parking_lot::Mutex<Overdue>,
+    /// Status writes of this pass's moves, sent once every move is.
+    pub(crate) deferred: parking_lot::Mutex<Vec<DeferredStatus>>,
+}
+
+/// A scheduled binding's status write, after its spec write moved it: the
+/// pass sends every move first, so a failover's workloads leave a failed
+/// member at one round trip each, not two. Lost, it is planned again: the
+/// binding's observed generation stays behind its generation.
+pub(crate) struct DeferredStatus {
+    key: ItemKey,
+    api: Api<DynamicObject>,
+    patch: Value,
+    planned_from: Option<String>,
 }
 
 impl TargetReconciler for Bindings {
@@ -261,11 +275,10 @@ impl Bindings {
                 }
                 Step::written(failed)
             }
-            Sent::Failed(e) => {
+            Sent::Failed(e) => Step::write_failed(&e, || {
                 c.ctx.metrics.binding_schedule("error");
                 tracing::warn!(binding = %name, error = %e, "writing the binding's placement failed; will retry");
-                Step::WRITE_FAILED
-            }
+            }),
         }
     }
 
@@ -314,11 +327,10 @@ impl Bindings {
                 Step::written(false)
             }
             Sent::Failed(e) if is_gone(&e) => Step::Placed,
-            Sent::Failed(e) => {
+            Sent::Failed(e) => Step::write_failed(&e, || {
                 c.ctx.metrics.binding_schedule("error");
                 tracing::warn!(binding = %name, error = %e, "admitting the binding again failed; will retry");
-                Step::WRITE_FAILED
-            }
+            }),
         }
     }
 
@@ -356,11 +368,10 @@ impl Bindings {
                 self.overdue.lock().forget(&key);
                 Step::Placed
             }
-            Sent::Failed(e) => {
+            Sent::Failed(e) => Step::write_failed(&e, || {
                 c.ctx.metrics.binding_schedule("error");
                 tracing::warn!(binding = %name, error = %e, "taking forbidden members out of the binding failed; will retry");
-                Step::WRITE_FAILED
-            }
+            }),
         }
     }
 
@@ -396,7 +407,8 @@ impl Bindings {
     }
 
     /// The spec patch (with the resourceVersion it was planned from, so a
-    /// binding changed meanwhile is planned again) and the status patch.
+    /// binding changed meanwhile is planned again) and the status patch,
+    /// deferred to the end of the pass when the spec patch moved it.
     async fn write_binding(
         &self,
         c: &Common,
@@ -440,11 +452,53 @@ impl Bindings {
             ) {
                 *observed = json!(generation);
             }
-            api.patch_status(&item.key.name, &params, &Patch::Merge(&patch))
-                .await?;
-            c.writer.mark_in_flight(key, planned_from);
+            let status = DeferredStatus {
+                key,
+                api,
+                patch,
+                planned_from,
+            };
+            if write.moves {
+                self.deferred.lock().push(status);
+            } else {
+                self.write_status(c, status).await?;
+            }
         }
         Ok(())
+    }
+
+    async fn write_status(&self, c: &Common, status: DeferredStatus) -> Result<(), SyncError> {
+        let DeferredStatus {
+            key,
+            api,
+            patch,
+            planned_from,
+        } = status;
+        api.patch_status(&key.1.name, &patch_params(), &Patch::Merge(&patch))
+            .await?;
+        c.writer.mark_in_flight(key, planned_from);
+        Ok(())
+    }
+
+    /// Send the status writes this pass's moves deferred. One that fails is
+    /// planned again by a later pass (the binding's observed generation is
+    /// behind), so it is only logged.
+    pub(crate) async fn write_deferred(
+        &self,
+        c: &Common,
+        concurrency: usize,
+        cancel: &CancellationToken,
+    ) {
+        let deferred = std::mem::take(&mut *self.deferred.lock());
+        futures::stream::iter(deferred)
+            .for_each_concurrent(concurrency, |status| async move {
+                let name = describe(c.targets[status.key.0].resource(), Some(&status.key.1));
+                let write = self.write_status(c, status);
+                if let Sent::Failed(e) = c.writer.send(None, None, cancel, write).await {
+                    tracing::debug!(binding = %name, error = %e, "writing a moved binding's status failed; a later pass writes it");
+                }
+            })
+            .await;
     }
 }
 

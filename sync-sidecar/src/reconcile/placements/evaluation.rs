@@ -45,6 +45,10 @@ impl Weighed for PlacementEvaluation {
         Some(self.item.key.clone())
     }
 
+    fn planned_from(&self) -> Option<String> {
+        self.item.placement.metadata.resource_version.clone()
+    }
+
     /// Whether this would remove a cluster the Placement has.
     fn replaces_a_placement(&self) -> bool {
         self.item.is_placed() && !self.clusters_taken_out().is_empty()

@@ -166,11 +166,10 @@ impl TargetReconciler for Placements {
                 }
                 Step::written(failed)
             }
-            Sent::Failed(e) => {
+            Sent::Failed(e) => Step::write_failed(&e, || {
                 c.ctx.metrics.placement_decision("error");
                 tracing::warn!(placement = %name, error = %e, "writing the Placement's decisions failed; will retry");
-                Step::WRITE_FAILED
-            }
+            }),
         }
     }
 }

@@ -29,6 +29,10 @@ impl Weighed for WorkloadEvaluation {
         ObjectKey::of(&self.object)
     }
 
+    fn planned_from(&self) -> Option<String> {
+        self.object.metadata.resource_version.clone()
+    }
+
     /// A new signature of the ownership record that changes no annotation
     /// (after a key rotation) replaces nothing.
     fn replaces_a_placement(&self) -> bool {

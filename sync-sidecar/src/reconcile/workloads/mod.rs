@@ -164,11 +164,10 @@ async fn patch_workload(
         }
         // Gone: nothing to remediate.
         Sent::Failed(e) if is_gone(&e) => Step::LEFT_STALE,
-        Sent::Failed(e) => {
+        Sent::Failed(e) => Step::write_failed(&e, || {
             c.ctx.metrics.patch(false);
             tracing::warn!(object = %name, error = %e, "remediation patch failed; will retry");
-            Step::WRITE_FAILED
-        }
+        }),
     }
 }
 
