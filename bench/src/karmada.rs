@@ -873,41 +873,109 @@ fn shown(seconds: Option<f64>) -> String {
     }
 }
 
-/// Whether every binding in `namespaces` is on [`LEFT`] alone with its
-/// replicas.
-async fn all_left(
-    client: &kube::Client,
-    namespaces: &[String],
-    settings: &Settings,
-) -> Result<bool> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "work.karmada.io",
-        "v1alpha2",
-        "ResourceBinding",
-    ));
-    for namespace in namespaces {
-        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
-        let bindings = api.list(&ListParams::default()).await?;
-        let placed = bindings
-            .items
-            .iter()
-            .filter(|b| {
-                let clusters: BTreeMap<&str, i64> = b
-                    .data
-                    .pointer("/spec/clusters")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|c| Some((c.get("name")?.as_str()?, c.get("replicas")?.as_i64()?)))
-                    .collect();
-                clusters == BTreeMap::from([(LEFT, i64::from(settings.replicas))])
+/// Which bindings are on [`LEFT`] alone with their replicas, followed by a
+/// watch of every ResourceBinding: a poll listing thousands of bindings four
+/// times a second loaded the API server the failover it measures runs
+/// through.
+struct LeftAlone {
+    on_left: Arc<Mutex<BTreeMap<(String, String), bool>>>,
+    /// The watch's first list is in.
+    listed: Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LeftAlone {
+    fn start(client: &kube::Client, replicas: i64) -> LeftAlone {
+        let on_left = Arc::new(Mutex::new(BTreeMap::new()));
+        let listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "work.karmada.io",
+            "v1alpha2",
+            "ResourceBinding",
+        ));
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        let task = {
+            let on_left = on_left.clone();
+            let listed = listed.clone();
+            tokio::spawn(async move {
+                let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+                while let Some(event) = events.next().await {
+                    let Ok(event) = event else { continue };
+                    let mut on_left = on_left.lock().unwrap_or_else(|e| e.into_inner());
+                    match event {
+                        watcher::Event::Apply(b) | watcher::Event::InitApply(b) => {
+                            let key = (
+                                b.metadata.namespace.clone().unwrap_or_default(),
+                                b.metadata.name.clone().unwrap_or_default(),
+                            );
+                            on_left.insert(key, left_alone(&b, replicas));
+                        }
+                        watcher::Event::Delete(b) => {
+                            on_left.remove(&(
+                                b.metadata.namespace.clone().unwrap_or_default(),
+                                b.metadata.name.clone().unwrap_or_default(),
+                            ));
+                        }
+                        watcher::Event::Init => on_left.clear(),
+                        watcher::Event::InitDone => {
+                            listed.store(true, std::sync::atomic::Ordering::Release)
+                        }
+                    }
+                }
             })
-            .count();
-        if placed != settings.deployments {
-            return Ok(false);
+        };
+        LeftAlone {
+            on_left,
+            listed,
+            task,
         }
     }
-    Ok(true)
+
+    /// Wait until the watch's first list is in (it is no load on the
+    /// failover then).
+    async fn listed(&self) -> Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.listed.load(std::sync::atomic::Ordering::Acquire) {
+            if Instant::now() > deadline {
+                bail!("the ResourceBindings were not listed within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// Whether the `deployments` bindings of each of `namespaces` are on
+    /// [`LEFT`] alone.
+    fn all(&self, namespaces: &[String], deployments: usize) -> bool {
+        let on_left = self.on_left.lock().unwrap_or_else(|e| e.into_inner());
+        namespaces.iter().all(|namespace| {
+            let placed = on_left
+                .range((namespace.clone(), String::new())..)
+                .take_while(|((ns, _), _)| ns == namespace)
+                .filter(|(_, left)| **left)
+                .count();
+            placed == deployments
+        })
+    }
+}
+
+impl Drop for LeftAlone {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Whether `binding` is on [`LEFT`] alone with its `replicas`.
+fn left_alone(binding: &DynamicObject, replicas: i64) -> bool {
+    let clusters: BTreeMap<&str, i64> = binding
+        .data
+        .pointer("/spec/clusters")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| Some((c.get("name")?.as_str()?, c.get("replicas")?.as_i64()?)))
+        .collect();
+    clusters == BTreeMap::from([(LEFT, replicas)])
 }
 
 /// The taint the failover's ClusterTaintPolicy puts on a member not Ready.
@@ -968,6 +1036,8 @@ async fn failover(
     [native_namespaces, ours_namespaces]: [Vec<String>; 2],
 ) -> Result<Failover> {
     create_failover_taint_policy(karmada, "bench-failover", DEAD)?;
+    let left = LeftAlone::start(client, i64::from(settings.replicas));
+    left.listed().await?;
     let member = karmada.member(DEAD);
     let killed = Instant::now();
     member.stop_apiserver();
@@ -986,10 +1056,10 @@ async fn failover(
             if killed.elapsed() > FAILOVER_LIMIT {
                 break;
             }
-            if native.is_none() && all_left(client, &native_namespaces, settings).await? {
+            if native.is_none() && left.all(&native_namespaces, settings.deployments) {
                 native = Some(killed.elapsed().as_secs_f64());
             }
-            if ours.is_none() && all_left(client, &ours_namespaces, settings).await? {
+            if ours.is_none() && left.all(&ours_namespaces, settings.deployments) {
                 ours = Some(killed.elapsed().as_secs_f64());
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
