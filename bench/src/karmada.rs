@@ -30,7 +30,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::reflector::{self, Store, reflector};
+use kube::runtime::{WatchStreamExt, watcher};
 use placement_tests::karmada::{
     Karmada, delivery_configuration, guardrail_match_conditions, guardrail_rules, scheduler_args,
 };
@@ -874,59 +875,30 @@ fn shown(seconds: Option<f64>) -> String {
 }
 
 /// Which bindings are on [`LEFT`] alone with their replicas, followed by a
-/// watch of every ResourceBinding: a poll listing thousands of bindings four
-/// times a second loaded the API server the failover it measures runs
+/// reflector of every ResourceBinding: a poll listing thousands of bindings
+/// four times a second loaded the API server the failover it measures runs
 /// through.
 struct LeftAlone {
-    on_left: Arc<Mutex<BTreeMap<(String, String), bool>>>,
-    /// The watch's first list is in.
-    listed: Arc<std::sync::atomic::AtomicBool>,
+    bindings: Store<DynamicObject>,
+    replicas: i64,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl LeftAlone {
     fn start(client: &kube::Client, replicas: i64) -> LeftAlone {
-        let on_left = Arc::new(Mutex::new(BTreeMap::new()));
-        let listed = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
             "work.karmada.io",
             "v1alpha2",
             "ResourceBinding",
         ));
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-        let task = {
-            let on_left = on_left.clone();
-            let listed = listed.clone();
-            tokio::spawn(async move {
-                let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
-                while let Some(event) = events.next().await {
-                    let Ok(event) = event else { continue };
-                    let mut on_left = on_left.lock().unwrap_or_else(|e| e.into_inner());
-                    match event {
-                        watcher::Event::Apply(b) | watcher::Event::InitApply(b) => {
-                            let key = (
-                                b.metadata.namespace.clone().unwrap_or_default(),
-                                b.metadata.name.clone().unwrap_or_default(),
-                            );
-                            on_left.insert(key, left_alone(&b, replicas));
-                        }
-                        watcher::Event::Delete(b) => {
-                            on_left.remove(&(
-                                b.metadata.namespace.clone().unwrap_or_default(),
-                                b.metadata.name.clone().unwrap_or_default(),
-                            ));
-                        }
-                        watcher::Event::Init => on_left.clear(),
-                        watcher::Event::InitDone => {
-                            listed.store(true, std::sync::atomic::Ordering::Release)
-                        }
-                    }
-                }
-            })
-        };
+        let writer = reflector::store::Writer::new(resource);
+        let bindings = writer.as_reader();
+        let stream = watcher(api, watcher::Config::default()).default_backoff();
+        let task = tokio::spawn(reflector(writer, stream).for_each(|_| async {}));
         LeftAlone {
-            on_left,
-            listed,
+            bindings,
+            replicas,
             task,
         }
     }
@@ -934,25 +906,21 @@ impl LeftAlone {
     /// Wait until the watch's first list is in (it is no load on the
     /// failover then).
     async fn listed(&self) -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.listed.load(std::sync::atomic::Ordering::Acquire) {
-            if Instant::now() > deadline {
-                bail!("the ResourceBindings were not listed within 60 s");
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        Ok(())
+        tokio::time::timeout(Duration::from_secs(60), self.bindings.wait_until_ready())
+            .await
+            .map_err(|_| anyhow!("the ResourceBindings were not listed within 60 s"))?
+            .map_err(|e| anyhow!("the ResourceBindings' watch: {e}"))
     }
 
     /// Whether the `deployments` bindings of each of `namespaces` are on
     /// [`LEFT`] alone.
     fn all(&self, namespaces: &[String], deployments: usize) -> bool {
-        let on_left = self.on_left.lock().unwrap_or_else(|e| e.into_inner());
+        let bindings = self.bindings.state();
         namespaces.iter().all(|namespace| {
-            let placed = on_left
-                .range((namespace.clone(), String::new())..)
-                .take_while(|((ns, _), _)| ns == namespace)
-                .filter(|(_, left)| **left)
+            let placed = bindings
+                .iter()
+                .filter(|b| b.metadata.namespace.as_ref() == Some(namespace))
+                .filter(|b| left_alone(b, self.replicas))
                 .count();
             placed == deployments
         })

@@ -39,7 +39,8 @@ pub(crate) trait TargetReconciler {
     ) -> Step;
 }
 
-/// What the blast-radius guard reads of one object's evaluation.
+/// What the pass (its order, its retries) and the blast-radius guard read of
+/// one object's evaluation.
 pub(crate) trait Weighed {
     /// The target the object is of.
     fn target(&self) -> usize;
