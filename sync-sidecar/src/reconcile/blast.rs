@@ -124,6 +124,12 @@ impl Guard {
         }
     }
 
+    /// Whether no pass of `causes` can be held, whatever it moves: no edit
+    /// or unknown cause among them, and no partition.
+    pub(crate) fn holds_nothing(&self, causes: &Causes, now: Instant) -> bool {
+        !causes.guarded() && self.health.partition(&self.partition, now).is_none()
+    }
+
     /// The id of the held change making `moves` (each a move's fingerprint):
     /// that of the occurrence held since, when these moves are among the
     /// ones it was held with; a new one otherwise.

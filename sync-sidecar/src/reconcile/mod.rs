@@ -65,8 +65,8 @@ use std::sync::Arc;
 use policy_client::karmada::Templates;
 use tokio_util::sync::CancellationToken;
 
-use bindings::Bindings;
 pub(crate) use bindings::{BINDING_TYPES, KARMADA_CLUSTERS, PROPAGATION_POLICY_TYPES};
+use bindings::{Bindings, KnownClusters};
 use changes::Changes;
 use common::Common;
 pub(crate) use context::ReconcilerContext;
@@ -159,7 +159,7 @@ pub(crate) async fn run(
     };
     let bindings = Bindings {
         templates: Templates::new(ctx.client.clone()),
-        karmada_clusters,
+        karmada_clusters: karmada_clusters.map(KnownClusters::new),
         propagation_policies,
         overdue: Default::default(),
         deferred: Default::default(),

@@ -1,11 +1,12 @@
 //! One pass of the reconciler, the driver every kind of target shares:
-//! every target object in scope (or a few due ones) is evaluated first,
-//! concurrently; a pass over everything is then weighed as one change by the
-//! blast-radius guard before anything is written (an outage's moves apart
-//! from an edit's); then each object let through is acted on, and the
-//! pass's Events published.
+//! every target object in scope (or a few due ones) is evaluated,
+//! concurrently. A pass over everything that the blast-radius guard may hold
+//! (an edit among its causes, or a partition) is weighed as one change
+//! before anything is written (an outage's moves apart from an edit's), then
+//! each object let through is acted on; any other pass writes each move as
+//! soon as it is evaluated. Then the pass's Events are published.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -168,6 +169,20 @@ impl Pass {
         // (a pass over everything only).
         let placed_in_scope = items.iter().filter(|item| self.is_placed(item)).count();
         self.common.writer.forget_caught_up(&self.common.targets);
+        let weighed = only.is_none() && self.guards();
+        if !weighed || self.common.ctx.guard.holds_nothing(causes, Instant::now()) {
+            // Nothing of this pass can be held (no edit among its causes, no
+            // partition): each move is written once evaluated, a failover's
+            // first while the rest of its thousands are still evaluated.
+            self.evaluate_and_act(items, cancel, &mut report).await;
+            if weighed && !report.aborted {
+                // As a pass the guard weighs: a partition seen meanwhile is
+                // recorded for the next pass, and nothing stays reported held.
+                self.held(&mut Vec::new(), placed_in_scope, causes, revision)
+                    .await;
+            }
+            return self.finish(only, report, cancel).await;
+        }
         // First every object is evaluated (concurrently), then the pass's
         // writes are weighed as one change before any is sent.
         let evaluations: Vec<Option<Evaluation>> = futures::stream::iter(items)
@@ -182,17 +197,15 @@ impl Pass {
         // The guard weighs a policy or data change (a pass over everything);
         // a few created, edited or failed objects are no such change, and
         // the webhook applies the policy in force to them anyway.
-        if only.is_none() && self.guards() {
-            let total = evaluations.len();
-            if let Some(held) = self
-                .held(&mut evaluations, placed_in_scope, causes, revision)
-                .await
-            {
-                report.held = held;
-                if evaluations.is_empty() {
-                    report.evaluated = total;
-                    return report;
-                }
+        let total = evaluations.len();
+        if let Some(held) = self
+            .held(&mut evaluations, placed_in_scope, causes, revision)
+            .await
+        {
+            report.held = held;
+            if evaluations.is_empty() {
+                report.evaluated = total;
+                return report;
             }
         }
         // Writes that change where replicas run (a failed member's moves,
@@ -201,6 +214,17 @@ impl Pass {
         // for as long as they take through the API server.
         evaluations.sort_by_cached_key(|e| !e.weighed().moves_replicas());
         self.act_all(evaluations, cancel, &mut report).await;
+        self.finish(only, report, cancel).await
+    }
+
+    /// What every pass ends with: the deferred status writes, the Events,
+    /// the gauges.
+    async fn finish(
+        &self,
+        only: Option<&BTreeSet<ItemKey>>,
+        report: PassReport,
+        cancel: &CancellationToken,
+    ) -> PassReport {
         (self.bindings)
             .write_deferred(&self.common, PASS_CONCURRENCY, cancel)
             .await;
@@ -210,6 +234,50 @@ impl Pass {
             self.set_gauges(&report);
         }
         report
+    }
+
+    /// Evaluate `items` and act on each, a move (see
+    /// [`Weighed::moves_replicas`]) as soon as it is evaluated, the other
+    /// writes once every object is, so that moves still go first.
+    async fn evaluate_and_act(
+        &self,
+        items: Vec<Item>,
+        cancel: &CancellationToken,
+        report: &mut PassReport,
+    ) {
+        let evaluations = futures::stream::iter(items)
+            .map(|item| self.evaluate(item, cancel))
+            .buffer_unordered(PASS_CONCURRENCY);
+        let mut evaluations = std::pin::pin!(evaluations);
+        let mut acting = futures::stream::FuturesUnordered::new();
+        let mut moves = VecDeque::new();
+        let mut rest = Vec::new();
+        let mut evaluating = true;
+        loop {
+            while acting.len() < PASS_CONCURRENCY
+                && let Some(evaluation) = moves.pop_front()
+            {
+                acting.push(self.act(evaluation, cancel));
+            }
+            tokio::select! {
+                evaluation = evaluations.next(), if evaluating => match evaluation {
+                    Some(Some(e)) if e.weighed().moves_replicas() => moves.push_back(e),
+                    Some(Some(e)) => rest.push(e),
+                    Some(None) => {
+                        report.aborted = true;
+                        return;
+                    }
+                    None => evaluating = false,
+                },
+                Some((key, step)) = acting.next(), if !acting.is_empty() => {
+                    if !report.tally(key, step) {
+                        return;
+                    }
+                }
+                else => break,
+            }
+        }
+        self.act_all(rest, cancel, report).await;
     }
 
     /// Act on each evaluation, into `report`. Write round trips (which also

@@ -7,6 +7,7 @@
 //! collected aside and replaces the objects only once complete.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -27,6 +28,9 @@ pub(crate) struct TypeObjects {
     objects: RwLock<Objects>,
     /// `true` once the first list is complete.
     listed: watch::Sender<bool>,
+    /// Counts the changes of `current`, for readers that keep something
+    /// derived from it.
+    changes: AtomicU64,
 }
 
 impl Default for TypeObjects {
@@ -34,6 +38,7 @@ impl Default for TypeObjects {
         TypeObjects {
             objects: RwLock::default(),
             listed: watch::Sender::new(false),
+            changes: AtomicU64::new(0),
         }
     }
 }
@@ -41,12 +46,16 @@ impl Default for TypeObjects {
 impl TypeObjects {
     /// A watched add or update; the object as it was before.
     pub(crate) fn apply(&self, key: ObjectKey, json: Bytes) -> Option<Bytes> {
-        self.objects.write().current.insert(key, json)
+        let previous = self.objects.write().current.insert(key, json);
+        self.changed();
+        previous
     }
 
     /// A watched deletion; the object as it was.
     pub(crate) fn delete(&self, key: &ObjectKey) -> Option<Bytes> {
-        self.objects.write().current.remove(key)
+        let previous = self.objects.write().current.remove(key);
+        self.changed();
+        previous
     }
 
     /// A (re)list begins.
@@ -71,7 +80,17 @@ impl TypeObjects {
             let listing = objects.listing.take().unwrap_or_default();
             objects.current = listing;
         }
+        self.changed();
         self.listed.send_replace(true);
+    }
+
+    fn changed(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
+    }
+
+    /// How many times the objects changed: equal counts, the same objects.
+    pub(crate) fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Resolves once the first list is complete.

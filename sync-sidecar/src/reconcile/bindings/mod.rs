@@ -7,10 +7,11 @@
 //! the placement karmada-scheduler works from
 //! ([`crate::reconcile::karmada::guard`]).
 
+mod clusters;
 mod evaluation;
 mod kinds;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +24,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+pub(crate) use self::clusters::KnownClusters;
 use self::evaluation::Verdict;
 pub(crate) use self::evaluation::{BindingEvaluation, BindingItem};
 use self::kinds::written_fingerprint;
@@ -45,14 +47,14 @@ use crate::reconcile::step::Step;
 use crate::reconcile::target::{Kind, describe};
 use crate::reconcile::writer::{Sent, Writer, is_gone, now_rfc3339};
 use crate::replication::document::ObjectKey;
-use crate::replication::watched::WatchedType;
 
 /// The bindings' reconciler: the scheduler and the guardrail.
 pub(crate) struct Bindings {
     /// Bindings' templates that are not among the watched workload types,
     /// read from the API server.
     pub(crate) templates: Templates,
-    pub(crate) karmada_clusters: Option<Arc<WatchedType>>,
+    /// Karmada's Clusters, when replicated.
+    pub(crate) karmada_clusters: Option<KnownClusters>,
     pub(crate) propagation_policies: Option<PropagationPolicies>,
     /// Since when guarded bindings deliver outside their record.
     pub(crate) overdue: parking_lot::Mutex<Overdue>,
@@ -135,19 +137,6 @@ impl TargetReconciler for Bindings {
 }
 
 impl Bindings {
-    /// The Karmada Clusters replicated, by name, when they are.
-    fn known_clusters(&self) -> Option<BTreeMap<String, Value>> {
-        let clusters = self.karmada_clusters.as_ref()?;
-        Some(
-            clusters
-                .objects
-                .snapshot(|_| true)
-                .into_iter()
-                .filter_map(|(key, json)| Some((key.name, serde_json::from_slice(&json).ok()?)))
-                .collect(),
-        )
-    }
-
     /// The template of a binding as stored, with its resource type: from the
     /// watch of its type when it is watched and current, else from the API
     /// server. `None` when it is gone.
@@ -205,13 +194,13 @@ impl Bindings {
             let guarding = guard(&item.raw, &template, requested.as_ref(), &outcome);
             return self.overdue_or(c, i, item, guarding);
         }
-        let known = self.known_clusters();
+        let known = self.karmada_clusters.as_ref().map(KnownClusters::get);
         let Some(placement) = placement(
             &item.binding,
             &template,
             &outcome,
             &c.keys.current(),
-            known.as_ref(),
+            known.as_deref(),
         ) else {
             return Verdict::Nothing;
         };

@@ -1,6 +1,7 @@
 //! Where the policy, within what the user's placement selects, puts a
 //! binding: its clusters and their replicas, or why it cannot.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use policy_client::decision::Decision;
@@ -276,10 +277,11 @@ fn with_replicas(
 }
 
 /// A cluster as replicated, or only its name when it is not.
-fn cluster_object(clusters: Option<&BTreeMap<String, Value>>, name: &str) -> Value {
-    clusters
-        .and_then(|c| c.get(name).cloned())
-        .unwrap_or_else(|| json!({"metadata": {"name": name}}))
+fn cluster_object<'a>(clusters: Option<&'a BTreeMap<String, Value>>, name: &str) -> Cow<'a, Value> {
+    match clusters.and_then(|c| c.get(name)) {
+        Some(cluster) => Cow::Borrowed(cluster),
+        None => Cow::Owned(json!({"metadata": {"name": name}})),
+    }
 }
 
 /// The policy's clusters the user's placement selects (karmada-scheduler's
