@@ -164,7 +164,13 @@ impl Pass {
         revision: &str,
     ) -> PassReport {
         let mut report = PassReport::default();
-        let items = self.items(only);
+        let mut items = self.items(only);
+        // What an unhealthy member delivers is evaluated first: its moves,
+        // when nothing holds them, are then the first writes.
+        let unhealthy = self.common.ctx.guard.health.unhealthy();
+        if !unhealthy.is_empty() {
+            items.sort_by_cached_key(|item| !touches(item, &unhealthy));
+        }
         // The blast radius is weighed against every placed object in scope
         // (a pass over everything only).
         let placed_in_scope = items.iter().filter(|item| self.is_placed(item)).count();
@@ -433,6 +439,15 @@ impl Pass {
             (Evaluation::Placement(e), Some(placements)) => placements.act(c, e, cancel).await,
             (Evaluation::Placement(_), None) => Step::Aborted,
         }
+    }
+}
+
+/// Whether `item` delivers to one of `members` (bindings; the other kinds
+/// are not told apart).
+fn touches(item: &Item, members: &BTreeSet<String>) -> bool {
+    match item {
+        Item::Binding(_, item) => item.binding.touches(members),
+        Item::Workload(..) | Item::Placement(..) => false,
     }
 }
 

@@ -1,7 +1,7 @@
 //! The binding as the scheduler reads it: its spec and status, whether it
 //! is scheduled or guarded, and the clusters and reasons scheduling writes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use policy_client::karmada::TemplateRef;
 use serde::Deserialize;
@@ -150,6 +150,13 @@ impl Binding {
 
     pub(crate) fn clusters(&self) -> &[TargetCluster] {
         &self.spec.clusters
+    }
+
+    /// Whether the binding delivers to one of `members`, or is being evicted
+    /// from one.
+    pub(crate) fn touches(&self, members: &BTreeSet<String>) -> bool {
+        self.spec.clusters.iter().any(|c| members.contains(&c.name))
+            || (self.spec.graceful_eviction_tasks.iter()).any(|t| members.contains(&t.from_cluster))
     }
 
     /// What `settings` make placement-sync do with the binding now; `None`:

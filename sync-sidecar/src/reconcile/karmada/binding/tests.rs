@@ -208,6 +208,25 @@ fn clusters_being_evicted_from_are_left_out() {
     );
 }
 
+/// A failed member's bindings are told apart before they are evaluated:
+/// those on it, and those Karmada's taint manager is evicting from it.
+#[test]
+fn a_binding_on_or_evicted_from_a_member_touches_it() {
+    let failed = std::collections::BTreeSet::from(["member-us-1".to_owned()]);
+    let on = |spec: Value| binding(spec, json!({})).1.touches(&failed);
+    assert!(on(
+        json!({"clusters": [{"name": "member-us-1", "replicas": 2}]})
+    ));
+    assert!(on(
+        json!({"clusters": [{"name": "member-eu-1", "replicas": 2}],
+                      "gracefulEvictionTasks": [{"fromCluster": "member-us-1"}]})
+    ));
+    assert!(!on(
+        json!({"clusters": [{"name": "member-eu-1", "replicas": 2}]})
+    ));
+    assert!(!on(json!({})));
+}
+
 #[test]
 fn a_new_placement_writes_spec_status_and_an_event() {
     let (raw, b) = binding(json!({"replicas": 6}), json!({}));
