@@ -29,7 +29,8 @@ use crate::hex::hex;
 use crate::reconcile::blast::{self, Hold};
 use crate::reconcile::ocm::item::PlacementItem;
 
-/// Objects evaluated and written at once in a pass.
+/// Objects evaluated at once in a pass, and objects written at once (a pass
+/// that writes as it evaluates does both together).
 const PASS_CONCURRENCY: usize = 16;
 
 /// Writes of one object in a pass when each meets a newer version of it
