@@ -873,7 +873,7 @@ pub(crate) fn cache_counters(metrics: std::net::SocketAddr) -> Result<(u64, u64)
     ))
 }
 
-fn metrics_page(metrics: std::net::SocketAddr) -> Result<String> {
+pub(crate) fn metrics_page(metrics: std::net::SocketAddr) -> Result<String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(metrics)?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;

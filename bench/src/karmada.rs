@@ -39,7 +39,8 @@ use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
 use crate::common::{
-    Bins, Contending, CpuSince, Sidecar, median, metric_sum, poll, start_webhook, vm_kib,
+    Bins, Contending, CpuSince, Sidecar, machine_busy_seconds, median, metric_sum, poll,
+    start_webhook, vm_kib,
 };
 use crate::report::{Report, Status};
 
@@ -146,16 +147,20 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
         }
     }
     let guarded = Contending::median(&guardeds);
-    let latency = runtime.block_on(binding_admission_latency(
+    let latency = binding_admission_latency(
+        &runtime,
         &client,
+        &contenders,
         &run_namespace(GUARDED, 0),
         &run_namespace(NATIVE, 0),
-    ))?;
-    let work_latency = runtime.block_on(work_admission_latency(
+    )?;
+    let work_latency = work_admission_latency(
+        &runtime,
         &client,
+        &contenders,
         &run_namespace(GUARDED, 0),
         &run_namespace(NATIVE, 0),
-    ))?;
+    )?;
     let runs = settings.runs as f64;
     let (queries, passes) = (queries / runs, passes / runs);
     remembered.scale(1.0 / runs);
@@ -225,18 +230,13 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
          the Deployments and ResourceBindings of the guarded namespaces, and for the last hop (their bindings' writes and \
          their Works validated), remembering decisions while placement-sync announces OPA's writes, as in the chart's \
          pod; placement-sync guarding their bindings). Per guarded run (means): {remembered}.\n\n\
-         A binding write's admission: a write of a ResourceBinding whose placement the guardrail narrows (the \
-         detector's rewrite with the PropagationPolicy's placement) takes {:.2} ms through Karmada's API server (median \
-         of {} sequential writes), against {:.2} ms for the same write where no webhook is registered: +{:.2} ms. \
+         A binding write's admission through Karmada's API server (a write of a ResourceBinding whose placement the \
+         guardrail narrows: the detector's rewrite with the PropagationPolicy's placement): {latency}.\n\n\
          A Work's admission (the last hop: every manifest it changes checked against its member, the Works of the \
-         guarded namespaces only): a write of a Work changing its manifest takes {:.2} ms (median of {}), against \
-         {:.2} ms for a Work of karmada-scheduler's namespaces: +{:.2} ms.\n",
+         guarded namespaces only; a write of a Work changing its manifest, against a Work of karmada-scheduler's \
+         namespaces): {work_latency}.\n",
         ours.parts[0], ours.parts[1],
         guarded.parts[0], guarded.parts[1], guarded.parts[2], guarded.parts[3],
-        latency.guarded_ms, latency.samples, latency.plain_ms,
-        latency.guarded_ms - latency.plain_ms,
-        work_latency.guarded_ms, work_latency.samples, work_latency.plain_ms,
-        work_latency.guarded_ms - work_latency.plain_ms,
     ));
     section.push_str(&format!(
         "\nFailover: a NoExecute ClusterTaintPolicy on {DEAD} while not Ready, and its API server killed. Karmada marked it \
@@ -451,70 +451,244 @@ fn register_guardrail(
     Ok(())
 }
 
-/// Median latencies of binding writes, with and without the guardrail.
+/// Median latencies of writes, with and without the guardrail, and what
+/// the guardrail's webhook and the API server did while they were measured.
 pub(crate) struct AdmissionLatency {
     pub(crate) guarded_ms: f64,
     pub(crate) plain_ms: f64,
     pub(crate) samples: usize,
+    /// The webhook's mean time to answer an UPDATE review (its own
+    /// `admission_duration_seconds`, every UPDATE it answered meanwhile).
+    pub(crate) webhook_update_ms: f64,
+    /// The API server's calls of admission webhooks for UPDATEs meanwhile,
+    /// as it timed them: `(webhook, calls, mean ms)`.
+    pub(crate) calls: Vec<(String, f64, f64)>,
+    /// How busy the machine's cores were meanwhile (0 to 1).
+    pub(crate) machine_busy: f64,
+    /// The decision memories and OPA's writes meanwhile.
+    pub(crate) remembered: Remembered,
 }
 
-/// Time `SAMPLES` sequential writes of one binding of `guarded` (its
-/// placement as the detector writes it, without the names the guardrail
-/// narrows it to: evaluated, and stored as it was) and of one binding of
-/// `plain` (written as it is: no webhook there).
-pub(crate) async fn binding_admission_latency(
+impl AdmissionLatency {
+    /// The API server's mean time for a call of the webhook `name`.
+    pub(crate) fn call(&self, name: &str) -> String {
+        self.calls
+            .iter()
+            .find(|(called, ..)| called == name)
+            .map_or_else(
+                || "not called".to_owned(),
+                |(_, _, mean)| format!("{mean:.2} ms"),
+            )
+    }
+}
+
+impl std::fmt::Display for AdmissionLatency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let calls = self
+            .calls
+            .iter()
+            .map(|(name, calls, mean)| format!("{name} {mean:.2} ms ({calls:.0} calls)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        write!(
+            f,
+            "{:.2} ms guarded against {:.2} ms where no webhook is registered: +{:.2} ms (medians of {} writes each, \
+             a guarded and an unguarded write in turn, so that both meet the same load; the machine's cores {:.0}% busy \
+             meanwhile). The API server timed its webhook calls for UPDATEs meanwhile at: {calls}; the guardrail's \
+             webhook answered an UPDATE review in {:.2} ms on average by its own `admission_duration_seconds`, and {}",
+            self.guarded_ms,
+            self.plain_ms,
+            self.guarded_ms - self.plain_ms,
+            self.samples,
+            self.machine_busy * 100.0,
+            self.webhook_update_ms,
+            self.remembered,
+        )
+    }
+}
+
+/// The API server's `apiserver_admission_webhook_admission_duration_seconds`
+/// of UPDATE calls by webhook name: `name -> (sum seconds, count)`.
+async fn webhook_calls(client: &kube::Client) -> Result<BTreeMap<String, (f64, f64)>> {
+    const METRIC: &str = "apiserver_admission_webhook_admission_duration_seconds_";
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let page = client.request_text(request).await?;
+    let mut calls: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for line in page.lines() {
+        let Some(rest) = line.strip_prefix(METRIC) else {
+            continue;
+        };
+        let Some((which, rest)) = rest.split_once('{') else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        if !labels.contains("operation=\"UPDATE\"") {
+            continue;
+        }
+        let Some(name) = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("name=\""))
+            .map(|n| n.trim_end_matches('"').to_owned())
+        else {
+            continue;
+        };
+        let value: f64 = value.trim().parse().unwrap_or(0.0);
+        let entry = calls.entry(name).or_default();
+        match which {
+            "sum" => entry.0 += value,
+            "count" => entry.1 += value,
+            _ => {}
+        }
+    }
+    Ok(calls)
+}
+
+/// Writes timed per sample: this object, changed by `edit` (given the
+/// sample's number) before each write.
+struct Written<E> {
+    api: Api<DynamicObject>,
+    name: String,
+    edit: E,
+}
+
+/// Time `SAMPLES` writes of `guarded` and as many of `plain`, in turn, so
+/// that both meet the same load; with what the guardrail's webhook did
+/// meanwhile.
+fn in_turn(
+    runtime: &tokio::runtime::Runtime,
     client: &kube::Client,
+    contenders: &Contenders,
+    guarded: Written<impl Fn(usize, &mut DynamicObject)>,
+    plain: Written<impl Fn(usize, &mut DynamicObject)>,
+) -> Result<AdmissionLatency> {
+    const SAMPLES: usize = 200;
+    let webhook_before = webhook_updates(contenders.webhook_metrics)?;
+    let before = Remembered::read(contenders.webhook_metrics, &contenders.sync)?;
+    let calls_before = runtime.block_on(webhook_calls(client))?;
+    let (busy_before, started) = (machine_busy_seconds()?, Instant::now());
+    let (mut guarded_times, mut plain_times) = (Vec::new(), Vec::new());
+    runtime.block_on(async {
+        for sample in 0..SAMPLES {
+            let edit = |o: &mut DynamicObject| (guarded.edit)(sample, o);
+            guarded_times.push(time_write(&guarded.api, &guarded.name, edit).await?);
+            let edit = |o: &mut DynamicObject| (plain.edit)(sample, o);
+            plain_times.push(time_write(&plain.api, &plain.name, edit).await?);
+        }
+        anyhow::Ok(())
+    })?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let machine_busy =
+        (machine_busy_seconds()? - busy_before) / started.elapsed().as_secs_f64() / cores;
+    let calls_after = runtime.block_on(webhook_calls(client))?;
+    let remembered = Remembered::read(contenders.webhook_metrics, &contenders.sync)?.since(&before);
+    let webhook_after = webhook_updates(contenders.webhook_metrics)?;
+    let answered = webhook_after.1 - webhook_before.1;
+    let calls = calls_after
+        .into_iter()
+        .filter_map(|(name, (sum, count))| {
+            let (sum_before, count_before) = calls_before.get(&name).copied().unwrap_or_default();
+            let calls = count - count_before;
+            (calls > 0.0).then(|| (name, calls, (sum - sum_before) / calls * 1000.0))
+        })
+        .collect();
+    Ok(AdmissionLatency {
+        guarded_ms: median(&guarded_times),
+        plain_ms: median(&plain_times),
+        samples: SAMPLES,
+        webhook_update_ms: if answered > 0.0 {
+            (webhook_after.0 - webhook_before.0) / answered * 1000.0
+        } else {
+            f64::NAN
+        },
+        calls,
+        machine_busy,
+        remembered,
+    })
+}
+
+/// Binding writes timed: one binding of `guarded` with its placement as the
+/// detector writes it, without the names the guardrail narrows it to
+/// (evaluated, and stored as it was), and one binding of `plain` written as
+/// it is (no webhook there).
+pub(crate) fn binding_admission_latency(
+    runtime: &tokio::runtime::Runtime,
+    client: &kube::Client,
+    contenders: &Contenders,
     guarded: &str,
     plain: &str,
 ) -> Result<AdmissionLatency> {
-    const SAMPLES: usize = 200;
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "work.karmada.io",
         "v1alpha2",
         "ResourceBinding",
     ));
-    let mut medians = Vec::new();
-    for (namespace, widen) in [(guarded, true), (plain, false)] {
+    let first = |namespace: &str| -> Result<(Api<DynamicObject>, String)> {
         let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource);
-        let name = api
-            .list(&ListParams::default().limit(1))
-            .await?
+        let name = runtime
+            .block_on(api.list(&ListParams::default().limit(1)))?
             .items
             .first()
             .and_then(|b| b.metadata.name.clone())
             .with_context(|| format!("no binding in {namespace}"))?;
-        let mut times = Vec::with_capacity(SAMPLES);
-        let widened = |binding: &mut DynamicObject| {
-            if widen
-                && let Some(placement) = binding
-                    .data
-                    .pointer_mut("/spec/placement")
-                    .and_then(Value::as_object_mut)
-            {
-                placement.remove("clusterAffinity");
-            }
-        };
-        for _ in 0..SAMPLES {
-            times.push(time_write(&api, &name, widened).await?);
+        Ok((api, name))
+    };
+    let (api, name) = first(guarded)?;
+    let widened = |_: usize, binding: &mut DynamicObject| {
+        if let Some(placement) = binding
+            .data
+            .pointer_mut("/spec/placement")
+            .and_then(Value::as_object_mut)
+        {
+            placement.remove("clusterAffinity");
         }
-        medians.push(median(&times));
-    }
-    Ok(AdmissionLatency {
-        guarded_ms: medians[0],
-        plain_ms: medians[1],
-        samples: SAMPLES,
-    })
+    };
+    let guarded = Written {
+        api,
+        name,
+        edit: widened,
+    };
+    let (api, name) = first(plain)?;
+    let plain = Written {
+        api,
+        name,
+        edit: |_: usize, _: &mut DynamicObject| {},
+    };
+    in_turn(runtime, client, contenders, guarded, plain)
 }
 
-/// Time `SAMPLES` sequential writes of one Work of a binding of `guarded`
-/// (its Deployment's manifest annotated anew each time: a changed manifest,
-/// checked against the Work's member) and of one Work of `plain`'s.
-async fn work_admission_latency(
+/// The webhook's `admission_duration_seconds` of UPDATE reviews: its sum
+/// (seconds) and count.
+fn webhook_updates(webhook_metrics: SocketAddr) -> Result<(f64, f64)> {
+    let page = crate::admission::metrics_page(webhook_metrics)?;
+    let read = |name: &str| {
+        page.lines()
+            .find_map(|l| {
+                l.strip_prefix(name)?
+                    .strip_prefix("{operation=\"UPDATE\"} ")?
+                    .trim()
+                    .parse::<f64>()
+                    .ok()
+            })
+            .with_context(|| format!("{name} of UPDATE reviews in the webhook's metrics"))
+    };
+    Ok((
+        read("placement_webhook_admission_duration_seconds_sum")?,
+        read("placement_webhook_admission_duration_seconds_count")?,
+    ))
+}
+
+/// Work writes timed: one Work of a binding of `guarded` (its Deployment's
+/// manifest annotated anew each time: a changed manifest, checked against
+/// the Work's member) and one Work of `plain`'s, changed alike.
+fn work_admission_latency(
+    runtime: &tokio::runtime::Runtime,
     client: &kube::Client,
+    contenders: &Contenders,
     guarded: &str,
     plain: &str,
 ) -> Result<AdmissionLatency> {
-    const SAMPLES: usize = 200;
     const OF: &str = "resourcebinding.karmada.io/namespace";
     let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "work.karmada.io",
@@ -522,9 +696,18 @@ async fn work_admission_latency(
         "Work",
     ));
     let works: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    let all = works.list(&ListParams::default()).await?.items;
-    let mut medians = Vec::new();
-    for namespace in [guarded, plain] {
+    let all = runtime.block_on(works.list(&ListParams::default()))?.items;
+    let annotated = |sample: usize, work: &mut DynamicObject| {
+        if let Some(metadata) = work
+            .data
+            .pointer_mut("/spec/workload/manifests/0/metadata")
+            .and_then(Value::as_object_mut)
+        {
+            let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
+            annotations["bench.placement-policy.io/sample"] = json!(sample.to_string());
+        }
+    };
+    let work_of = |namespace: &str| -> Result<Written<_>> {
         let work = all
             .iter()
             .find(|w| {
@@ -535,33 +718,23 @@ async fn work_admission_latency(
                     .is_some_and(|ns| ns == namespace)
             })
             .with_context(|| format!("no Work of a binding of {namespace}"))?;
-        let name = work.metadata.name.clone().unwrap_or_default();
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            client.clone(),
-            work.metadata.namespace.as_deref().unwrap_or_default(),
-            &resource,
-        );
-        let mut times = Vec::with_capacity(SAMPLES);
-        for sample in 0..SAMPLES {
-            let annotated = |work: &mut DynamicObject| {
-                if let Some(metadata) = work
-                    .data
-                    .pointer_mut("/spec/workload/manifests/0/metadata")
-                    .and_then(Value::as_object_mut)
-                {
-                    let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
-                    annotations["bench.placement-policy.io/sample"] = json!(sample.to_string());
-                }
-            };
-            times.push(time_write(&api, &name, annotated).await?);
-        }
-        medians.push(median(&times));
-    }
-    Ok(AdmissionLatency {
-        guarded_ms: medians[0],
-        plain_ms: medians[1],
-        samples: SAMPLES,
-    })
+        Ok(Written {
+            api: Api::namespaced_with(
+                client.clone(),
+                work.metadata.namespace.as_deref().unwrap_or_default(),
+                &resource,
+            ),
+            name: work.metadata.name.clone().unwrap_or_default(),
+            edit: annotated,
+        })
+    };
+    in_turn(
+        runtime,
+        client,
+        contenders,
+        work_of(guarded)?,
+        work_of(plain)?,
+    )
 }
 
 /// Milliseconds of one write of `name` as `edit` changes it. Karmada's
@@ -725,7 +898,7 @@ fn schedule_all(
 /// misses, and placement-sync's writes to OPA (each one a new revision, which
 /// empties both memories).
 #[derive(Debug, Default, Clone, Copy)]
-struct Remembered {
+pub(crate) struct Remembered {
     hits: f64,
     misses: f64,
     sync_hits: f64,
