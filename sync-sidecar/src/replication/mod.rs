@@ -219,11 +219,13 @@ impl TypeReplicator {
         if !self.wanted() {
             return self.remove(epoch).await;
         }
+        let started = Instant::now();
         let (document, count) = self
             .watched
             .objects
             .document(self.watched.namespaced, |k| !self.ignored(k));
         let path = type_path(&self.ctx.prefix, &self.watched.resource.plural);
+        let bytes = document.len();
         match self.ctx.engine.put_data_encoded(&path, document).await {
             Ok(()) => {
                 self.ctx.metrics.write_ok(self.label(), "put_document");
@@ -233,7 +235,8 @@ impl TypeReplicator {
                 }
                 self.gate.set_loaded(epoch);
                 self.fire(None);
-                tracing::info!(resource = %self.label(), objects = count, %path, "replicated the whole type");
+                let took_ms = started.elapsed().as_millis();
+                tracing::info!(resource = %self.label(), objects = count, bytes, took_ms, %path, "replicated the whole type");
                 Ok(())
             }
             Err(e) => {

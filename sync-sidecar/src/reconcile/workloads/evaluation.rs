@@ -26,7 +26,7 @@ impl Weighed for WorkloadEvaluation {
     }
 
     fn object(&self) -> Option<ObjectKey> {
-        ObjectKey::of(&self.object)
+        ObjectKey::of(&self.object.metadata)
     }
 
     fn planned_from(&self) -> Option<String> {

@@ -66,7 +66,7 @@ impl TargetReconciler for Workloads {
         let assessment = match c.query(&input).await {
             Ok(outcome) => Some(assess(&value, &outcome, &c.keys.current())),
             Err(e) => {
-                tracing::warn!(object = %describe(resource, ObjectKey::of(&object).as_ref()), error = %e, "placement query failed");
+                tracing::warn!(object = %describe(resource, ObjectKey::of(&object.metadata).as_ref()), error = %e, "placement query failed");
                 None
             }
         };
@@ -92,7 +92,7 @@ impl TargetReconciler for Workloads {
             ..
         } = evaluation;
         let resource = c.targets[i].resource();
-        let name = describe(resource, ObjectKey::of(&object).as_ref());
+        let name = describe(resource, ObjectKey::of(&object.metadata).as_ref());
         let Some(assessment) = assessment else {
             return Step::Failed;
         };
@@ -141,12 +141,12 @@ async fn patch_workload(
     cancel: &CancellationToken,
 ) -> Step {
     let target = &c.targets[i];
-    let name = describe(target.resource(), ObjectKey::of(object).as_ref());
+    let name = describe(target.resource(), ObjectKey::of(&object.metadata).as_ref());
     let api = match &object.metadata.namespace {
         Some(ns) => Api::namespaced_with(target.api.clone().into_client(), ns, target.resource()),
         None => target.api.clone(),
     };
-    let key = ObjectKey::of(object).map(|k| (i, k));
+    let key = ObjectKey::of(&object.metadata).map(|k| (i, k));
     let rv = object.metadata.resource_version.as_deref();
     let object_name = object.metadata.name.clone().unwrap_or_default();
     let write = Writer::json_patch(&api, &object_name, patch, rv);

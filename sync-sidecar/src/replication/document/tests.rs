@@ -101,14 +101,38 @@ fn whole_type_documents() {
     assert_eq!(document(&[], true), json!({}));
 }
 
+/// A watched object's JSON is, byte for byte, what `object_value` makes of
+/// the same object decoded as a `DynamicObject` (list items without their
+/// type, watch events with it, an empty kind filled in).
 #[test]
-fn object_json_is_object_value_encoded() {
-    let object: DynamicObject = serde_json::from_value(json!({
-        "metadata": {"name": "a", "namespace": "n"}, "data": {"k": "v"}
-    }))
-    .unwrap();
-    let json = object_json(&object, &rs_resource());
-    assert_eq!(json.len(), json.capacity());
-    let value: Value = serde_json::from_slice(&json).unwrap();
-    assert_eq!(value, object_value(&object, &rs_resource()));
+fn a_watched_objects_json_is_object_value_encoded() {
+    for object in [
+        json!({"metadata": {"name": "a", "namespace": "n", "labels": {"z": "1", "a": "2"}}, "data": {"k": "v"}}),
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "a"}, "spec": {"replicas": 2}, "status": {}}),
+        json!({"kind": "", "metadata": {"name": "b", "annotations": {"x": "y"}}, "aaa": [1, {"b": null}], "zzz": true}),
+        json!({"spec": {}}),
+    ] {
+        let watched: WatchedObject = serde_json::from_value(object.clone()).unwrap();
+        let json = watched.json(&rs_resource());
+        assert_eq!(json.len(), json.capacity());
+        let dynamic: DynamicObject = serde_json::from_value(object).unwrap();
+        let expected = serde_json::to_vec(&object_value(&dynamic, &rs_resource())).unwrap();
+        assert_eq!(
+            String::from_utf8(json).unwrap(),
+            String::from_utf8(expected).unwrap()
+        );
+    }
+}
+
+#[test]
+fn a_watched_object_is_keyed_by_its_metadata() {
+    let watched: WatchedObject =
+        serde_json::from_value(json!({"metadata": {"name": "a", "namespace": "n"}})).unwrap();
+    assert_eq!(
+        ObjectKey::of(watched.meta()),
+        Some(ObjectKey::new(Some("n"), "a"))
+    );
+    let unnamed: WatchedObject = serde_json::from_value(json!({"kind": "X"})).unwrap();
+    assert_eq!(ObjectKey::of(unnamed.meta()), None);
+    assert!(serde_json::from_value::<WatchedObject>(json!([1])).is_err());
 }
