@@ -510,39 +510,28 @@ impl std::fmt::Display for AdmissionLatency {
 /// The API server's `apiserver_admission_webhook_admission_duration_seconds`
 /// of UPDATE calls by webhook name: `name -> (sum seconds, count)`.
 async fn webhook_calls(client: &kube::Client) -> Result<BTreeMap<String, (f64, f64)>> {
-    const METRIC: &str = "apiserver_admission_webhook_admission_duration_seconds_";
+    const METRIC: &str = "apiserver_admission_webhook_admission_duration_seconds";
     let request = http::Request::get("/metrics").body(Vec::new())?;
     let page = client.request_text(request).await?;
-    let mut calls: BTreeMap<String, (f64, f64)> = BTreeMap::new();
-    for line in page.lines() {
-        let Some(rest) = line.strip_prefix(METRIC) else {
-            continue;
-        };
-        let Some((which, rest)) = rest.split_once('{') else {
-            continue;
-        };
-        let Some((labels, value)) = rest.split_once("} ") else {
-            continue;
-        };
-        if !labels.contains("operation=\"UPDATE\"") {
-            continue;
-        }
-        let Some(name) = labels
-            .split(',')
-            .find_map(|l| l.strip_prefix("name=\""))
-            .map(|n| n.trim_end_matches('"').to_owned())
-        else {
-            continue;
-        };
-        let value: f64 = value.trim().parse().unwrap_or(0.0);
-        let entry = calls.entry(name).or_default();
-        match which {
-            "sum" => entry.0 += value,
-            "count" => entry.1 += value,
-            _ => {}
-        }
-    }
-    Ok(calls)
+    let names: BTreeSet<&str> = page
+        .lines()
+        .filter(|l| l.starts_with(METRIC))
+        .filter_map(|l| {
+            l.split_once("name=\"")?
+                .1
+                .split_once('"')
+                .map(|(name, _)| name)
+        })
+        .collect();
+    Ok(names
+        .into_iter()
+        .map(|name| {
+            let labels = [&*format!("name=\"{name}\""), "operation=\"UPDATE\""];
+            let sum = metric_sum(&page, &format!("{METRIC}_sum"), &labels);
+            let count = metric_sum(&page, &format!("{METRIC}_count"), &labels);
+            (name.to_owned(), (sum, count))
+        })
+        .collect())
 }
 
 /// Writes timed per sample: this object, changed by `edit` (given the
@@ -661,22 +650,16 @@ pub(crate) fn binding_admission_latency(
 /// The webhook's `admission_duration_seconds` of UPDATE reviews: its sum
 /// (seconds) and count.
 fn webhook_updates(webhook_metrics: SocketAddr) -> Result<(f64, f64)> {
+    const METRIC: &str = "placement_webhook_admission_duration_seconds";
     let page = crate::admission::metrics_page(webhook_metrics)?;
-    let read = |name: &str| {
-        page.lines()
-            .find_map(|l| {
-                l.strip_prefix(name)?
-                    .strip_prefix("{operation=\"UPDATE\"} ")?
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-            })
-            .with_context(|| format!("{name} of UPDATE reviews in the webhook's metrics"))
+    let read = |part: &str| {
+        metric_sum(
+            &page,
+            &format!("{METRIC}_{part}"),
+            &["operation=\"UPDATE\""],
+        )
     };
-    Ok((
-        read("placement_webhook_admission_duration_seconds_sum")?,
-        read("placement_webhook_admission_duration_seconds_count")?,
-    ))
+    Ok((read("sum"), read("count")))
 }
 
 /// Work writes timed: one Work of a binding of `guarded` (its Deployment's

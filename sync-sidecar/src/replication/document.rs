@@ -74,19 +74,24 @@ pub(crate) fn strip_managed_fields(object: &mut Value) {
     }
 }
 
+/// `apiVersion` or `kind` absent or empty (list responses leave them out of
+/// their items): the type's own is filled in.
+fn type_missing(value: Option<&Value>) -> bool {
+    value.and_then(Value::as_str).is_none_or(str::is_empty)
+}
+
 /// The JSON the engine receives for an object: `apiVersion` and `kind` filled in
 /// (list responses leave them out of the items) and `managedFields` stripped.
 pub(crate) fn object_value(object: &DynamicObject, resource: &ApiResource) -> Value {
     let mut value = serde_json::to_value(object).unwrap_or(Value::Null);
     if let Value::Object(map) = &mut value {
-        let missing = |v: Option<&Value>| v.and_then(Value::as_str).is_none_or(str::is_empty);
-        if missing(map.get("apiVersion")) {
+        if type_missing(map.get("apiVersion")) {
             map.insert(
                 "apiVersion".to_owned(),
                 Value::String(resource.api_version.clone()),
             );
         }
-        if missing(map.get("kind")) {
+        if type_missing(map.get("kind")) {
             map.insert("kind".to_owned(), Value::String(resource.kind.clone()));
         }
     }
@@ -95,9 +100,10 @@ pub(crate) fn object_value(object: &DynamicObject, resource: &ApiResource) -> Va
 }
 
 /// An object as a type's watch delivers it: its metadata typed (its key, its
-/// resourceVersion) and every other field as JSON, decoded in one pass. A
-/// `DynamicObject`'s flattened fields are buffered and decoded twice, which
-/// was most of a first sync's CPU (10,000 ConfigMaps listed).
+/// resourceVersion) and every other field as JSON, decoded in one pass (a
+/// `DynamicObject`'s flattened fields are buffered, then decoded again).
+/// The first list of 10,000 ConfigMaps took 374-381 ms so, 371-445 ms
+/// through `DynamicObject`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct WatchedObject {
     metadata: ObjectMeta,
@@ -116,11 +122,10 @@ impl WatchedObject {
         let kind = Value::String(resource.kind.clone());
         let mut top: BTreeMap<&str, &Value> =
             self.fields.iter().map(|(k, v)| (k.as_str(), v)).collect();
-        let missing = |v: Option<&&Value>| v.and_then(|v| v.as_str()).is_none_or(str::is_empty);
-        if missing(top.get("apiVersion")) {
+        if type_missing(top.get("apiVersion").copied()) {
             top.insert("apiVersion", &api_version);
         }
-        if missing(top.get("kind")) {
+        if type_missing(top.get("kind").copied()) {
             top.insert("kind", &kind);
         }
         top.insert("metadata", &metadata);
