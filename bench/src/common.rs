@@ -122,7 +122,7 @@ impl CpuSince {
 /// CPU seconds the whole machine has been busy (every core, every process:
 /// what a contender costs the processes it calls, an API server calling
 /// webhooks, shows here and not in its own).
-pub(crate) fn machine_busy_seconds() -> Result<f64> {
+fn machine_busy_seconds() -> Result<f64> {
     let stat = std::fs::read_to_string("/proc/stat").context("read /proc/stat")?;
     let ticks: Vec<f64> = stat
         .lines()

@@ -39,8 +39,7 @@ use placement_tests::{Identity, OpaServer};
 use serde_json::{Value, json};
 
 use crate::common::{
-    Bins, Contending, CpuSince, Sidecar, machine_busy_seconds, median, metric_sum, poll,
-    start_webhook, vm_kib,
+    Bins, Contending, CpuSince, Sidecar, median, metric_sum, poll, start_webhook, vm_kib,
 };
 use crate::report::{Report, Status};
 
@@ -556,7 +555,7 @@ fn in_turn(
     let webhook_before = webhook_updates(contenders.webhook_metrics)?;
     let before = Remembered::read(contenders.webhook_metrics, &contenders.sync)?;
     let calls_before = runtime.block_on(webhook_calls(client))?;
-    let (busy_before, started) = (machine_busy_seconds()?, Instant::now());
+    let (machine, started) = (CpuSince::start(&[])?, Instant::now());
     let (mut guarded_times, mut plain_times) = (Vec::new(), Vec::new());
     runtime.block_on(async {
         for sample in 0..SAMPLES {
@@ -567,9 +566,9 @@ fn in_turn(
         }
         anyhow::Ok(())
     })?;
+    let seconds = started.elapsed().as_secs_f64();
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
-    let machine_busy =
-        (machine_busy_seconds()? - busy_before) / started.elapsed().as_secs_f64() / cores;
+    let machine_busy = machine.contending(seconds)?.machine / seconds / cores;
     let calls_after = runtime.block_on(webhook_calls(client))?;
     let remembered = Remembered::read(contenders.webhook_metrics, &contenders.sync)?.since(&before);
     let webhook_after = webhook_updates(contenders.webhook_metrics)?;
