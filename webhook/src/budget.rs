@@ -15,8 +15,6 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use serde::de::{DeserializeSeed, MapAccess, SeqAccess, Visitor};
-
 use crate::metrics::Metrics;
 
 /// Charges at or below this may use the reserve, so small (normal) reviews
@@ -214,20 +212,111 @@ impl Drop for Charge {
 pub(crate) struct JsonShape {
     /// Values, object keys included.
     pub(crate) nodes: usize,
-    /// Bytes of strings and object keys.
+    /// Bytes of strings and object keys, as written.
     pub(crate) string_bytes: usize,
 }
 
+/// Why a body is not JSON, as far as counting its shape tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ShapeError {
+    #[error("EOF while parsing a value")]
+    Empty,
+    #[error("EOF while parsing a string")]
+    OpenString,
+    #[error("EOF while parsing a list or an object ({0} left open)")]
+    Open(usize),
+    #[error("unbalanced `{}` at byte {at}", char::from(*.byte))]
+    Unbalanced { byte: u8, at: usize },
+    #[error("trailing characters at byte {0}")]
+    Trailing(usize),
+    #[error("nested deeper than {MAX_DEPTH} lists and objects")]
+    TooDeep,
+}
+
+/// The deepest nesting serde_json parses (its recursion limit, 128, is spent
+/// at the 128th list or object): a deeper body would not parse.
+const MAX_DEPTH: usize = 127;
+
 impl JsonShape {
-    /// Count `body`'s values and string bytes in one pass that allocates
-    /// nothing per value. Fails as the parse would (serde_json's errors,
-    /// nesting deeper than 128 included).
-    pub(crate) fn of(body: &[u8]) -> Result<JsonShape, serde_json::Error> {
+    /// Count `body`'s values and string bytes in one pass over its bytes that
+    /// allocates nothing (no UTF-8, number or escape decoding; strings
+    /// skipped with memchr: a fraction of a parse's time). Strings count their bytes as written, escapes
+    /// included, so never less than they decode to. Fails where the
+    /// structure is broken: a string or a list or object left open, an
+    /// unbalanced bracket, more after the value, nesting deeper than the
+    /// parser takes; what else is not JSON the parse itself refuses, having
+    /// built at most what was counted here.
+    pub(crate) fn of(body: &[u8]) -> Result<JsonShape, ShapeError> {
         let mut shape = JsonShape::default();
-        let mut de = serde_json::Deserializer::from_slice(body);
-        Counter(&mut shape).deserialize(&mut de)?;
-        de.end()?;
-        Ok(shape)
+        let mut depth = 0usize;
+        // A scalar (number, true, false, null) is being read.
+        let mut in_scalar = false;
+        // The top-level value is complete.
+        let mut ended = false;
+        let mut i = 0;
+        while i < body.len() {
+            let byte = body[i];
+            let scalar = byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'+' | b'.');
+            if scalar {
+                if !in_scalar {
+                    if ended {
+                        return Err(ShapeError::Trailing(i));
+                    }
+                    shape.nodes += 1;
+                    in_scalar = true;
+                }
+                i += 1;
+                continue;
+            }
+            if in_scalar {
+                in_scalar = false;
+                ended |= depth == 0;
+            }
+            match byte {
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                _ if ended => return Err(ShapeError::Trailing(i)),
+                b'"' => {
+                    shape.nodes += 1;
+                    let start = i + 1;
+                    i = start;
+                    // To the closing quote, past escapes: most of a review's
+                    // bytes are in strings, found at memchr's pace.
+                    loop {
+                        let rest = body.get(i..).unwrap_or_default();
+                        let found =
+                            memchr::memchr2(b'"', b'\\', rest).ok_or(ShapeError::OpenString)?;
+                        i += found;
+                        if body[i] == b'"' {
+                            break;
+                        }
+                        i += 2;
+                    }
+                    shape.string_bytes += i - start;
+                    ended = depth == 0;
+                }
+                b'{' | b'[' => {
+                    shape.nodes += 1;
+                    depth += 1;
+                    if depth > MAX_DEPTH {
+                        return Err(ShapeError::TooDeep);
+                    }
+                }
+                b'}' | b']' => {
+                    depth = depth
+                        .checked_sub(1)
+                        .ok_or(ShapeError::Unbalanced { byte, at: i })?;
+                    ended = depth == 0;
+                }
+                // Separators, and bytes no JSON has, which the parse refuses.
+                _ => {}
+            }
+            i += 1;
+        }
+        match (depth, shape.nodes) {
+            (0, 0) => Err(ShapeError::Empty),
+            (0, _) => Ok(shape),
+            (open, _) => Err(ShapeError::Open(open)),
+        }
     }
 
     /// Memory to hold `body` and what answering it builds from it.
@@ -235,71 +324,6 @@ impl JsonShape {
         body_len
             .saturating_add(self.nodes.saturating_mul(NODE_BYTES))
             .saturating_add(self.string_bytes.saturating_mul(STRING_COPIES))
-    }
-}
-
-struct Counter<'a>(&'a mut JsonShape);
-
-impl<'de> DeserializeSeed<'de> for Counter<'_> {
-    type Value = ();
-
-    fn deserialize<D: serde::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_any(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Counter<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        self.0.nodes += 1;
-        Ok(())
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        self.0.nodes += 1;
-        Ok(())
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        self.0.nodes += 1;
-        Ok(())
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        self.0.nodes += 1;
-        Ok(())
-    }
-
-    fn visit_unit<E>(self) -> Result<(), E> {
-        self.0.nodes += 1;
-        Ok(())
-    }
-
-    fn visit_str<E>(self, value: &str) -> Result<(), E> {
-        self.0.nodes += 1;
-        self.0.string_bytes += value.len();
-        Ok(())
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        let shape = self.0;
-        shape.nodes += 1;
-        while seq.next_element_seed(Counter(&mut *shape))?.is_some() {}
-        Ok(())
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let shape = self.0;
-        shape.nodes += 1;
-        while map.next_key_seed(Counter(&mut *shape))?.is_some() {
-            map.next_value_seed(Counter(&mut *shape))?;
-        }
-        Ok(())
     }
 }
 
@@ -390,10 +414,37 @@ mod tests {
         // object, "a", array, 1, "xyz", null, object, "b", true, "c", array
         assert_eq!(shape.nodes, 11);
         assert_eq!(shape.string_bytes, 1 + 3 + 1 + 1);
-        assert!(JsonShape::of(b"[1,").is_err());
-        assert!(JsonShape::of(b"[1] x").is_err());
-        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
-        assert!(JsonShape::of(deep.as_bytes()).is_err());
+        // Escapes count as written: never less than they decode to.
+        let escaped = JsonShape::of(br#"["a\"b", "\u00e9", "]"]"#).unwrap();
+        assert_eq!((escaped.nodes, escaped.string_bytes), (4, 4 + 6 + 1));
+        let scalars = JsonShape::of(b" [-1.5e3, true, false, null] ").unwrap();
+        assert_eq!(scalars.nodes, 5);
+        assert_eq!(JsonShape::of(b"7").unwrap().nodes, 1);
+    }
+
+    #[test]
+    fn shape_refuses_broken_structure() {
+        assert_eq!(JsonShape::of(b"[1,"), Err(ShapeError::Open(1)));
+        assert_eq!(JsonShape::of(b"[1] x"), Err(ShapeError::Trailing(4)));
+        assert_eq!(JsonShape::of(b"1 2"), Err(ShapeError::Trailing(2)));
+        assert_eq!(JsonShape::of(br#""a" {}"#), Err(ShapeError::Trailing(4)));
+        assert_eq!(JsonShape::of(b"[]]"), Err(ShapeError::Trailing(2)));
+        assert_eq!(
+            JsonShape::of(b"}"),
+            Err(ShapeError::Unbalanced { byte: b'}', at: 0 })
+        );
+        assert_eq!(JsonShape::of(br#"{"a": "b"#), Err(ShapeError::OpenString));
+        assert_eq!(JsonShape::of(br#"["a\"]"#), Err(ShapeError::OpenString));
+        assert_eq!(JsonShape::of(b"  "), Err(ShapeError::Empty));
+        // As deep as serde_json parses, and one deeper.
+        let nested = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(127)).is_ok());
+        assert_eq!(JsonShape::of(nested(127).as_bytes()).unwrap().nodes, 127);
+        assert!(serde_json::from_str::<serde_json::Value>(&nested(128)).is_err());
+        assert_eq!(
+            JsonShape::of(nested(128).as_bytes()),
+            Err(ShapeError::TooDeep)
+        );
     }
 
     #[test]

@@ -224,6 +224,15 @@ struct Envelope<'a> {
     request: Option<&'a RawValue>,
 }
 
+/// The review parsed whole, as a well-formed one is: one pass over the body.
+#[derive(Deserialize)]
+struct WholeReview {
+    #[serde(rename = "apiVersion")]
+    api_version: String,
+    kind: String,
+    request: AdmissionRequest,
+}
+
 /// Only the uid of a request that does not parse, to answer it.
 #[derive(Deserialize)]
 struct UidOnly {
@@ -231,8 +240,25 @@ struct UidOnly {
     uid: Value,
 }
 
-/// Parse a request body.
+/// Parse a request body: a well-formed review in one pass; anything else
+/// again, step by step, to say what is wrong with it.
 pub(crate) fn parse(body: &[u8]) -> Result<Parsed, ReviewError> {
+    match serde_json::from_slice::<WholeReview>(body) {
+        Ok(review)
+            if review.api_version == API_VERSION
+                && review.kind == KIND
+                && !review.request.uid.is_empty()
+                && not_an_object(&review.request).is_none() =>
+        {
+            Ok(Parsed::Request(Box::new(review.request)))
+        }
+        _ => parse_in_steps(body),
+    }
+}
+
+/// The envelope first, its version checked, then the request, so that each
+/// fault is named (and a request that does not parse is answered by its uid).
+fn parse_in_steps(body: &[u8]) -> Result<Parsed, ReviewError> {
     let envelope: Envelope<'_> = match serde_json::from_slice(body) {
         Ok(envelope) => envelope,
         // Valid JSON that is not a review object (an array, a string, a
