@@ -10,7 +10,8 @@
 # policy's annotations (non-string values serialized compactly) plus the
 # ownership record `placement-policy.io/policy-owned`, signed as placement-webhook
 # signs it (HMAC-SHA256 with the key at `data.bench.ownership_key`, over the
-# object's kind, namespace and name and the record; the tag in hex).
+# object's API group, kind, namespace and name, the time and the record; the
+# tag in hex).
 #
 # Scope: a fresh object (a CREATE, which the benchmark sends). Unlike
 # placement-webhook it does not restore the developer's view from an existing
@@ -91,16 +92,29 @@ owned_record := concat("", ["{", concat(",", [entry |
 	])
 ]), "}"])
 
-# The object the record belongs to: kind, namespace, name (or generateName).
+# The object the record belongs to, as placement-webhook binds a record made
+# while the object is being created (it has no uid yet): API group, kind,
+# namespace, name (or generateName) and the time the record is made, in Unix
+# seconds.
 record_name := n if {
 	n := object.get(req.object, ["metadata", "generateName"], "")
 	n != ""
 } else := object.get(req.object, ["metadata", "name"], "")
 
+record_group := parts[0] if {
+	parts := split(object.get(req.object, "apiVersion", ""), "/")
+	count(parts) == 2
+} else := ""
+
+creating := format_int(floor(time.now_ns() / 1000000000), 10)
+
 record_message := concat("\n", [
+	"creating",
+	record_group,
 	object.get(req.object, "kind", ""),
 	object.get(req.object, ["metadata", "namespace"], ""),
 	record_name,
+	creating,
 	owned_record,
 ])
 
@@ -110,7 +124,7 @@ record_message := concat("\n", [
 # writes one whose bytes are ASCII) is decoded to a string.
 record_mac := concat("", ["hmac-sha256-hex:", crypto.hmac.sha256(record_message, base64.decode(data.bench.ownership_key))])
 
-ownership_record := sprintf(`{"owned":%s,"mac":%s}`, [owned_record, json.marshal(record_mac)])
+ownership_record := sprintf(`{"owned":%s,"creating":%s,"mac":%s}`, [owned_record, creating, json.marshal(record_mac)])
 
 ownership := {owned_key: ownership_record} if count(owned_keys) > 0
 

@@ -13,22 +13,29 @@
 //! (c2) with OPA under the shipped policy plus a rule that reads the app label
 //! (`bench/rego/app_label.rego`), which differs between all its workloads.
 //!
+//! Two load generators: oha (Rust) for every contender, and vegeta (Go) on
+//! the varied stream for the ceiling and (b), (b1), since what a server costs
+//! per review depends on the client it shares the cores with.
+//!
 //! Every contender runs at once (idle while another is measured); runs are
 //! interleaved (run 1 of every contender, then run 2, ...) so a noisy neighbour
 //! hits all alike. CPU is the servers' utime + stime from /proc (for (c) the
-//! webhook's and OPA's), before and after each load run.
+//! webhook's and OPA's), before and after each load run; beside it the
+//! client's own CPU and how often the servers' threads left a core.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use policy_client::ownership_keys::OwnershipKeys;
 use serde_json::Value;
 
 use crate::common::{
-    Bins, Server, Sidecar, cpu_seconds, median, post_review, start_noop, start_opa, start_webhook,
+    Bins, Server, Sidecar, context_switches, cpu_seconds, median, post_review, start_noop,
+    start_opa, start_webhook,
 };
-use crate::load::{Body, LoadStats, oha};
+use crate::load::{Body, Client, LoadStats};
 use crate::report::{Report, Status, fmt_ms, fmt_ratio};
 use crate::review::{admission_review, varied_reviews};
 
@@ -40,6 +47,11 @@ const VARIED_REVIEWS: usize = 2_000;
 /// new; the load generator repeats the 2,000 reviews, which the default 16 MiB
 /// would all remember, so the memory holds only some 70 decisions.
 const SMALL_MEMORY: &str = "--decision-cache-memory=32Ki";
+
+/// The contenders the second client (vegeta, Go's net/http and crypto/tls) is
+/// measured on, on the varied stream: the ceiling and the embedded webhook
+/// with and without its decision memory.
+const SECOND_CLIENT: [&str; 3] = ["ceiling", "embedded", "embedded-no-memory"];
 
 /// A stream of reviews the contenders are measured on.
 struct InputSet {
@@ -79,12 +91,23 @@ struct Contender {
 }
 
 impl Contender {
-    fn measures(&self, set: &InputSet) -> bool {
-        set.key == "varied" || !self.varied_only
+    fn measures(&self, client: Client<'_>, set: &InputSet) -> bool {
+        match client {
+            Client::Oha(_) => set.key == "varied" || !self.varied_only,
+            Client::Vegeta(_) => set.key == "varied" && SECOND_CLIENT.contains(&self.key),
+        }
     }
 
     fn cpu(&self) -> Result<f64> {
         self.servers.iter().map(|s| cpu_seconds(s.pid())).sum()
+    }
+
+    /// Its servers' threads switched off a core so far: (waiting, preempted).
+    fn switches(&self) -> Result<(u64, u64)> {
+        self.servers.iter().try_fold((0, 0), |sum, s| {
+            let (waits, preempted) = context_switches(s.pid())?;
+            Ok((sum.0 + waits, sum.1 + preempted))
+        })
     }
 
     /// Its decision cache's (hits, misses) so far; none for the others.
@@ -100,6 +123,9 @@ struct Sample {
     cpu_per_1000: f64,
     /// placement-webhook's decision cache hits and misses in the run.
     cache: (u64, u64),
+    /// The servers' threads switched off a core per review, waiting and
+    /// preempted.
+    switches: (f64, f64),
 }
 
 pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Report) -> Result<()> {
@@ -282,21 +308,27 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     ));
 
     // Warm-up: connections, JIT-free but caches and allocators settle.
-    for c in &contenders {
-        for set in sets.iter().filter(|set| c.measures(set)) {
-            oha(&bins.oha, &c.url, set.body(), &certs.ca, 8, settings.warmup)?;
+    let clients = [Client::Oha(&bins.oha), Client::Vegeta(&bins.vegeta)];
+    for client in clients {
+        for c in &contenders {
+            for set in sets.iter().filter(|set| c.measures(client, set)) {
+                client.run(&c.url, set.body(), &certs.ca, 8, settings.warmup)?;
+            }
         }
     }
 
     let mut samples: Samples = BTreeMap::new();
     for run in 1..=settings.runs {
-        for set in &sets {
+        for (client, set) in clients
+            .iter()
+            .flat_map(|&client| sets.iter().map(move |set| (client, set)))
+        {
             for &concurrency in &settings.concurrency {
-                for c in contenders.iter().filter(|c| c.measures(set)) {
+                for c in contenders.iter().filter(|c| c.measures(client, set)) {
                     let before = c.cpu()?;
+                    let switches_before = c.switches()?;
                     let cache_before = c.cache()?;
-                    let load = oha(
-                        &bins.oha,
+                    let load = client.run(
                         &c.url,
                         set.body(),
                         &certs.ca,
@@ -304,6 +336,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         settings.duration,
                     )?;
                     let cpu = c.cpu()? - before;
+                    let switches_after = c.switches()?;
                     let cache_after = c.cache()?;
                     let cache = (
                         cache_after.0 - cache_before.0,
@@ -315,30 +348,48 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
                         c.label
                     );
                     let cpu_per_1000 = cpu / load.ok as f64 * 1000.0;
+                    let per_review = |n: u64| n as f64 / load.ok as f64;
+                    let switches = (
+                        per_review(switches_after.0 - switches_before.0),
+                        per_review(switches_after.1 - switches_before.1),
+                    );
                     eprintln!(
-                        "scenario 1 run {run} {:<6} c={concurrency:>2} {:<11} {:>8.0} req/s  p50 {:>7}  p99 {:>7}  cpu/1k {:.3}s  failed {}",
+                        "scenario 1 run {run} {:<6} {:<6} c={concurrency:>2} {:<11} {:>8.0} req/s  p50 {:>7}  p99 {:>7}  cpu/1k {:.3}s  failed {}  client cpu/1k {:.3}s  switches/review {:.2}; {:.2}",
+                        client.name(),
                         set.key,
                         c.key,
                         load.rps,
                         fmt_ms(load.p50_ms),
                         fmt_ms(load.p99_ms),
                         cpu_per_1000,
-                        load.failed
+                        load.failed,
+                        load.client_cpu / load.ok as f64 * 1000.0,
+                        switches.0,
+                        switches.1,
                     );
                     samples
-                        .entry((set.key, c.key, concurrency))
+                        .entry((client.name(), set.key, c.key, concurrency))
                         .or_default()
                         .push(Sample {
                             load,
                             cpu_per_1000,
                             cache,
+                            switches,
                         });
                 }
             }
         }
     }
     let profile = crate::profile::decision_profile(dir);
-    write_report(&contenders, &sets, &samples, settings, &profile, report);
+    write_report(
+        &contenders,
+        &sets,
+        clients,
+        &samples,
+        settings,
+        &profile,
+        report,
+    );
     Ok(())
 }
 
@@ -384,8 +435,11 @@ fn webhook_with_opa(
     Ok((webhook, addr, metrics, opa, writer))
 }
 
-/// Samples by input set, contender and concurrency.
-type Samples = BTreeMap<(&'static str, &'static str, usize), Vec<Sample>>;
+/// Client, input set, contender and concurrency.
+type Key = (&'static str, &'static str, &'static str, usize);
+
+/// Samples by client, input set, contender and concurrency.
+type Samples = BTreeMap<Key, Vec<Sample>>;
 
 /// What a policy tree holds beside the shipped policy and the example clusters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -438,29 +492,75 @@ pub(crate) fn policy_tree(dir: &Path, root: &Path, tree: Tree) -> Result<PathBuf
     Ok(dir.to_owned())
 }
 
-/// `patch` with each ownership record re-serialized (keys sorted) and its tag
-/// (`hmac-sha256:<unpadded base64>`) written as `hmac-sha256-hex:<hex>`, as
-/// OPA-itself writes it.
-fn hex_tags(patch: &Value) -> Value {
-    use base64::Engine as _;
+/// `patch` as two contenders' patches compare: each ownership record's tag
+/// checked against `object` with the webhooks' key (OPA-itself writes it in
+/// hex, `hmac-sha256-hex:`, decoded first), then left out together with the
+/// creation time it signs, which differs between two answers given in
+/// different seconds; the rest of the record re-serialized (keys sorted).
+fn verified_records(object: &Value, patch: &Value, keys: &OwnershipKeys) -> Result<Value> {
+    use policy_client::placement::{OWNERSHIP_ANNOTATION, ownership};
+    let record_path = format!(
+        "/metadata/annotations/{}",
+        OWNERSHIP_ANNOTATION.replace('~', "~0").replace('/', "~1")
+    );
     let mut patch = patch.clone();
     for op in patch.as_array_mut().into_iter().flatten() {
-        let Some(Ok(mut record)) = op["value"].as_str().map(serde_json::from_str::<Value>) else {
+        let record = match op["path"].as_str() {
+            Some(path) if path == record_path => &mut op["value"],
+            Some("/metadata/annotations") => &mut op["value"][OWNERSHIP_ANNOTATION],
+            _ => continue,
+        };
+        let Some(text) = record.as_str() else {
             continue;
         };
-        let Some(mac) = record.get("mac").and_then(Value::as_str) else {
-            continue;
-        };
-        if let Some(Ok(bytes)) = mac
-            .strip_prefix("hmac-sha256:")
-            .map(|tag| base64::engine::general_purpose::STANDARD_NO_PAD.decode(tag))
-        {
-            let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            record["mac"] = Value::String(format!("hmac-sha256-hex:{hex}"));
+        let mut parsed: Value = serde_json::from_str(text)
+            .with_context(|| format!("the ownership record is not JSON: {text}"))?;
+        if let Some(tag) = parsed["mac"].as_str().and_then(webhook_tag) {
+            parsed["mac"] = Value::String(tag);
         }
-        op["value"] = Value::String(record.to_string());
+        // The object as the webhook identifies one being created (the bench
+        // sends CREATEs): without a uid or creation time of its own.
+        let mut signed = object.clone();
+        if let Some(meta) = signed["metadata"].as_object_mut() {
+            meta.remove("uid");
+            meta.remove("creationTimestamp");
+            meta.insert(
+                "annotations".to_owned(),
+                serde_json::json!({ OWNERSHIP_ANNOTATION: parsed.to_string() }),
+            );
+        }
+        ensure!(
+            !ownership(&signed, keys).is_empty(),
+            "the ownership record does not verify with the webhooks' key: {text}"
+        );
+        if let Some(fields) = parsed.as_object_mut() {
+            fields.remove("mac");
+            fields.remove("creating");
+        }
+        *record = Value::String(parsed.to_string());
     }
-    patch
+    Ok(patch)
+}
+
+/// A tag in hex (`hmac-sha256-hex:`, as OPA-itself writes it) as the webhook
+/// writes it (`hmac-sha256:` and unpadded base64); `None` if not in hex.
+fn webhook_tag(tag: &str) -> Option<String> {
+    use base64::Engine as _;
+    let hex = tag.strip_prefix("hmac-sha256-hex:")?;
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some(format!(
+        "hmac-sha256:{}",
+        base64::engine::general_purpose::STANDARD_NO_PAD.encode(bytes)
+    ))
+}
+
+/// The webhooks' signing key, which OPA-itself also signs with.
+fn webhook_keys() -> Result<OwnershipKeys> {
+    let text = std::fs::read_to_string(placement_tests::ownership_key_file())?;
+    Ok(OwnershipKeys::from_text(&text)?)
 }
 
 struct PatchCheck {
@@ -471,7 +571,9 @@ struct PatchCheck {
 /// One review to each contender: allowed, same uid; (b), (c), (d) patch alike.
 fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck> {
     let (rt, client) = review_client(ca)?;
-    let uid = serde_json::from_slice::<Value>(body)?["request"]["uid"].clone();
+    let keys = webhook_keys()?;
+    let review: Value = serde_json::from_slice(body)?;
+    let (uid, object) = (&review["request"]["uid"], &review["request"]["object"]);
     let mut patches: BTreeMap<&str, (String, Value)> = BTreeMap::new();
     for c in contenders {
         let (review, patch) = rt
@@ -483,7 +585,7 @@ fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck
             "{}: not an AdmissionReview: {review}",
             c.label
         );
-        ensure!(r["uid"] == uid, "{}: uid not echoed: {review}", c.label);
+        ensure!(r["uid"] == *uid, "{}: uid not echoed: {review}", c.label);
         ensure!(r["allowed"] == true, "{}: not allowed: {review}", c.label);
         if c.key == "ceiling" {
             continue;
@@ -494,7 +596,7 @@ fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck
     }
     let (raw_b, json_b) = &patches["embedded"];
     for (key, (_, json)) in &patches {
-        if hex_tags(json) != hex_tags(json_b) {
+        if verified_records(object, json, &keys)? != verified_records(object, json_b, &keys)? {
             bail!(
                 "the patch of {key} differs from the embedded webhook's:\n{}\nvs\n{}",
                 patches[key].0,
@@ -503,7 +605,7 @@ fn verify(contenders: &[Contender], body: &[u8], ca: &Path) -> Result<PatchCheck
         }
     }
     // OPA-itself writes the ownership record's tag in hex: equal as JSON
-    // once the tags are decoded, never byte for byte.
+    // once the tags are verified, never byte for byte.
     let byte_equal = patches.values().all(|(raw, _)| raw == raw_b);
     let ops: Vec<String> = json_b
         .as_array()
@@ -541,16 +643,19 @@ fn review_client(ca: &Path) -> Result<(tokio::runtime::Runtime, reqwest::Client)
 /// decoded). Returns how the answers split.
 fn verify_varied(contenders: &[Contender], reviews: &[Vec<u8>], ca: &Path) -> Result<String> {
     let (rt, client) = review_client(ca)?;
+    let keys = webhook_keys()?;
     let (mut patched, mut unchanged, mut denied) = (0, 0, 0);
     for (i, body) in reviews.iter().enumerate() {
         let mut first: Option<(&str, Value)> = None;
+        let object = serde_json::from_slice::<Value>(body)?["request"]["object"].take();
         for c in contenders.iter().filter(|c| c.key != "ceiling") {
             let (review, patch) = rt
                 .block_on(post_review(&client, &c.url, body.clone()))
                 .with_context(|| format!("{}: review {i} of the varied set", c.label))?;
             let r = &review["response"];
             let patch = match patch {
-                Some(raw) => hex_tags(&serde_json::from_str(&raw)?),
+                Some(raw) => verified_records(&object, &serde_json::from_str(&raw)?, &keys)
+                    .with_context(|| format!("{}: review {i} of the varied set", c.label))?,
                 None => Value::Null,
             };
             let answer = serde_json::json!({
@@ -581,28 +686,172 @@ fn verify_varied(contenders: &[Contender], reviews: &[Vec<u8>], ca: &Path) -> Re
     ))
 }
 
+/// Medians over the samples of one key.
+struct Medians<'a>(&'a Samples);
+
+impl Medians<'_> {
+    fn of(&self, key: Key, f: impl Fn(&Sample) -> f64) -> f64 {
+        self.0
+            .get(&key)
+            .map(|s| median(&s.iter().map(f).collect::<Vec<_>>()))
+            .unwrap_or(f64::NAN)
+    }
+    fn rps(&self, key: Key) -> f64 {
+        self.of(key, |s| s.load.rps)
+    }
+    fn p50(&self, key: Key) -> f64 {
+        self.of(key, |s| s.load.p50_ms)
+    }
+    fn p99(&self, key: Key) -> f64 {
+        self.of(key, |s| s.load.p99_ms)
+    }
+    fn cpu(&self, key: Key) -> f64 {
+        self.of(key, |s| s.cpu_per_1000)
+    }
+    fn client_cpu(&self, key: Key) -> f64 {
+        self.of(key, |s| s.load.client_cpu / s.load.ok as f64 * 1000.0)
+    }
+}
+
+/// One client's table of one input set, its runs and the decision memories'
+/// hit rates.
+fn input_table(
+    client: Client<'_>,
+    set: &InputSet,
+    contenders: &[Contender],
+    samples: &Samples,
+    settings: &Settings,
+) -> String {
+    let m = Medians(samples);
+    let (cl, s) = (client.name(), set.key);
+    let measured: Vec<&Contender> = contenders
+        .iter()
+        .filter(|con| con.measures(client, set))
+        .collect();
+    let mut md = String::new();
+    md.push_str("| contender | conc. | req/s | p50 | p99 | CPU s / 1k reviews | req/s vs ceiling | req/s vs OPA-itself | CPU vs ceiling | p99 vs ceiling | failed | client's CPU s / 1k | servers' switches / review (waiting; preempted) |\n");
+    md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for &c in &settings.concurrency {
+        let ceiling = (cl, s, "ceiling", c);
+        let opa_itself = (cl, s, "opa-itself", c);
+        for con in &measured {
+            let key = (cl, s, con.key, c);
+            let failed: u64 = samples
+                .get(&(cl, s, con.key, c))
+                .map(|x| x.iter().map(|x| x.load.failed).sum())
+                .unwrap_or(0);
+            let waiting = m.of(key, |s| s.switches.0);
+            let preempted = m.of(key, |s| s.switches.1);
+            md.push_str(&format!(
+                "| {} | {c} | {:.0} | {} | {} | {:.3} | {} | {} | {} | {} | {failed} | {:.3} | {waiting:.2}; {preempted:.2} |\n",
+                con.label,
+                m.rps(key),
+                fmt_ms(m.p50(key)),
+                fmt_ms(m.p99(key)),
+                m.cpu(key),
+                fmt_ratio(m.rps(key) / m.rps(ceiling), "%"),
+                fmt_ratio(m.rps(key) / m.rps(opa_itself), "%"),
+                fmt_ratio(m.cpu(key) / m.cpu(ceiling), "x"),
+                fmt_ratio(m.p99(key) / m.p99(ceiling), "x"),
+                m.client_cpu(key),
+            ));
+        }
+    }
+    md.push_str("\nPer run (req/s; p99):\n\n");
+    for &c in &settings.concurrency {
+        for con in &measured {
+            if let Some(x) = samples.get(&(cl, s, con.key, c)) {
+                let runs: Vec<String> = x
+                    .iter()
+                    .map(|x| format!("{:.0}; {}", x.load.rps, fmt_ms(x.load.p99_ms)))
+                    .collect();
+                md.push_str(&format!("- c={c} {}: {}\n", con.key, runs.join(" | ")));
+            }
+        }
+    }
+    let cache = |key: &str| -> Vec<String> {
+        settings
+            .concurrency
+            .iter()
+            .filter_map(|&c| {
+                let (hits, misses) = samples
+                    .get(&(cl, s, key, c))?
+                    .iter()
+                    .fold((0, 0), |(h, m), x| (h + x.cache.0, m + x.cache.1));
+                let total = (hits + misses).max(1);
+                Some(format!(
+                    "c={c}: {:.1}% of {} decisions ({misses} evaluated)",
+                    hits as f64 * 100.0 / total as f64,
+                    hits + misses
+                ))
+            })
+            .collect()
+    };
+    let caches: Vec<String> = measured
+        .iter()
+        .filter(|con| con.webhook_metrics.is_some())
+        .map(|con| {
+            let name = con.label.split(' ').next().unwrap_or(con.key);
+            format!("{name} hits {}", cache(con.key).join(", "))
+        })
+        .collect();
+    md.push_str(&format!(
+        "\nplacement-webhook's decision cache during these runs (`placement_webhook_decision_cache_hits_total` / `_misses_total`; one per review here, all CREATEs): \
+         {}.\n\n",
+        caches.join("; ")
+    ));
+    md
+}
+
+/// What the two clients' runs on the varied set say about each other.
+fn why_clients_differ(m: &Medians<'_>, clients: [Client<'_>; 2], settings: &Settings) -> String {
+    let top = settings.concurrency.iter().copied().max().unwrap_or(32);
+    let [a, b] = clients.map(Client::name);
+    let at = |client: &'static str, k: &'static str| (client, "varied", k, top);
+    let ratio = |client| m.cpu(at(client, "embedded")) / m.cpu(at(client, "ceiling"));
+    format!(
+        "### Why the clients differ\n\n\
+         Each client shares the two cores with the servers, so what it spends per review the servers do not get. At concurrency {top} on the varied \
+         set {a} took {:.3} ms of CPU per review against the ceiling and {:.3} ms against the embedded webhook (b); {b} took {:.3} and {:.3} ms \
+         (Go's net/http and crypto/tls, its goroutines parked and woken for every answer). The servers' threads were preempted {:.2} (ceiling) and \
+         {:.2} ((b)) times per review under {a}, {:.2} and {:.2} under {b}. (b)'s CPU per review was {:.3} ms under {a} and {:.3} ms under {b}, \
+         the ceiling's {:.3} and {:.3} ms: a ratio of {:.2}x under {a} and {:.2}x under {b}. The ratio holds the client's interference as well as \
+         the servers' work, and a client that costs more per review when the answers come slower weighs more on the slower server.\n\n",
+        m.client_cpu(at(a, "ceiling")),
+        m.client_cpu(at(a, "embedded")),
+        m.client_cpu(at(b, "ceiling")),
+        m.client_cpu(at(b, "embedded")),
+        m.of(at(a, "ceiling"), |s| s.switches.1),
+        m.of(at(a, "embedded"), |s| s.switches.1),
+        m.of(at(b, "ceiling"), |s| s.switches.1),
+        m.of(at(b, "embedded"), |s| s.switches.1),
+        m.cpu(at(a, "embedded")),
+        m.cpu(at(b, "embedded")),
+        m.cpu(at(a, "ceiling")),
+        m.cpu(at(b, "ceiling")),
+        ratio(a),
+        ratio(b),
+    )
+}
+
 fn write_report(
     contenders: &[Contender],
     sets: &[InputSet],
+    clients: [Client<'_>; 2],
     samples: &Samples,
     settings: &Settings,
     profile: &str,
     report: &mut Report,
 ) {
-    let med = |set: &str, key: &str, c: usize, f: &dyn Fn(&Sample) -> f64| -> f64 {
-        samples
-            .get(&(set, key, c))
-            .map(|s| median(&s.iter().map(f).collect::<Vec<_>>()))
-            .unwrap_or(f64::NAN)
-    };
-    let rps = |set: &str, k: &str, c: usize| med(set, k, c, &|s| s.load.rps);
-    let p50 = |set: &str, k: &str, c: usize| med(set, k, c, &|s| s.load.p50_ms);
-    let p99 = |set: &str, k: &str, c: usize| med(set, k, c, &|s| s.load.p99_ms);
-    let cpu = |set: &str, k: &str, c: usize| med(set, k, c, &|s| s.cpu_per_1000);
+    let [first, second] = clients;
+    let m = Medians(samples);
+    let rps = |set: &'static str, k: &'static str, c: usize| m.rps((first.name(), set, k, c));
+    let p99 = |set: &'static str, k: &'static str, c: usize| m.p99((first.name(), set, k, c));
+    let cpu = |set: &'static str, k: &'static str, c: usize| m.cpu((first.name(), set, k, c));
 
     let mut md = String::new();
     md.push_str(&format!(
-        "## 1. Admission over TLS\n\n{} s per run, {} runs, medians; HTTP/1.1 keep-alive, the same `oha` for every contender. \
+        "## 1. Admission over TLS\n\n{} s per run, {} runs, medians; HTTP/1.1 keep-alive, the same client for every contender: `oha` (Rust: hyper and rustls), and on the varied set for the ceiling and (b), (b1) also `vegeta` (Go: net/http and crypto/tls; below the first tables). \
          Throughput counts HTTP 200 answers only. CPU is the server processes' user+system time per 1,000 reviews \
          ((c), (c2): placement-webhook, OPA and placement-sync, which writes OPA). Ratios: throughput as a fraction of the ceiling's and of OPA-itself's; CPU and latency as a multiple of the ceiling's. \
          Both OPAs run without authentication (OPA on loopback beside the webhook, like the sidecar deployment), `--log-level=error`, with the shipped \
@@ -614,80 +863,26 @@ fn write_report(
          the 2,000 reviews, which the default memory would all remember: (b2) and (c2) run with `--decision-cache-memory 32Ki` (some 70 decisions), so that \
          (b2) evaluates nearly every review and (c2) asks OPA for nearly every one (the hit rates are below). (b1), (b2) and (c2) are measured \
          on the varied set only. \
-         The varied set is written by `bench/src/review.rs` (`varied_reviews`): names, namespaces (50), uids, images, replicas and labels differ in every review; \
-         EU and PCI annotations take every combination; a third carry their own replica-set preferences; oha sends a random line of the file per request.\n\n",
+         The varied set is written by `bench/src/review.rs` (`varied_reviews`): names, namespaces (50), request uids, images, replicas and labels differ in every review, and the objects carry no uid or creation time (a CREATE gets those from the API server once admitted); \
+         EU and PCI annotations take every combination; a third carry their own replica-set preferences; oha sends a random line of the file per request, vegeta the lines in turn.\n\n",
         settings.duration.as_secs_f64(),
         settings.runs
     ));
     for set in sets {
-        let s = set.key;
         md.push_str(&format!("### Input: {}\n\n", set.label));
-        md.push_str("| contender | conc. | req/s | p50 | p99 | CPU s / 1k reviews | req/s vs ceiling | req/s vs OPA-itself | CPU vs ceiling | p99 vs ceiling | failed |\n");
-        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
-        for &c in &settings.concurrency {
-            for con in contenders.iter().filter(|con| con.measures(set)) {
-                let failed: u64 = samples
-                    .get(&(s, con.key, c))
-                    .map(|x| x.iter().map(|x| x.load.failed).sum())
-                    .unwrap_or(0);
-                md.push_str(&format!(
-                    "| {} | {c} | {:.0} | {} | {} | {:.3} | {} | {} | {} | {} | {failed} |\n",
-                    con.label,
-                    rps(s, con.key, c),
-                    fmt_ms(p50(s, con.key, c)),
-                    fmt_ms(p99(s, con.key, c)),
-                    cpu(s, con.key, c),
-                    fmt_ratio(rps(s, con.key, c) / rps(s, "ceiling", c), "%"),
-                    fmt_ratio(rps(s, con.key, c) / rps(s, "opa-itself", c), "%"),
-                    fmt_ratio(cpu(s, con.key, c) / cpu(s, "ceiling", c), "x"),
-                    fmt_ratio(p99(s, con.key, c) / p99(s, "ceiling", c), "x"),
-                ));
-            }
-        }
-        md.push_str("\nPer run (req/s; p99):\n\n");
-        for &c in &settings.concurrency {
-            for con in contenders.iter().filter(|con| con.measures(set)) {
-                if let Some(x) = samples.get(&(s, con.key, c)) {
-                    let runs: Vec<String> = x
-                        .iter()
-                        .map(|x| format!("{:.0}; {}", x.load.rps, fmt_ms(x.load.p99_ms)))
-                        .collect();
-                    md.push_str(&format!("- c={c} {}: {}\n", con.key, runs.join(" | ")));
-                }
-            }
-        }
-        let cache = |key: &str| -> Vec<String> {
-            settings
-                .concurrency
-                .iter()
-                .filter_map(|&c| {
-                    let (hits, misses) = samples
-                        .get(&(s, key, c))?
-                        .iter()
-                        .fold((0, 0), |(h, m), x| (h + x.cache.0, m + x.cache.1));
-                    let total = (hits + misses).max(1);
-                    Some(format!(
-                        "c={c}: {:.1}% of {} decisions ({misses} evaluated)",
-                        hits as f64 * 100.0 / total as f64,
-                        hits + misses
-                    ))
-                })
-                .collect()
-        };
-        let caches: Vec<String> = contenders
-            .iter()
-            .filter(|con| con.webhook_metrics.is_some() && con.measures(set))
-            .map(|con| {
-                let name = con.label.split(' ').next().unwrap_or(con.key);
-                format!("{name} hits {}", cache(con.key).join(", "))
-            })
-            .collect();
-        md.push_str(&format!(
-            "\nplacement-webhook's decision cache during these runs (`placement_webhook_decision_cache_hits_total` / `_misses_total`; one per review here, all CREATEs): \
-             {}.\n\n",
-            caches.join("; ")
-        ));
+        md.push_str(&input_table(first, set, contenders, samples, settings));
     }
+    for set in sets
+        .iter()
+        .filter(|set| contenders.iter().any(|c| c.measures(second, set)))
+    {
+        md.push_str(&format!(
+            "### The second client, vegeta (Go), input: {}\n\n",
+            set.label
+        ));
+        md.push_str(&input_table(second, set, contenders, samples, settings));
+    }
+    md.push_str(&why_clients_differ(&m, [first, second], settings));
     let top = settings.concurrency.iter().copied().max().unwrap_or(32);
     let low = settings.concurrency.iter().copied().min().unwrap_or(1);
     let v = "varied";
@@ -727,52 +922,76 @@ fn write_report(
         ),
         Status::from_bool(r >= 0.5),
     );
-    let r = cpu(v, "embedded", top) / cpu(v, "ceiling", top);
-    report.target(
-        format!(
-            "Varied stream, embedded: CPU per review <= 1.5x the ceiling's (concurrency {top})"
-        ),
-        format!(
-            "{r:.2}x ({:.3} vs {:.3} ms)",
-            cpu(v, "embedded", top),
-            cpu(v, "ceiling", top)
-        ),
-        Status::from_bool(r <= 1.5),
-    );
     let p = p99(v, "embedded", low);
     report.target(
         format!("Varied stream, embedded: p99 under 0.5 ms at concurrency {low}"),
         format!("p99 {}", fmt_ms(p)),
         Status::from_bool(p < 0.5),
     );
-    // With no decision memory: every review evaluated.
-    let n = "embedded-no-memory";
-    let r = rps(v, n, top) / rps(v, "ceiling", top);
-    report.target(
-        format!("Varied stream, embedded without memory: >= 0.25x the ceiling's throughput at concurrency {top}"),
-        format!(
-            "{r:.2}x ({:.0} vs {:.0} req/s)",
-            rps(v, n, top),
-            rps(v, "ceiling", top)
-        ),
-        Status::from_bool(r >= 0.25),
-    );
-    let r = cpu(v, n, top) / cpu(v, "ceiling", top);
-    report.target(
-        format!("Varied stream, embedded without memory: CPU per review <= 8x the ceiling's (concurrency {top})"),
-        format!(
-            "{r:.2}x ({:.3} vs {:.3} ms)",
-            cpu(v, n, top),
-            cpu(v, "ceiling", top)
-        ),
-        Status::from_bool(r <= 8.0),
-    );
-    let p = p99(v, n, low);
+    let p = p99(v, "embedded-no-memory", low);
     report.target(
         format!("Varied stream, embedded without memory: p99 under 0.5 ms at concurrency {low}"),
         format!("p99 {}", fmt_ms(p)),
         Status::from_bool(p < 0.5),
     );
+    // The same targets under either client: what differs between them is how
+    // the client writes, which the server pays for.
+    for client in clients.map(Client::name) {
+        let at = |k: &'static str, c: usize| (client, v, k, c);
+        let ceiling = at("ceiling", top);
+        let remembered = at("embedded", top);
+        let r = m.cpu(remembered) / m.cpu(ceiling);
+        report.target(
+            format!(
+                "Varied stream, embedded ({client}): CPU per review <= 1.5x the ceiling's (concurrency {top})"
+            ),
+            format!(
+                "{r:.2}x ({:.3} vs {:.3} ms)",
+                m.cpu(remembered),
+                m.cpu(ceiling)
+            ),
+            Status::from_bool(r <= 1.5),
+        );
+        // With no decision memory: every review evaluated.
+        let forgetful = at("embedded-no-memory", top);
+        let r = m.rps(forgetful) / m.rps(ceiling);
+        report.target(
+            format!(
+                "Varied stream, embedded without memory ({client}): >= 0.25x the ceiling's throughput at concurrency {top}"
+            ),
+            format!(
+                "{r:.2}x ({:.0} vs {:.0} req/s)",
+                m.rps(forgetful),
+                m.rps(ceiling)
+            ),
+            Status::from_bool(r >= 0.25),
+        );
+        let r = m.cpu(forgetful) / m.cpu(ceiling);
+        report.target(
+            format!(
+                "Varied stream, embedded without memory ({client}): CPU per review <= 8x the ceiling's (concurrency {top})"
+            ),
+            format!(
+                "{r:.2}x ({:.3} vs {:.3} ms)",
+                m.cpu(forgetful),
+                m.cpu(ceiling)
+            ),
+            Status::from_bool(r <= 8.0),
+        );
+        let (forgetful, ceiling) = (at("embedded-no-memory", low), at("ceiling", low));
+        let r = m.p99(forgetful) / m.p99(ceiling);
+        report.target(
+            format!(
+                "Varied stream, embedded without memory ({client}): p99 <= 3x the ceiling's at concurrency {low}"
+            ),
+            format!(
+                "{r:.2}x ({} vs {})",
+                fmt_ms(m.p99(forgetful)),
+                fmt_ms(m.p99(ceiling))
+            ),
+            Status::from_bool(r <= 3.0),
+        );
+    }
     let r = rps(v, "with-opa", top) / rps(v, "opa-itself", top);
     report.target(
         format!(
@@ -892,15 +1111,49 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn ownership_tags_compare_decoded() {
-        let op = |record: &str| json!([{"op": "add", "path": "/metadata/annotations/x", "value": record}]);
-        // 0x00ff in unpadded base64 and in hex; the records' keys in either order.
-        let webhook = op(r#"{"owned":{"k":1},"mac":"hmac-sha256:AP8"}"#);
-        let opa = op(r#"{"owned":{"k":1},"mac":"hmac-sha256-hex:00ff"}"#);
-        assert_eq!(hex_tags(&webhook), hex_tags(&opa));
-        let forged = op(r#"{"owned":{"k":1},"mac":"hmac-sha256-hex:00fe"}"#);
-        assert_ne!(hex_tags(&webhook), hex_tags(&forged));
-        let other = op(r#"{"owned":{"k":2},"mac":"hmac-sha256-hex:00ff"}"#);
-        assert_ne!(hex_tags(&webhook), hex_tags(&other));
+    fn ownership_records_compare_once_verified() {
+        use policy_client::decision::Decision;
+        use policy_client::placement::{OWNERSHIP_ANNOTATION, desired_annotations};
+        let keys = OwnershipKeys::ephemeral().unwrap();
+        let object = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"namespace": "ns", "name": "web"}});
+        let decision = Decision {
+            annotations: [("a".to_owned(), "1".to_owned())].into(),
+            errors: vec![],
+            policy_weights: false,
+        };
+        let record =
+            desired_annotations(&object, &decision, &keys).unwrap()[OWNERSHIP_ANNOTATION].clone();
+        let op = |record: &str| {
+            json!([{"op": "add",
+            "path": "/metadata/annotations/placement-policy.io~1policy-owned", "value": record}])
+        };
+        let compared = verified_records(&object, &op(&record), &keys).unwrap();
+        let kept: Value = serde_json::from_str(compared[0]["value"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            kept,
+            json!({"owned": {"a": {"written": "sha256:6b86b273ff34fce19d6b804eff5a3f5747ada4eaa22f1d49c01e52ddb7875b4b", "requested": null}}})
+        );
+        // The same tag in hex, as OPA-itself writes it.
+        let mut parsed: Value = serde_json::from_str(&record).unwrap();
+        let bytes = base64::Engine::decode(
+            &base64::engine::general_purpose::STANDARD_NO_PAD,
+            parsed["mac"]
+                .as_str()
+                .unwrap()
+                .strip_prefix("hmac-sha256:")
+                .unwrap(),
+        )
+        .unwrap();
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        parsed["mac"] = json!(format!("hmac-sha256-hex:{hex}"));
+        let in_hex = verified_records(&object, &op(&parsed.to_string()), &keys).unwrap();
+        assert_eq!(in_hex, compared);
+        // An edited record, or another object's, does not verify.
+        let edited = record.replace("sha256:6b", "sha256:7b");
+        assert!(verified_records(&object, &op(&edited), &keys).is_err());
+        let mut other = object.clone();
+        other["metadata"]["name"] = json!("db");
+        assert!(verified_records(&other, &op(&record), &keys).is_err());
     }
 }

@@ -46,6 +46,7 @@ pub(crate) struct Bins {
     pub(crate) sync: PathBuf,
     pub(crate) noop: PathBuf,
     pub(crate) oha: PathBuf,
+    pub(crate) vegeta: PathBuf,
     pub(crate) opa: PathBuf,
     /// The comparison of scenarios 3 and 5, or why it is skipped.
     pub(crate) kube_mgmt: KubeMgmtBin,
@@ -141,6 +142,19 @@ fn machine_busy_seconds() -> Result<f64> {
 
 /// User + system CPU seconds a process has used so far (its threads included).
 pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
+    stat_seconds(&pid.to_string(), 11)
+}
+
+/// The CPU seconds of this process's children that have ended and been
+/// waited for (cutime + cstime): around a command run to its end, that
+/// command's.
+pub(crate) fn ended_children_cpu_seconds() -> Result<f64> {
+    stat_seconds("self", 13)
+}
+
+/// The sum of two clock-tick fields of /proc/<pid>/stat, `at` and the next,
+/// counted from its third field, in seconds.
+fn stat_seconds(pid: &str, at: usize) -> Result<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .with_context(|| format!("read /proc/{pid}/stat"))?;
     // Fields after the command name (which may hold spaces) start at field 3.
@@ -149,9 +163,30 @@ pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
         .map(|(_, r)| r)
         .context("malformed /proc/pid/stat")?;
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    let utime: f64 = fields.get(11).context("no utime")?.parse()?;
-    let stime: f64 = fields.get(12).context("no stime")?.parse()?;
-    Ok((utime + stime) / clock_ticks())
+    let first: f64 = fields.get(at).context("a field short")?.parse()?;
+    let second: f64 = fields.get(at + 1).context("a field short")?.parse()?;
+    Ok((first + second) / clock_ticks())
+}
+
+/// Times the threads of `pid` were switched off a core, voluntarily
+/// (waiting) or not (preempted): (voluntary, preempted).
+pub(crate) fn context_switches(pid: u32) -> Result<(u64, u64)> {
+    let mut counts = (0, 0);
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        // A thread may end while it is read.
+        let Ok(status) = std::fs::read_to_string(task?.path().join("status")) else {
+            continue;
+        };
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        counts.0 += field("voluntary_ctxt_switches:");
+        counts.1 += field("nonvoluntary_ctxt_switches:");
+    }
+    Ok(counts)
 }
 
 /// A `Vm*` line of /proc/<pid>/status, in KiB (e.g. `VmHWM`, `VmRSS`).

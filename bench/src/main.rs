@@ -3,7 +3,8 @@
 //! `scripts/bench` builds everything and runs it; see BENCHMARKS.md.
 //!
 //! Scenarios:
-//! 1. admission over TLS (four contenders, concurrency 1 and 32);
+//! 1. admission over TLS (four contenders, concurrency 1 and 32; oha, and vegeta
+//!    for the ceiling and the embedded webhook);
 //! 2. creates through kube-apiserver with and without the webhook;
 //! 3. replication of 10,000 and 100,000 objects into OPA, placement-sync beside
 //!    kube-mgmt;
@@ -132,9 +133,12 @@ struct Args {
     /// A note put under the report's title (e.g. that this was a short run).
     #[arg(long, env = "BENCH_NOTE", default_value = "")]
     note: String,
-    /// The load generator.
+    /// The load generator written in Rust.
     #[arg(long, env = "BENCH_OHA", default_value = "oha")]
     oha: PathBuf,
+    /// The load generator written in Go.
+    #[arg(long, env = "BENCH_VEGETA", default_value = "vegeta")]
+    vegeta: PathBuf,
     /// Scratch directory for logs, certificates and policy trees.
     #[arg(long, env = "BENCH_DIR")]
     dir: Option<PathBuf>,
@@ -150,6 +154,7 @@ fn main() -> Result<()> {
         sync: release_bin("placement-sync"),
         noop: release_bin("noop-webhook"),
         oha: which(&args.oha),
+        vegeta: which(&args.vegeta),
         opa: placement_tests::peer("opa"),
         kube_mgmt: if uses(&[3, 5]) {
             kube_mgmt::resolve(args.kube_mgmt.as_deref(), args.kube_mgmt_skipped.as_deref())
@@ -167,6 +172,7 @@ fn main() -> Result<()> {
     }
     if uses(&[1]) {
         require(&bins.oha, "scripts/bench installs oha")?;
+        require(&bins.vegeta, "scripts/bench builds vegeta")?;
     }
     let dir = args.dir.clone().unwrap_or_else(|| {
         placement_tests::repo_root()
@@ -394,8 +400,9 @@ fn header(report: &mut Report, args: &Args, bins: &Bins) {
         ));
     }
     report.header(format!(
-        "Load generator: {}; {}.",
+        "Load generators: {}, vegeta {}; {}.",
         version_of(&bins.oha, &["--version"]),
+        version_of(&bins.vegeta, &["-version"]).replace("Version: ", ""),
         version_of(std::path::Path::new("rustc"), &["--version"]),
     ));
     report.header(format!(

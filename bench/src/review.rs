@@ -74,16 +74,16 @@ pub(crate) fn replicaset(name: &str, namespace: &str) -> Result<Value> {
     Ok(rs)
 }
 
-/// The object as it arrives in an AdmissionReview (server-set fields added).
+/// The object as it arrives in a CREATE's AdmissionReview: with the
+/// managedFields the API server adds before admission, and without the uid,
+/// creation time and generation it sets only once admission is done (when
+/// it stores the object).
 fn admitted_object(name: &str, namespace: &str) -> Result<Value> {
     admitted(replicaset(name, namespace)?)
 }
 
 fn admitted(mut rs: Value) -> Result<Value> {
     let meta = &mut rs["metadata"];
-    meta["uid"] = json!("5d3f2a8e-1c4b-4e8f-9a7d-2b6c8e0f1a3d");
-    meta["creationTimestamp"] = json!("2026-11-20T10:15:30Z");
-    meta["generation"] = json!(1);
     meta["managedFields"] = json!([{
         "manager": "kubectl-create",
         "operation": "Update",
@@ -119,7 +119,7 @@ const PREFERENCES: [&str; 3] = [
 ];
 
 /// `count` CREATE reviews of distinct ReplicaSets and Deployments in 50
-/// namespaces: names, uids, images, replicas and labels all differ; the EU
+/// namespaces: names, request uids, images, replicas and labels all differ; the EU
 /// and PCI annotations take every combination; a third request clusters of
 /// their own (replica-set preferences).
 pub(crate) fn varied_reviews(count: usize) -> Result<Vec<Value>> {
@@ -157,8 +157,7 @@ pub(crate) fn varied_reviews(count: usize) -> Result<Vec<Value>> {
             object["spec"]["template"]["metadata"]["labels"]["app"] = json!(name);
             object["spec"]["template"]["spec"]["containers"][0]["image"] =
                 json!(format!("registry.example/{namespace}/app:1.{}.{}", i % 17, i % 5));
-            let mut object = admitted(object)?;
-            object["metadata"]["uid"] = json!(format!("5d3f2a8e-1c4b-4e8f-9a7d-{i:012x}"));
+            let object = admitted(object)?;
             let mut review = review(&format!("0f9d6c1e-7b2a-4c3d-8e5f-{i:012x}"), object)?;
             if deployment {
                 let gvk = json!({"group": "apps", "version": "v1", "kind": "Deployment"});
