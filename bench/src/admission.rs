@@ -303,7 +303,7 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
     report.note(format!(
         "Scenario 1 check before measuring: every contender answered the {}-byte review with `allowed: true` and its uid; the patch of (d) OPA-itself {} the patch of placement-webhook (b) and (c) ({}).",
         body.len(),
-        if patches.byte_equal { "is byte for byte" } else { "equals, as JSON and with the ownership record's tag decoded (OPA writes it in hex), not byte for byte," },
+        if patches.byte_equal { "is byte for byte" } else { "equals, as JSON once each ownership record verifies with the webhooks' key and is compared without its tag and time (OPA writes the tag in hex, and two answers may come in different seconds), not byte for byte," },
         patches.description
     ));
 
@@ -639,8 +639,8 @@ fn review_client(ca: &Path) -> Result<(tokio::runtime::Runtime, reqwest::Client)
 }
 
 /// Every review of the varied set to (b), (c) and (d): the same answer from
-/// each (allowed, the policy's message, the patch with ownership tags
-/// decoded). Returns how the answers split.
+/// each (allowed, the policy's message, the patch with ownership records
+/// verified). Returns how the answers split.
 fn verify_varied(contenders: &[Contender], reviews: &[Vec<u8>], ca: &Path) -> Result<String> {
     let (rt, client) = review_client(ca)?;
     let keys = webhook_keys()?;

@@ -2,8 +2,9 @@
 //! net/http, crypto/tls), both HTTP/1.1 keep-alive over TLS, the same for
 //! every contender; their JSON reports parsed.
 //!
-//! Two clients because a server's cost per review depends on how the client
-//! writes: the same webhook measured under each tells what is the server's.
+//! Two clients because a server's cost per review depends on the client it
+//! shares the machine's cores with (what the client takes, and how often it
+//! wakes): the same servers measured under each tell what is the servers'.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -237,8 +238,9 @@ fn vegeta_targets(url: &str, body: Body<'_>) -> Result<PathBuf> {
         Body::File(path) => (path, false),
         Body::Lines(path) => (path, true),
     };
-    let port: String = url.chars().filter(char::is_ascii_digit).collect();
-    let targets = path.with_extension(format!("vegeta-{port}.jsonl"));
+    // The URL's digits (address and port) tell the contenders apart.
+    let digits: String = url.chars().filter(char::is_ascii_digit).collect();
+    let targets = path.with_extension(format!("vegeta-{digits}.jsonl"));
     if targets.exists() {
         return Ok(targets);
     }
@@ -289,7 +291,7 @@ fn parse_vegeta(report: &Value) -> Result<LoadStats> {
         p50_ms: latency("50th")?,
         p99_ms: latency("99th")?,
         ok,
-        failed: requests - ok,
+        failed: requests.saturating_sub(ok),
         client_cpu: 0.0,
     })
 }
