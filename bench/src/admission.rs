@@ -934,8 +934,8 @@ fn write_report(
         format!("p99 {}", fmt_ms(p)),
         Status::from_bool(p < 0.5),
     );
-    // The same targets under either client: what differs between them is how
-    // the client writes, which the server pays for.
+    // The same targets under either client: what differs between them is the
+    // client's own cost on the cores it shares with the servers.
     for client in clients.map(Client::name) {
         let at = |k: &'static str, c: usize| (client, v, k, c);
         let ceiling = at("ceiling", top);

@@ -79,8 +79,8 @@ fn oha(
     concurrency: usize,
     duration: Duration,
 ) -> Result<LoadStats> {
-    let cpu_before = ended_children_cpu_seconds()?;
-    let output = std::process::Command::new(oha)
+    let mut command = std::process::Command::new(oha);
+    command
         .args([
             "--no-tui",
             "--output-format",
@@ -100,23 +100,9 @@ fn oha(
         })
         .arg("--cacert")
         .arg(ca)
-        .arg(url)
-        .output()
-        .with_context(|| format!("run {}", oha.display()))?;
-    let client_cpu = ended_children_cpu_seconds()? - cpu_before;
-    if !output.status.success() {
-        bail!(
-            "oha failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let report: Value = serde_json::from_slice(&output.stdout).with_context(|| {
-        format!(
-            "oha's JSON report: {}",
-            String::from_utf8_lossy(&output.stdout)
-        )
-    })?;
+        .arg(url);
+    let (stdout, client_cpu) = run_to_end(command, "oha")?;
+    let report = json_report(&stdout, "oha")?;
     Ok(LoadStats {
         client_cpu,
         ..parse_oha(&report)?
@@ -180,8 +166,8 @@ fn vegeta(
     let targets = vegeta_targets(url, body)?;
     let results = targets.with_extension("results");
     let concurrency = concurrency.to_string();
-    let cpu_before = ended_children_cpu_seconds()?;
-    let output = std::process::Command::new(vegeta)
+    let mut attack = std::process::Command::new(vegeta);
+    attack
         .arg("attack")
         .args(["-format=json", "-rate=0", "-http2=false", "-keepalive=true"])
         // Response bodies are not read by the bench: not kept either.
@@ -196,39 +182,38 @@ fn vegeta(
         .arg("-targets")
         .arg(&targets)
         .arg("-output")
-        .arg(&results)
-        .output()
-        .with_context(|| format!("run {}", vegeta.display()))?;
-    let client_cpu = ended_children_cpu_seconds()? - cpu_before;
-    if !output.status.success() {
-        bail!(
-            "vegeta attack failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let output = std::process::Command::new(vegeta)
-        .args(["report", "-type=json"])
-        .arg(&results)
-        .output()
-        .with_context(|| format!("run {} report", vegeta.display()))?;
-    if !output.status.success() {
-        bail!(
-            "vegeta report failed ({}): {}",
-            output.status,
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-    let report: Value = serde_json::from_slice(&output.stdout).with_context(|| {
-        format!(
-            "vegeta's JSON report: {}",
-            String::from_utf8_lossy(&output.stdout)
-        )
-    })?;
+        .arg(&results);
+    let (_, client_cpu) = run_to_end(attack, "vegeta attack")?;
+    let mut report = std::process::Command::new(vegeta);
+    report.args(["report", "-type=json"]).arg(&results);
+    let (stdout, _) = run_to_end(report, "vegeta report")?;
+    let report = json_report(&stdout, "vegeta")?;
     Ok(LoadStats {
         client_cpu,
         ..parse_vegeta(&report)?
     })
+}
+
+/// Run `command` to its end: its output, and the CPU seconds it took; an
+/// error naming `what` and showing its stderr if it failed.
+fn run_to_end(mut command: std::process::Command, what: &str) -> Result<(Vec<u8>, f64)> {
+    let cpu_before = ended_children_cpu_seconds()?;
+    let output = command.output().with_context(|| format!("run {what}"))?;
+    let cpu = ended_children_cpu_seconds()? - cpu_before;
+    if !output.status.success() {
+        bail!(
+            "{what} failed ({}): {}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    Ok((output.stdout, cpu))
+}
+
+/// A load generator's JSON report.
+fn json_report(stdout: &[u8], what: &str) -> Result<Value> {
+    serde_json::from_slice(stdout)
+        .with_context(|| format!("{what}'s JSON report: {}", String::from_utf8_lossy(stdout)))
 }
 
 /// vegeta's targets for `url`: one per request body, in vegeta's JSON format.
