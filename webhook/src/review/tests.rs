@@ -26,6 +26,32 @@ fn parses_a_create() {
     assert_eq!(req.object.unwrap()["metadata"]["name"], "rs");
 }
 
+/// A well-formed review parsed in one pass reads as it does step by step.
+#[test]
+fn one_pass_reads_as_the_steps_do() {
+    let body = review(json!({
+        "uid": "u2",
+        "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+        "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+        "subResource": "",
+        "namespace": "team",
+        "name": "web",
+        "operation": "UPDATE",
+        "userInfo": {"username": "dev", "groups": ["a"]},
+        "object": {"metadata": {"name": "web", "annotations": {"k": "v\u{e9}"}}},
+        "oldObject": {"metadata": {"name": "web"}},
+        "dryRun": true,
+        "options": {"kind": "UpdateOptions"}
+    }));
+    let (Parsed::Request(whole), Parsed::Request(in_steps)) =
+        (parse(&body).unwrap(), parse_in_steps(&body).unwrap())
+    else {
+        panic!("both parse the review")
+    };
+    assert_eq!(format!("{whole:?}"), format!("{in_steps:?}"));
+    assert_eq!(whole.uid, "u2");
+}
+
 #[test]
 fn rejects_wrong_versions_and_garbage() {
     assert!(matches!(parse(b"{"), Err(ReviewError::NotJson(_))));
