@@ -10,6 +10,11 @@
 //! function given the whole input) would cover the whole input, so the set is
 //! refused rather than cached on everything. `object.get(input.p, "k", d)` and
 //! `object.get(input.p, ["k1", "k2"], d)` read exactly `p.k` / `p.k1.k2`.
+//! `some k, _ in input.p` beside `startswith(k, "x/")`, in a rule that names
+//! `k` nowhere else, reads only the members of `p` whose keys start with
+//! `x/`: a workload's other annotations (`kubectl apply`'s last applied
+//! configuration, Karmada's policy names) then leave its decision
+//! remembered.
 //! Builtins whose answer is not a function of their arguments (time, random,
 //! network, printing, signing with a random nonce) refuse the set too, and so
 //! does replacing a function with `with` (`... with object.get as f`,
@@ -29,10 +34,18 @@ use crate::input::InputRoot;
 use crate::rego_analysis::{ModuleAnalysis, SetAnalysis};
 use crate::rego_value::to_rego;
 
-/// The input paths a policy set reads (none a prefix of another).
+/// The input paths a policy set reads (none under a path read whole).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InputReads {
-    paths: Vec<Vec<String>>,
+    reads: Vec<Read>,
+}
+
+/// The value at `path`: whole, or, with `key_prefix`, only the members whose
+/// keys start with it (when it is an object; anything else is taken whole).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+struct Read {
+    path: Vec<String>,
+    key_prefix: Option<String>,
 }
 
 /// Why a policy set's decisions cannot be cached.
@@ -87,27 +100,33 @@ impl InputReads {
         // `object.get` is the builtin only when no module redefines `object`.
         let context = Context {
             object_is_builtin: !parsed.iter().any(|(_, m)| m.names_object),
+            startswith_is_builtin: !parsed
+                .iter()
+                .flat_map(|(_, m)| &m.functions)
+                .any(|f| f.ends_with(".startswith")),
             functions: parsed
                 .iter()
                 .flat_map(|(_, m)| m.functions.iter().cloned())
                 .collect(),
         };
-        let mut paths = BTreeSet::new();
+        let mut reads = BTreeSet::new();
         for (id, module) in parsed {
-            scan(module, &context, &mut paths).map_err(|(line, reason)| Uncacheable {
+            scan(module, &context, &mut reads).map_err(|(line, reason)| Uncacheable {
                 module: id.clone(),
                 line: line as usize,
                 reason,
             })?;
         }
-        // Sorted, a path's prefixes come before it.
-        let mut kept: Vec<Vec<String>> = Vec::new();
-        for path in paths {
-            if !kept.iter().any(|k| path.starts_with(k)) {
-                kept.push(path);
+        // Sorted, a path's prefixes come before it, and a path read whole
+        // before its members filtered by key.
+        let mut kept: Vec<Read> = Vec::new();
+        for read in reads {
+            let covered = kept.iter().any(|k| k.covers(&read));
+            if !covered {
+                kept.push(read);
             }
         }
-        Ok(InputReads { paths: kept })
+        Ok(InputReads { reads: kept })
     }
 
     /// The cache key of `input` under these reads: the value at each path, or
@@ -116,16 +135,28 @@ impl InputReads {
     pub(crate) fn key(&self, query: &str, input: InputRoot<'_>) -> Option<Vec<u8>> {
         let mut key = Vec::with_capacity(128);
         key.extend_from_slice(query.as_bytes());
-        for path in &self.paths {
+        for read in &self.reads {
             key.push(0);
             // The depth reached says which prefix the value belongs to; an
             // object that lacks the next key is marked absent (its other keys
-            // are not read), anything else is written whole.
-            let (depth, reached) = reach(input, path);
+            // are not read), an object filtered by key prefix is written as
+            // its members that pass (each a JSON string and value, so the
+            // sequence reads one way only), anything else is written whole.
+            let (depth, reached) = reach(input, &read.path);
             key.extend_from_slice(&(depth as u32).to_le_bytes());
-            match reached {
-                None => key.push(b'-'),
-                Some(node) => {
+            match (reached, &read.key_prefix) {
+                (None, _) => key.push(b'-'),
+                (Some(Value::Object(map)), Some(prefix)) if depth == read.path.len() => {
+                    key.push(b'~');
+                    for (name, value) in map
+                        .iter()
+                        .filter(|(name, _)| name.starts_with(prefix.as_str()))
+                    {
+                        serde_json::to_writer(&mut key, name).ok()?;
+                        serde_json::to_writer(&mut key, value).ok()?;
+                    }
+                }
+                (Some(node), _) => {
                     key.push(b'=');
                     serde_json::to_writer(&mut key, node).ok()?;
                 }
@@ -143,20 +174,61 @@ impl InputReads {
     /// input and its projection agree at every path (the policy decides both
     /// alike), and two inputs with the same [`Self::key`] project alike.
     pub(crate) fn project(&self, input: InputRoot<'_>) -> regorus::Value {
-        let paths: Vec<&[String]> = self.paths.iter().map(Vec::as_slice).collect();
+        let reads: Vec<Rest<'_>> = self.reads.iter().map(Rest::of).collect();
         match input {
-            InputRoot::Value(value) => project(value, &paths),
+            InputRoot::Value(value) => project(value, &reads),
             // A read path is never empty (reading the whole input refuses
             // the set), so the root's members are always reduced.
             InputRoot::Parts { .. } => {
-                project_members(|key| input.member(key).ok().flatten(), &paths)
+                project_members(|key| input.member(key).ok().flatten(), &reads)
             }
         }
     }
 
     #[cfg(test)]
     fn paths(&self) -> Vec<String> {
-        self.paths.iter().map(|p| p.join(".")).collect()
+        self.reads
+            .iter()
+            .map(|read| match &read.key_prefix {
+                None => read.path.join("."),
+                Some(prefix) => format!("{}[{prefix}*]", read.path.join(".")),
+            })
+            .collect()
+    }
+}
+
+impl Read {
+    /// Everything `other` reads, this reads too.
+    fn covers(&self, other: &Read) -> bool {
+        let Some(below) = other.path.strip_prefix(self.path.as_slice()) else {
+            return false;
+        };
+        match (&self.key_prefix, below.first()) {
+            (None, _) => true,
+            (Some(prefix), Some(member)) => member.starts_with(prefix.as_str()),
+            (Some(_), None) => false,
+        }
+    }
+}
+
+/// What is left of a [`Read`] below some node.
+#[derive(Clone, Copy)]
+struct Rest<'a> {
+    path: &'a [String],
+    key_prefix: Option<&'a str>,
+}
+
+impl<'a> Rest<'a> {
+    fn of(read: &'a Read) -> Self {
+        Rest {
+            path: &read.path,
+            key_prefix: read.key_prefix.as_deref(),
+        }
+    }
+
+    /// The node it has reached is read whole.
+    fn whole(&self) -> bool {
+        self.path.is_empty() && self.key_prefix.is_none()
     }
 }
 
@@ -188,27 +260,48 @@ fn reach<'a>(input: InputRoot<'a>, path: &[String]) -> (usize, Option<&'a Value>
     (depth, Some(node))
 }
 
-/// `node` reduced to `paths` (sorted, none a prefix of another).
-fn project(node: &Value, paths: &[&[String]]) -> regorus::Value {
+/// `node` reduced to `reads` (sorted by path): an object keeps the members
+/// whose keys a read filters by prefix, whole, and the members on a read's
+/// path, reduced; anything else, or a node read whole, is taken whole.
+fn project(node: &Value, reads: &[Rest<'_>]) -> regorus::Value {
     match node {
-        Value::Object(map) if paths.iter().all(|p| !p.is_empty()) => {
-            project_members(|key| map.get(key), paths)
+        Value::Object(map) if !reads.iter().any(Rest::whole) => {
+            let (filters, paths): (Vec<Rest<'_>>, Vec<Rest<'_>>) =
+                reads.iter().partition(|read| read.path.is_empty());
+            let regorus::Value::Object(mut kept) = project_members(|key| map.get(key), &paths)
+            else {
+                unreachable!("project_members builds an object")
+            };
+            let kept_mut = std::sync::Arc::make_mut(&mut kept);
+            for (name, value) in map {
+                let passes = |read: &Rest<'_>| read.key_prefix.is_some_and(|p| name.starts_with(p));
+                if filters.iter().any(passes) {
+                    kept_mut.insert(regorus::Value::from(name.as_str()), to_rego(value));
+                }
+            }
+            regorus::Value::Object(kept)
         }
         _ => to_rego(node),
     }
 }
 
 /// An object of the members `member` gives, each reduced to the rest of the
-/// `paths` (sorted, none empty) that start with it.
+/// `reads` (sorted by path, none with an empty path) that start with it.
 fn project_members<'a>(
     member: impl Fn(&str) -> Option<&'a Value>,
-    paths: &[&[String]],
+    reads: &[Rest<'_>],
 ) -> regorus::Value {
     let mut kept = BTreeMap::new();
-    for group in paths.chunk_by(|a, b| a[0] == b[0]) {
-        let segment = &group[0][0];
+    for group in reads.chunk_by(|a, b| a.path[0] == b.path[0]) {
+        let segment = &group[0].path[0];
         if let Some(child) = member(segment) {
-            let rest: Vec<&[String]> = group.iter().map(|p| &p[1..]).collect();
+            let rest: Vec<Rest<'_>> = group
+                .iter()
+                .map(|read| Rest {
+                    path: &read.path[1..],
+                    ..*read
+                })
+                .collect();
             kept.insert(
                 regorus::Value::from(segment.as_str()),
                 project(child, &rest),
@@ -222,6 +315,8 @@ fn project_members<'a>(
 struct Context {
     /// No module names something `object`: `object.get` is the builtin.
     object_is_builtin: bool,
+    /// No module defines a function `startswith`.
+    startswith_is_builtin: bool,
     /// The functions the modules define (`data.<package>.<name>`).
     functions: BTreeSet<String>,
 }
@@ -231,7 +326,7 @@ struct Context {
 fn scan(
     module: &ModuleAnalysis,
     context: &Context,
-    paths: &mut BTreeSet<Vec<String>>,
+    reads: &mut BTreeSet<Read>,
 ) -> Result<(), (u32, String)> {
     let mut refusals = Vec::new();
     for (name, line) in &module.calls {
@@ -256,7 +351,12 @@ fn scan(
             let reason = "reads the whole input (`input` without a constant path after it)";
             refusals.push((read.reference.line, reason.to_owned()));
         } else {
-            paths.insert(path);
+            // `startswith` is the builtin only when no module defines one.
+            let key_prefix = read
+                .key_prefix
+                .clone()
+                .filter(|_| context.startswith_is_builtin);
+            reads.insert(Read { path, key_prefix });
         }
     }
     match refusals.into_iter().min_by_key(|(line, _)| *line) {

@@ -30,11 +30,15 @@ pub struct Reference {
 
 /// A read of `input`; when it is the first argument of `object.get` with two
 /// more, the key argument's constant path (`"k"` or `["k1", "k2"]`; empty when
-/// the key is not written out).
+/// the key is not written out). `key_prefix`: the reference is iterated only
+/// for the members whose keys start with it, as in
+/// `some key, _ in input.metadata.annotations; startswith(key, "p/")`, where
+/// the rule mentions `key` nowhere else and the value not at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct InputRead {
     pub(crate) reference: Reference,
     pub(crate) object_get_key: Option<Vec<String>>,
+    pub(crate) key_prefix: Option<String>,
 }
 
 /// What one module declares and refers to, from one parse.
@@ -223,10 +227,65 @@ fn object_get_key(key: &Expr) -> Vec<String> {
     }
 }
 
+/// `some key, value in input.<constant path>` (`collection`) whose `query`
+/// also says `startswith(key, "<prefix>")`, without `with`: the filter, its
+/// `read` not yet known. `None` for any other iteration.
+fn key_filter(
+    query: &Query,
+    key: Option<&Expr>,
+    value: &Expr,
+    collection: &Expr,
+) -> Option<KeyFilter> {
+    let (Some(Expr::Var { span: key, .. }), Expr::Var { span: value, .. }) = (key, value) else {
+        return None;
+    };
+    let (root, links) = unchain(collection);
+    let constant = matches!(root, Expr::Var { span, .. } if span.text() == "input")
+        && !links.is_empty()
+        && constant_path(&links).len() == links.len();
+    if !constant || key.text() == "_" {
+        return None;
+    }
+    let prefix = query.stmts.iter().find_map(|stmt| {
+        let Literal::Expr { expr, .. } = &stmt.literal else {
+            return None;
+        };
+        let Expr::Call { fcn, params, .. } = expr.as_ref() else {
+            return None;
+        };
+        let [arg, literal] = &params[..] else {
+            return None;
+        };
+        let on_key = matches!(arg.as_ref(), Expr::Var { span, .. } if span.text() == key.text());
+        let is_startswith = dotted_name(fcn).as_deref() == Some("startswith");
+        (is_startswith && on_key && stmt.with_mods.is_empty()).then(|| string(literal))?
+    })?;
+    Some(KeyFilter {
+        read: 0,
+        key: key.text().to_owned(),
+        value: value.text().to_owned(),
+        prefix,
+    })
+}
+
 /// One walk over a module's syntax tree, collecting what it finds.
 #[derive(Default)]
 struct Walk {
     found: ModuleAnalysis,
+    /// How often each name occurs in the rule being walked.
+    mentions: BTreeMap<String, usize>,
+    /// Iterations of `input` filtered by a key prefix in the rule being
+    /// walked, to be confirmed once its mentions are counted.
+    filtered: Vec<KeyFilter>,
+}
+
+/// `some <key>, <value> in input.<path>` beside `startswith(<key>, "<prefix>")`
+/// in one query: the `input_reads` entry of the iterated reference.
+struct KeyFilter {
+    read: usize,
+    key: String,
+    value: String,
+    prefix: String,
 }
 
 impl Walk {
@@ -249,6 +308,7 @@ impl Walk {
                 "input" => self.found.input_reads.push(InputRead {
                     reference,
                     object_get_key: None,
+                    key_prefix: None,
                 }),
                 _ => {}
             }
@@ -258,7 +318,23 @@ impl Walk {
         }
     }
 
+    /// A rule, then the key filters in it that hold: its iteration's key is
+    /// named only there and in the `startswith`, its value nowhere else (so
+    /// every other member leaves the rule's bodies undefined, whatever
+    /// else they say).
     fn rule(&mut self, rule: &Rule) {
+        self.mentions.clear();
+        self.rule_parts(rule);
+        for filter in std::mem::take(&mut self.filtered) {
+            let key_only_there = self.mentions.get(&filter.key) == Some(&2);
+            let value_unused = filter.value == "_" || self.mentions.get(&filter.value) == Some(&1);
+            if key_only_there && value_unused {
+                self.found.input_reads[filter.read].key_prefix = Some(filter.prefix);
+            }
+        }
+    }
+
+    fn rule_parts(&mut self, rule: &Rule) {
         match rule {
             Rule::Spec { head, bodies, .. } => {
                 self.head(head);
@@ -325,7 +401,7 @@ impl Walk {
     fn query(&mut self, query: &Query) {
         for stmt in &query.stmts {
             match &stmt.literal {
-                Literal::SomeVars { .. } => {}
+                Literal::SomeVars { vars, .. } => vars.iter().for_each(|v| self.mention(v.text())),
                 Literal::SomeIn {
                     key,
                     value,
@@ -335,9 +411,23 @@ impl Walk {
                     key.iter().for_each(|key| self.expr(key));
                     self.expr(value);
                     self.expr(collection);
+                    if stmt.with_mods.is_empty()
+                        && let Some(filter) = key_filter(query, key.as_deref(), value, collection)
+                    {
+                        let read = self.found.input_reads.len() - 1;
+                        self.filtered.push(KeyFilter { read, ..filter });
+                    }
                 }
                 Literal::Expr { expr, .. } | Literal::NotExpr { expr, .. } => self.expr(expr),
-                Literal::Every { domain, query, .. } => {
+                Literal::Every {
+                    key,
+                    value,
+                    domain,
+                    query,
+                    ..
+                } => {
+                    key.iter().for_each(|k| self.mention(k.text()));
+                    self.mention(value.text());
                     self.expr(domain);
                     self.query(query);
                 }
@@ -421,6 +511,7 @@ impl Walk {
             self.expr(root);
             return;
         };
+        self.mention(span.text());
         let reference = Reference {
             path: constant_path(&links),
             line: span.line,
@@ -429,10 +520,15 @@ impl Walk {
             "input" => self.found.input_reads.push(InputRead {
                 reference,
                 object_get_key: None,
+                key_prefix: None,
             }),
             "data" => self.found.data_references.push(reference),
             _ => {}
         }
+    }
+
+    fn mention(&mut self, name: &str) {
+        *self.mentions.entry(name.to_owned()).or_default() += 1;
     }
 
     fn call(&mut self, line: u32, fcn: &Expr, params: &[Ref<Expr>]) {

@@ -298,6 +298,13 @@ fn varied_inputs() -> Vec<Value> {
                             preference,
                         );
                         put("team", Some(if copy == 0 { "a" } else { "b" }));
+                        // Under the policy's prefix but not read by name: it
+                        // makes a ConfigMap a workload.
+                        let noted = copy == 1 && n % 3 == 0;
+                        put(
+                            "policy.federation.alpha.kubernetes.io/note",
+                            noted.then_some("x"),
+                        );
                         inputs.push(json!({
                             "apiVersion": "apps/v1",
                             "kind": kind,
@@ -698,6 +705,46 @@ async fn cached_decisions_equal_evaluated_ones_on_the_shipped_policy() {
     let stats = cached.decision_cache().unwrap();
     assert!(stats.hits >= inputs.len() as u64, "{stats:?}");
     assert_eq!(evaluated.decision_cache().unwrap().hits, 0);
+}
+
+/// What the shipped policy does not read of a workload's annotations
+/// (`kubectl apply`'s last applied configuration, the PropagationPolicy
+/// Karmada names on each template) leaves its decision remembered.
+#[tokio::test]
+async fn a_workloads_other_annotations_leave_its_decision_remembered() {
+    let engine = shipped();
+    let deployment = |name: &str, others: Value| {
+        let mut annotations = json!({
+            "policy.federation.alpha.kubernetes.io/eu-jurisdiction-required": "true",
+        });
+        annotations
+            .as_object_mut()
+            .unwrap()
+            .extend(others.as_object().unwrap().clone());
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": name, "namespace": "shop", "annotations": annotations}})
+    };
+    let first = deployment(
+        "web",
+        json!({"kubectl.kubernetes.io/last-applied-configuration": "{\"kind\":\"Deployment\",\"metadata\":{\"name\":\"web\"}}",
+               "propagationpolicy.karmada.io/name": "group-1"}),
+    );
+    let second = deployment(
+        "api",
+        json!({"kubectl.kubernetes.io/last-applied-configuration": "{\"kind\":\"Deployment\",\"metadata\":{\"name\":\"api\"}}",
+               "propagationpolicy.karmada.io/name": "group-2"}),
+    );
+    let path = crate::DEFAULT_DECISION_PATH;
+    let a = engine.query(path, &first, soon()).await.unwrap();
+    let b = engine.query(path, &second, soon()).await.unwrap();
+    assert_eq!(a, b);
+    assert_eq!(engine.decision_cache().unwrap().hits, 1);
+    // A requirement under the policy's prefix is a different decision.
+    let mut stricter = second.clone();
+    stricter["metadata"]["annotations"]["policy.federation.alpha.kubernetes.io/pci-compliance-level"] =
+        json!("3");
+    engine.query(path, &stricter, soon()).await.unwrap();
+    assert_eq!(engine.decision_cache().unwrap().hits, 1);
 }
 
 /// An input given in its parts (the object and the request's metadata,

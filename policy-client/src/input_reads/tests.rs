@@ -311,3 +311,157 @@ fn a_module_regorus_cannot_parse_refuses_the_set() {
     assert!(refusal.starts_with("m1.rego:"), "{refusal}");
     assert!(refusal.contains("regorus cannot parse it"), "{refusal}");
 }
+
+/// The shipped policy's `workload` rule: any annotation under a prefix.
+const PREFIXED_KEYS: &str = r#"package p
+workload if {
+	some key, _ in input.metadata.annotations
+	startswith(key, "policy.example/")
+}
+eu := input.metadata.annotations["policy.example/eu"]
+prefs := input.metadata.annotations["prefs"]
+"#;
+
+#[test]
+fn an_iteration_filtered_by_key_prefix_reads_only_the_members_that_pass() {
+    assert_eq!(
+        paths(&[PREFIXED_KEYS]),
+        [
+            "metadata.annotations[policy.example/*]",
+            "metadata.annotations.prefs"
+        ]
+    );
+    // A read of the whole object covers the filter.
+    assert_eq!(
+        paths(&[PREFIXED_KEYS, "package q\nall := input.metadata\n"]),
+        ["metadata"]
+    );
+    // Anything more said of the key or the value reads every member: the
+    // key or value used elsewhere in the rule, a filter negated, through
+    // `with`, on another variable, on a path that is not constant, or a
+    // `startswith` of the modules' own.
+    let whole = |rule: &str, extra: &str| {
+        let module = format!("package p\n{rule}\n");
+        let mut sources = vec![module.as_str()];
+        if !extra.is_empty() {
+            sources.push(extra);
+        }
+        paths(&sources)
+    };
+    let annotations = ["metadata.annotations"];
+    for rule in [
+        "k contains key if { some key, _ in input.metadata.annotations; startswith(key, \"p/\") }",
+        "w if { some key, v in input.metadata.annotations; startswith(key, \"p/\"); v == \"x\" }",
+        "w if { some key, _ in input.metadata.annotations; not startswith(key, \"p/\") }",
+        "w if { some key, _ in input.metadata.annotations; startswith(key, \"p/\"); to_number(key) }",
+        "w if { some key, _ in input.metadata.annotations; startswith(key, \"p/\") with input.x as 1 }",
+        "w if { some key, _ in input.metadata.annotations; some other in [\"a\"]; startswith(other, \"p/\") }",
+        "w if { some key, _ in input.metadata.annotations; startswith(key, input.kind) }",
+        "w if { some _, _ in input.metadata.annotations }",
+    ] {
+        let found = whole(rule, "");
+        assert!(
+            found.iter().any(|p| p == annotations[0]),
+            "{rule}: {found:?}"
+        );
+    }
+    assert_eq!(
+        whole(
+            "w if { some key, _ in input.metadata[x]; startswith(key, \"p/\") }",
+            ""
+        ),
+        ["metadata"]
+    );
+    assert_eq!(
+        whole(
+            "w if { some key, _ in input.metadata.annotations; startswith(key, \"p/\") }",
+            "package lib\nstartswith(a, b) := true\n"
+        ),
+        annotations
+    );
+}
+
+#[test]
+fn a_key_prefix_keys_only_the_members_that_pass() {
+    let reads = reads(&[PREFIXED_KEYS]).unwrap();
+    let key = |annotations: Value| {
+        let input = json!({"kind": "Deployment", "metadata": {"annotations": annotations}});
+        reads.key("q", InputRoot::Value(&input)).unwrap()
+    };
+    let base = key(json!({"policy.example/eu": "true", "prefs": "{}"}));
+    // Other members leave the key alone ...
+    assert_eq!(
+        base,
+        key(json!({
+            "policy.example/eu": "true",
+            "prefs": "{}",
+            "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+            "propagationpolicy.karmada.io/name": "group-7",
+        }))
+    );
+    // ... members that pass and those read by name change it ...
+    for other in [
+        json!({"policy.example/eu": "true", "prefs": "{}", "policy.example/typo": "1"}),
+        json!({"policy.example/eu": "false", "prefs": "{}"}),
+        json!({"policy.example/eu": "true", "prefs": "{\"a\": 1}"}),
+        json!({"policy.example/eu": "true"}),
+        json!({}),
+    ] {
+        assert_ne!(base, key(other.clone()), "{other}");
+    }
+    // ... and so does a value that is not an object, or none.
+    assert_ne!(key(json!({})), key(json!([])));
+    assert_ne!(key(json!({})), key(json!("policy.example/eu")));
+    let none = json!({"kind": "Deployment", "metadata": {}});
+    assert_ne!(
+        key(json!({})),
+        reads.key("q", InputRoot::Value(&none)).unwrap()
+    );
+}
+
+#[test]
+fn a_key_prefix_projects_the_members_that_pass() {
+    let reads = reads(&[PREFIXED_KEYS]).unwrap();
+    let input = json!({"kind": "Deployment", "metadata": {"name": "web", "annotations": {
+        "policy.example/eu": "true",
+        "policy.example/typo": "1",
+        "prefs": "{}",
+        "kubectl.kubernetes.io/last-applied-configuration": "{...}",
+    }}});
+    assert_eq!(
+        reads.project(InputRoot::Value(&input)),
+        to_rego(&json!({"metadata": {"annotations": {
+            "policy.example/eu": "true",
+            "policy.example/typo": "1",
+            "prefs": "{}",
+        }}}))
+    );
+    let listed = json!({"metadata": {"annotations": ["policy.example/eu"]}});
+    assert_eq!(reads.project(InputRoot::Value(&listed)), to_rego(&listed));
+}
+
+/// What the shipped policy reads, as docs/webhook.md says: the kind and
+/// apiVersion, its annotations by name and under its prefix, and the OCM
+/// Placement placement-sync may give; nothing else of a workload.
+#[test]
+fn the_shipped_policy_reads_its_annotations_and_kind() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies");
+    let mut modules = BTreeMap::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if name.ends_with(".rego") && !name.ends_with("_test.rego") {
+            modules.insert(name, std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    assert_eq!(
+        InputReads::of(&modules).unwrap().paths(),
+        [
+            "_placement",
+            "apiVersion",
+            "kind",
+            "metadata.annotations[policy.federation.alpha.kubernetes.io/*]",
+            "metadata.annotations.federation.kubernetes.io/replica-set-preferences",
+        ]
+    );
+}
