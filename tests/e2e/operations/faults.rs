@@ -241,7 +241,12 @@ fn an_outage_re_places_unconfirmed_and_a_policy_edit_waits_for_one_confirmation(
         Duration::from_secs(60),
         || held().filter(|r| r["affected"] == 11),
     );
-    assert_eq!(churned["id"], id.as_str(), "{churned}");
+    assert_eq!(
+        churned["id"],
+        id.as_str(),
+        "{churned}\n{}",
+        release.remediator_logs()
+    );
     let old = get_json(cluster, &["rs", "-n", &ns, "rs-1"]);
     assert_eq!(placed_clusters(&old), eu_pci(), "nothing moved while held");
 

@@ -135,28 +135,32 @@ impl Release {
             wait_for(what, timeout, check)
         })) {
             Ok(value) => value,
-            Err(_) => {
-                // The kubelet's log files (the API server cannot reach the
-                // node by name in the test bed).
-                let mut logs = String::new();
-                let pods = self.cluster.dir().join("state/pod-logs");
-                for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
-                    let name = pod.file_name().to_string_lossy().into_owned();
-                    if name.starts_with(&format!("{NAMESPACE}_{RELEASE}-remediator")) {
-                        let log = std::fs::read_to_string(pod.path().join("placement-sync/0.log"))
-                            .unwrap_or_default();
-                        let lines: Vec<&str> = log.lines().collect();
-                        logs.push_str(&format!("--- {name}\n"));
-                        logs.push_str(&lines[lines.len().saturating_sub(40)..].join("\n"));
-                        logs.push('\n');
-                    }
-                }
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}\nremediator sidecars:\n{logs}\n{}",
-                    self.cluster.diagnostics()
-                );
+            Err(_) => panic!(
+                "timed out after {timeout:?} waiting for {what}\n{}\n{}",
+                self.remediator_logs(),
+                self.cluster.diagnostics()
+            ),
+        }
+    }
+
+    /// The last 40 lines of each remediator sidecar's log, from the
+    /// kubelet's log files (the API server cannot reach the node by name in
+    /// the test bed).
+    fn remediator_logs(&self) -> String {
+        let mut logs = String::from("remediator sidecars:\n");
+        let pods = self.cluster.dir().join("state/pod-logs");
+        for pod in std::fs::read_dir(&pods).into_iter().flatten().flatten() {
+            let name = pod.file_name().to_string_lossy().into_owned();
+            if name.starts_with(&format!("{NAMESPACE}_{RELEASE}-remediator")) {
+                let log = std::fs::read_to_string(pod.path().join("placement-sync/0.log"))
+                    .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                logs.push_str(&format!("--- {name}\n"));
+                logs.push_str(&lines[lines.len().saturating_sub(40)..].join("\n"));
+                logs.push('\n');
             }
         }
+        logs
     }
 
     fn policy_status(&self) -> String {
