@@ -179,9 +179,10 @@ impl InputReads {
             InputRoot::Value(value) => project(value, &reads),
             // A read path is never empty (reading the whole input refuses
             // the set), so the root's members are always reduced.
-            InputRoot::Parts { .. } => {
-                project_members(|key| input.member(key).ok().flatten(), &reads)
-            }
+            InputRoot::Parts { .. } => regorus::Value::from(project_members(
+                |key| input.member(key).ok().flatten(),
+                &reads,
+            )),
         }
     }
 
@@ -268,29 +269,25 @@ fn project(node: &Value, reads: &[Rest<'_>]) -> regorus::Value {
         Value::Object(map) if !reads.iter().any(Rest::whole) => {
             let (filters, paths): (Vec<Rest<'_>>, Vec<Rest<'_>>) =
                 reads.iter().partition(|read| read.path.is_empty());
-            let regorus::Value::Object(mut kept) = project_members(|key| map.get(key), &paths)
-            else {
-                unreachable!("project_members builds an object")
-            };
-            let kept_mut = std::sync::Arc::make_mut(&mut kept);
+            let mut kept = project_members(|key| map.get(key), &paths);
             for (name, value) in map {
                 let passes = |read: &Rest<'_>| read.key_prefix.is_some_and(|p| name.starts_with(p));
                 if filters.iter().any(passes) {
-                    kept_mut.insert(regorus::Value::from(name.as_str()), to_rego(value));
+                    kept.insert(regorus::Value::from(name.as_str()), to_rego(value));
                 }
             }
-            regorus::Value::Object(kept)
+            regorus::Value::from(kept)
         }
         _ => to_rego(node),
     }
 }
 
-/// An object of the members `member` gives, each reduced to the rest of the
-/// `reads` (sorted by path, none with an empty path) that start with it.
+/// The members `member` gives, each reduced to the rest of the `reads`
+/// (sorted by path, none with an empty path) that start with it.
 fn project_members<'a>(
     member: impl Fn(&str) -> Option<&'a Value>,
     reads: &[Rest<'_>],
-) -> regorus::Value {
+) -> BTreeMap<regorus::Value, regorus::Value> {
     let mut kept = BTreeMap::new();
     for group in reads.chunk_by(|a, b| a.path[0] == b.path[0]) {
         let segment = &group[0].path[0];
@@ -308,7 +305,7 @@ fn project_members<'a>(
             );
         }
     }
-    regorus::Value::from(kept)
+    kept
 }
 
 /// What every module's scan needs to know of the whole set.

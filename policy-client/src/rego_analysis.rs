@@ -227,14 +227,15 @@ fn object_get_key(key: &Expr) -> Vec<String> {
     }
 }
 
-/// `some key, value in input.<constant path>` (`collection`) whose `query`
-/// also says `startswith(key, "<prefix>")`, without `with`: the filter, its
-/// `read` not yet known. `None` for any other iteration.
+/// `some key, value in input.<constant path>` (`collection`, recorded as
+/// `input_reads[read]`) whose `query` also says `startswith(key, "<prefix>")`,
+/// without `with`: the filter. `None` for any other iteration.
 fn key_filter(
     query: &Query,
     key: Option<&Expr>,
     value: &Expr,
     collection: &Expr,
+    read: usize,
 ) -> Option<KeyFilter> {
     let (Some(Expr::Var { span: key, .. }), Expr::Var { span: value, .. }) = (key, value) else {
         return None;
@@ -261,7 +262,7 @@ fn key_filter(
         (is_startswith && on_key && stmt.with_mods.is_empty()).then(|| string(literal))?
     })?;
     Some(KeyFilter {
-        read: 0,
+        read,
         key: key.text().to_owned(),
         value: value.text().to_owned(),
         prefix,
@@ -411,11 +412,13 @@ impl Walk {
                     key.iter().for_each(|key| self.expr(key));
                     self.expr(value);
                     self.expr(collection);
+                    // An `input` collection is the read just recorded.
+                    let read = self.found.input_reads.len().saturating_sub(1);
                     if stmt.with_mods.is_empty()
-                        && let Some(filter) = key_filter(query, key.as_deref(), value, collection)
+                        && let Some(filter) =
+                            key_filter(query, key.as_deref(), value, collection, read)
                     {
-                        let read = self.found.input_reads.len() - 1;
-                        self.filtered.push(KeyFilter { read, ..filter });
+                        self.filtered.push(filter);
                     }
                 }
                 Literal::Expr { expr, .. } | Literal::NotExpr { expr, .. } => self.expr(expr),
