@@ -192,7 +192,8 @@ pub(crate) fn run(bins: &Bins, dir: &Path, settings: &Settings, report: &mut Rep
          alternates (karmada-scheduler first in even runs). karmada-controller-manager and karmada-scheduler run with \
          `--kube-api-qps={qps} --kube-api-burst={burst}`: at Karmada's default 40 the controller manager's client throttle \
          paces every run at about four Deployments a second whichever scheduler places them (both took about 250 s \
-         for 1,000 then); placement-sync's client has no throttle, its writes are paced by `--remediation-rate` (200 a second).\n\n\
+         for 1,000 then); placement-sync's client has no throttle, its writes are paced by `--remediation-rate`, set to the \
+         same {qps} a second (its default is 200).\n\n\
          | scheduler | time to every Work | CPU | time ratio | CPU ratio |\n|---|---|---|---|---|\n",
         settings.replicas,
         2 * n,
@@ -333,6 +334,11 @@ impl Contenders {
             "--identity=bench".to_owned(),
             // The guardrail, for the guarded contender's namespaces only.
             "--guard-karmada-bindings".to_owned(),
+            // Writes paced as Karmada's components are in the bed.
+            format!(
+                "--remediation-rate={}",
+                placement_tests::karmada::COMPONENT_QPS
+            ),
             format!("--scope-namespace-selector={GUARD_LABEL}=true"),
         ]);
         let mut sync = Sidecar::start(

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use bytes::Bytes;
 use kube::api::ApiResource;
 use policy_client::engine::{EngineError, QueryOutcome};
 use policy_client::input::stored_input;
@@ -86,7 +87,7 @@ impl Common {
         only: Option<&BTreeSet<ItemKey>>,
         takes: impl Fn(&Target) -> bool,
         admitted: impl Fn(&ObjectKey) -> bool,
-        decode: impl Fn(usize, ObjectKey, &[u8]) -> Option<I>,
+        decode: impl Fn(usize, ObjectKey, &Bytes) -> Option<I>,
     ) -> Vec<I> {
         let takes = |i: usize| self.targets.get(i).is_some_and(&takes);
         let decode = &decode;

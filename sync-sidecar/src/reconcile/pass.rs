@@ -27,11 +27,17 @@ use crate::cause::Causes;
 use crate::config::writers::RemediationMode;
 use crate::hex::hex;
 use crate::reconcile::blast::{self, Hold};
+use crate::reconcile::karmada::binding::Mode;
 use crate::reconcile::ocm::item::PlacementItem;
 
 /// Objects evaluated at once in a pass, and objects written at once (a pass
 /// that writes as it evaluates does both together).
 const PASS_CONCURRENCY: usize = 16;
+
+/// Moves written at once while a pass still evaluates (a failover's): each
+/// waits on a round trip through an API server that its other clients keep
+/// busy, and the rate limit, not this, paces them.
+const MOVE_CONCURRENCY: usize = 64;
 
 /// Writes of one object in a pass when each meets a newer version of it
 /// (another writer's): evaluated again on that version at once, not after
@@ -170,7 +176,7 @@ impl Pass {
         // when nothing holds them, are then the first writes.
         let unhealthy = self.common.ctx.guard.health.unhealthy();
         if !unhealthy.is_empty() {
-            items.sort_by_cached_key(|item| !touches(item, &unhealthy));
+            items.sort_by_cached_key(|item| failover_rank(item, &unhealthy));
         }
         // The blast radius is weighed against every placed object in scope
         // (a pass over everything only).
@@ -245,7 +251,8 @@ impl Pass {
 
     /// Evaluate `items` and act on each, a move (see
     /// [`Weighed::moves_replicas`]) as soon as it is evaluated, the other
-    /// writes once every object is, so that moves still go first.
+    /// writes once every object is, so that moves still go first. What
+    /// writes nothing is tallied at once: only the writes that wait are kept.
     async fn evaluate_and_act(
         &self,
         items: Vec<Item>,
@@ -261,7 +268,7 @@ impl Pass {
         let mut rest = Vec::new();
         let mut evaluating = true;
         loop {
-            while acting.len() < PASS_CONCURRENCY
+            while acting.len() < MOVE_CONCURRENCY
                 && let Some(evaluation) = moves.pop_front()
             {
                 acting.push(self.act(evaluation, cancel));
@@ -269,6 +276,7 @@ impl Pass {
             tokio::select! {
                 evaluation = evaluations.next(), if evaluating => match evaluation {
                     Some(Some(e)) if e.weighed().moves_replicas() => moves.push_back(e),
+                    Some(Some(e)) if !e.weighed().writes() => acting.push(self.act(e, cancel)),
                     Some(Some(e)) => rest.push(e),
                     Some(None) => {
                         report.aborted = true;
@@ -443,12 +451,17 @@ impl Pass {
     }
 }
 
-/// Whether `item` delivers to one of `members` (bindings; the other kinds
-/// are not told apart).
-fn touches(item: &Item, members: &BTreeSet<String>) -> bool {
+/// Where `item` goes in a pass while `members` are unhealthy: first the
+/// bindings we schedule that deliver to one of them (their moves are ours to
+/// write), then the guarded ones that do (karmada-scheduler moves those),
+/// then the rest (the other kinds are not told apart).
+fn failover_rank(item: &Item, members: &BTreeSet<String>) -> u8 {
     match item {
-        Item::Binding(_, item) => item.binding.touches(members),
-        Item::Workload(..) | Item::Placement(..) => false,
+        Item::Binding(_, item) if item.binding.touches(members) => match item.mode {
+            Mode::Schedule => 0,
+            Mode::Guard => 1,
+        },
+        Item::Binding(..) | Item::Workload(..) | Item::Placement(..) => 2,
     }
 }
 
@@ -559,3 +572,6 @@ impl Pass {
             .await;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -67,4 +67,12 @@ pub(crate) trait Weighed {
 
     /// What it writes, for the fingerprint of a held move.
     fn written(&self) -> serde_json::Result<Vec<u8>>;
+
+    /// Whether acting on it may write to the API server. One that does not
+    /// (already placed, undefined, failed, due later) is acted on as soon as
+    /// it is evaluated, instead of kept with the writes that wait for the
+    /// pass's moves. Unless a kind says, every one may.
+    fn writes(&self) -> bool {
+        true
+    }
 }

@@ -1,8 +1,9 @@
 //! One binding's evaluation, and what the blast-radius guard weighs of it.
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use serde_json::Value;
 use tokio::time::Instant;
 
@@ -11,14 +12,36 @@ use crate::reconcile::karmada::guard::Guarding;
 use crate::reconcile::per_target::Weighed;
 use crate::replication::document::ObjectKey;
 
-/// A binding of a pass: its raw JSON (the policy sees part of it) and the
-/// fields the scheduler reads.
+/// A binding of a pass: the fields the scheduler reads, and its JSON as the
+/// watch holds it (the policy sees part of it), decoded when the binding is
+/// evaluated: a pass over everything lists tens of thousands of bindings at
+/// once, and only the few being evaluated or written need the whole object.
 pub(crate) struct BindingItem {
     pub(crate) key: ObjectKey,
-    pub(crate) raw: Value,
     pub(crate) binding: Binding,
     /// Scheduled by us, or guarded.
     pub(crate) mode: Mode,
+    json: Bytes,
+    raw: OnceLock<Value>,
+}
+
+impl BindingItem {
+    pub(crate) fn new(key: ObjectKey, json: Bytes, binding: Binding, mode: Mode) -> BindingItem {
+        BindingItem {
+            key,
+            binding,
+            mode,
+            json,
+            raw: OnceLock::new(),
+        }
+    }
+
+    /// The whole binding. Its JSON decoded into `binding` already, so it is
+    /// JSON: `Null` only if that ever stopped holding.
+    pub(crate) fn raw(&self) -> &Value {
+        self.raw
+            .get_or_init(|| serde_json::from_slice(&self.json).unwrap_or_default())
+    }
 }
 
 /// One binding's evaluation, before anything is written.
@@ -127,6 +150,19 @@ impl Weighed for BindingEvaluation {
         }
     }
 
+    /// A binding placed as decided, one whose decision is missing or failed,
+    /// one looked at again later and one the guardrail keeps as it is (an
+    /// Event says why) send nothing.
+    fn writes(&self) -> bool {
+        match &self.verdict {
+            Verdict::Failed | Verdict::Nothing | Verdict::Overdue(_) => false,
+            Verdict::Guarded(Guarding::Bounded { patch, .. }) => patch.is_some(),
+            Verdict::Guarded(Guarding::Undefined | Guarding::Kept(_)) => false,
+            Verdict::Repair(_) => true,
+            Verdict::Planned { write, .. } => !write.is_empty(),
+        }
+    }
+
     fn written(&self) -> serde_json::Result<Vec<u8>> {
         match &self.verdict {
             Verdict::Planned { write, .. } => serde_json::to_vec(&write.spec),
@@ -144,7 +180,11 @@ mod tests {
     use crate::reconcile::karmada::binding::plan;
 
     fn scheduled(clusters: Value, to: Value) -> BindingEvaluation {
-        let raw = json!({
+        evaluated(stored(clusters), to)
+    }
+
+    fn stored(clusters: Value) -> Value {
+        json!({
             "apiVersion": "work.karmada.io/v1alpha2",
             "kind": "ResourceBinding",
             "metadata": {"name": "web-deployment", "namespace": "shop", "resourceVersion": "7",
@@ -156,22 +196,23 @@ mod tests {
                 "replicas": 2,
                 "clusters": clusters,
             },
-        });
-        let binding = Binding::parse(raw.to_string().as_bytes()).unwrap();
+        })
+    }
+
+    /// `raw`'s evaluation when the decision places it on `to`.
+    fn evaluated(raw: Value, to: Value) -> BindingEvaluation {
+        let json = Bytes::from(raw.to_string());
+        let binding = Binding::parse(&json).unwrap();
         let placement = Placement::Clusters {
             clusters: serde_json::from_value(to).unwrap(),
             affinity: None,
         };
         let write = plan(&binding, &placement, "2026-11-27T19:00:00Z");
-        let item = BindingItem {
-            key: ObjectKey {
-                namespace: Some("shop".into()),
-                name: "web-deployment".into(),
-            },
-            raw,
-            binding,
-            mode: Mode::Schedule,
+        let key = ObjectKey {
+            namespace: Some("shop".into()),
+            name: "web-deployment".into(),
         };
+        let item = BindingItem::new(key, json, binding, Mode::Schedule);
         BindingEvaluation {
             i: 0,
             item: Arc::new(item),
@@ -204,5 +245,50 @@ mod tests {
             json!([{"name": "member-eu-2", "replicas": 2}]),
         );
         assert!(!placed.moves_replicas());
+    }
+
+    /// A binding written as planned plans nothing more, and writes nothing: a
+    /// pass tallies it at once instead of keeping it with the writes that wait.
+    #[test]
+    fn a_binding_placed_as_decided_writes_nothing() {
+        let to = json!([{"name": "member-eu-2", "replicas": 2}]);
+        let first = scheduled(json!([]), to.clone());
+        assert!(first.writes());
+        let Verdict::Planned { write, .. } = &first.verdict else {
+            panic!("planned")
+        };
+        let mut written = first.item.raw().clone();
+        for patch in [&write.spec, &write.status].into_iter().flatten() {
+            json_patch::merge(&mut written, patch);
+        }
+        let again = evaluated(written, to);
+        assert!(!again.writes());
+        for verdict in [
+            Verdict::Failed,
+            Verdict::Nothing,
+            Verdict::Overdue(Instant::now()),
+            Verdict::Guarded(Guarding::Undefined),
+            Verdict::Guarded(Guarding::Kept("the policy's errors".into())),
+        ] {
+            let e = BindingEvaluation {
+                verdict,
+                ..scheduled(json!([]), json!([]))
+            };
+            assert!(!e.writes());
+        }
+        let repair = BindingEvaluation {
+            verdict: Verdict::Repair(BTreeSet::from(["member-us-1".to_owned()])),
+            ..scheduled(json!([]), json!([]))
+        };
+        assert!(repair.writes());
+    }
+
+    /// The whole binding is decoded from the watch's JSON when first asked for.
+    #[test]
+    fn a_pass_item_decodes_its_binding_when_asked() {
+        let e = scheduled(json!([{"name": "member-eu-2", "replicas": 2}]), json!([]));
+        assert!(e.item.raw.get().is_none());
+        assert_eq!(e.item.raw()["spec"]["clusters"][0]["name"], "member-eu-2");
+        assert_eq!(e.item.raw()["metadata"]["resourceVersion"], "7");
     }
 }

@@ -84,7 +84,6 @@ impl TargetReconciler for Bindings {
             |t| t.kind == Kind::Bindings,
             |_| true,
             |i, key, json| {
-                let raw: Value = serde_json::from_slice(json).ok()?;
                 let binding = Binding::parse(json).ok()?;
                 let mode = binding.mode(&c.ctx.karmada)?;
                 // The guardrail acts on the bindings of the namespaces the
@@ -93,12 +92,7 @@ impl TargetReconciler for Bindings {
                 if mode == Mode::Guard && !c.scope.admits(key.namespace.as_deref()) {
                     return None;
                 }
-                let item = BindingItem {
-                    key,
-                    raw,
-                    binding,
-                    mode,
-                };
+                let item = BindingItem::new(key, json.clone(), binding, mode);
                 Some((i, Arc::new(item)))
             },
         )
@@ -173,7 +167,7 @@ impl Bindings {
             }
         };
         let (template, template_type) = template;
-        let input = template_input(&template, &template_type, &item.raw, &c.keys.current());
+        let input = template_input(&template, &template_type, item.raw(), &c.keys.current());
         let deadline = Instant::now() + c.ctx.query_timeout;
         c.ctx.metrics.remediation_queries.inc();
         let outcome = match c.ctx.engine.query(&c.ctx.decision, &input, deadline).await {
@@ -190,8 +184,8 @@ impl Bindings {
             let requested = self
                 .propagation_policies
                 .as_ref()
-                .and_then(|p| p.placement(&item.raw));
-            let guarding = guard(&item.raw, &template, requested.as_ref(), &outcome);
+                .and_then(|p| p.placement(item.raw()));
+            let guarding = guard(item.raw(), &template, requested.as_ref(), &outcome);
             return self.overdue_or(c, i, item, guarding);
         }
         let known = self.karmada_clusters.as_ref().map(KnownClusters::get);
@@ -214,7 +208,7 @@ impl Bindings {
     fn overdue_or(&self, c: &Common, i: usize, item: &BindingItem, guarding: Guarding) -> Verdict {
         let key = (i, item.key.clone());
         let outside = match &guarding {
-            Guarding::Bounded { patch: None, .. } => outside_record(&item.raw),
+            Guarding::Bounded { patch: None, .. } => outside_record(item.raw()),
             _ => BTreeSet::new(),
         };
         let due = self.overdue.lock().observe(
@@ -339,7 +333,7 @@ impl Bindings {
         let key = (i, item.key.clone());
         let name = describe(c.targets[i].resource(), Some(&item.key));
         let members_text = members.iter().cloned().collect::<Vec<_>>().join(", ");
-        let note = repair_note(&item.raw, &members_text, c.ctx.karmada.reschedule_grace);
+        let note = repair_note(item.raw(), &members_text, c.ctx.karmada.reschedule_grace);
         let planned_from = item.binding.resource_version();
         let write = self.write_repair(c, i, item, members, &note);
         match c.writer.send(Some(&key), planned_from, cancel, write).await {
@@ -377,13 +371,13 @@ impl Bindings {
         let updated = Writer::json_patch(
             &api,
             &item.key.name,
-            &without_members(&item.raw, members),
+            &without_members(item.raw(), members),
             item.binding.resource_version(),
         )
         .await?;
         let status = json!({
             "metadata": {"resourceVersion": updated.metadata.resource_version},
-            "status": {"conditions": enforced_conditions(&item.raw, note, &now_rfc3339())},
+            "status": {"conditions": enforced_conditions(item.raw(), note, &now_rfc3339())},
         });
         // The condition says why; the repair itself is done when it fails.
         if let Err(e) = api
@@ -416,7 +410,7 @@ impl Bindings {
             // arrives: known beforehand, it is no change to schedule again
             // (which would cost another template read and query each).
             c.changes
-                .observe(key.clone(), written_fingerprint(&item.raw, spec), false);
+                .observe(key.clone(), written_fingerprint(item.raw(), spec), false);
             let mut patch = spec.clone();
             patch["metadata"]["resourceVersion"] = json!(resource_version);
             let updated = api
@@ -506,7 +500,7 @@ fn binding_events(c: &Common, item: &BindingItem, normal: bool, reason: &str, no
         Mode::Schedule => "Schedule",
         Mode::Guard => "Guard",
     };
-    for reference in [reference(&item.raw), template_reference(&item.binding)] {
+    for reference in [reference(item.raw()), template_reference(&item.binding)] {
         c.writer
             .event(reference, normal, reason, action, note.to_owned());
     }
