@@ -36,8 +36,8 @@ impl BindingItem {
         }
     }
 
-    /// The whole binding. Its JSON decoded into `binding` already, so it is
-    /// JSON: `Null` only if that ever stopped holding.
+    /// The whole binding, decoded on first use. Its JSON was decoded into
+    /// `binding` already, so this does not fail (`Null` if it ever did).
     pub(crate) fn raw(&self) -> &Value {
         self.raw
             .get_or_init(|| serde_json::from_slice(&self.json).unwrap_or_default())
