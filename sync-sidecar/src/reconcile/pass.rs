@@ -36,7 +36,7 @@ const PASS_CONCURRENCY: usize = 16;
 
 /// Moves written at once while a pass still evaluates (a failover's): each
 /// waits on a round trip through an API server that its other clients keep
-/// busy, and the rate limit, not this, paces them.
+/// busy; the rate limit still spaces them.
 const MOVE_CONCURRENCY: usize = 64;
 
 /// Writes of one object in a pass when each meets a newer version of it
